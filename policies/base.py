@@ -1,0 +1,156 @@
+"""The policy interface shared by the simulator and the vLLM scheduler adapter.
+
+A policy decides three things for multi-turn agent programs: what happens to a
+finished call's KV cache (free, pin for a TTL, offload), the order of the waiting
+queue, and which pins to drop under memory pressure. It never touches SimPy or vLLM
+objects: engines pass plain `Request` records, an explicit `now` (seconds) and a
+small `EngineView`, so the same object makes the same decisions in both engines and
+can be replayed from a recorded event sequence.
+
+Call protocol (both engines follow it):
+  on_arrival(req, now)            a call arrives (tool time of the previous turn is
+                                  now - previous finish, recorded per tool)
+  on_schedule(req, now)           the call is admitted for the first time
+  on_finish(req, now, view)       returns a Retention; a pin is recorded in self.pins
+  pin_released(pid, now, reason)  the engine dropped or consumed a program's pin
+  on_program_end(pid, turns, now) the program's last call finished
+  order_key(req, now, view)       waiting order, smaller first
+  expired_pins(now, waiting)      programs whose pins the engine must drop now
+  unpin_victims(need, view)       pins to drop so the queue head fits (no deadlock)
+  preemption_victim(running, view)
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class PolicyError(ValueError):
+    """Bad policy name or parameter; the message is shown to the user as is."""
+
+
+@dataclass
+class Request:
+    """What a policy knows about one LLM call (one turn of a program)."""
+
+    req_id: str
+    program_id: str
+    turn: int
+    arrival: float  # this call's arrival, s
+    program_arrival: float  # the program's first arrival, s
+    prompt_tokens: int  # context at arrival
+    output_tokens: int = 0  # generated so far (final at finish)
+    is_last_step: bool = False
+    tool: str | None = None  # tool run after this call (parsed or hinted)
+    preempted: bool = False
+    exec_time: float = 0.0  # seconds of model execution spent on this call
+    # Only the simulator knows the future: the oracle and InferCept's public-code
+    # form read it; a real engine leaves it None.
+    true_tool_duration: float | None = None
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What to do with a finished call's KV cache."""
+
+    action: str = "free"  # "free" | "pin" | "offload"
+    ttl: float = 0.0  # seconds, for "pin"
+
+
+FREE = Retention("free")
+
+
+@dataclass
+class Pin:
+    expiry: float
+    program_arrival: float
+    since: float
+    tool: str | None
+
+
+class EngineView(Protocol):
+    """The few engine facts a policy may read."""
+
+    block_size: int
+    num_blocks: int
+
+    def free_blocks(self) -> int: ...  # free or evictable-cached blocks
+    def blocks_of(self, program_id: str) -> int: ...  # blocks a program holds (running or pinned)
+    def avg_request_blocks(self) -> float: ...  # the paper's M, in blocks
+    def prefill_reload_time(self, tokens: int) -> float: ...  # seconds to rebuild a context
+    def queue_delay(self) -> float: ...  # recent mean queueing delay, s
+
+
+class Policy:
+    """Defaults = vLLM: request-level FCFS, free at end of turn, preempt the newest."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self.pins: dict[str, Pin] = {}
+        self.last_finish: dict[str, tuple[float, str | None]] = {}  # pid -> (t, tool)
+        # Reported by `sim run`: pins hit / expired / dropped, TTLs chosen per tool.
+        self.pin_outcomes: dict[str, int] = defaultdict(int)
+        self.ttls: dict[str, list[float]] = defaultdict(list)
+
+    # --- events -----------------------------------------------------------------
+    def on_arrival(self, req: Request, now: float) -> None:
+        prev = self.last_finish.pop(req.program_id, None)
+        if prev is not None:
+            self.record_tool_time(prev[1], now - prev[0])
+
+    def record_tool_time(self, tool: str | None, seconds: float) -> None:
+        """A tool's observed wall time (arrival - previous finish). Hook for learners."""
+
+    def on_schedule(self, req: Request, now: float) -> None:
+        """The call was admitted (first time); now - req.arrival is its queueing delay."""
+
+    def on_finish(self, req: Request, now: float, view: EngineView) -> Retention:
+        if req.is_last_step:
+            return FREE
+        self.last_finish[req.program_id] = (now, req.tool)
+        ret = self.retention(req, now, view)
+        if ret.action == "pin":
+            self.ttls[req.tool or "<unknown>"].append(ret.ttl)
+            self.pins[req.program_id] = Pin(now + ret.ttl, req.program_arrival, now, req.tool)
+        return ret
+
+    def retention(self, req: Request, now: float, view: EngineView) -> Retention:
+        return FREE
+
+    def pin_released(self, program_id: str, now: float, reason: str) -> None:
+        """reason: 'hit' (next turn admitted onto it), 'expired', 'victim', 'last'."""
+        if self.pins.pop(program_id, None) is not None:
+            self.pin_outcomes[reason] += 1
+
+    def on_program_end(self, program_id: str, num_turns: int, now: float) -> None:
+        self.last_finish.pop(program_id, None)
+
+    # --- decisions ----------------------------------------------------------------
+    def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
+        return (0 if req.preempted else 1, req.arrival)
+
+    def expired_pins(self, now: float, waiting_programs: set[str]) -> list[str]:
+        """TTL passed and the program's next turn is not already waiting."""
+        return [p for p, pin in self.pins.items() if now >= pin.expiry and p not in waiting_programs]
+
+    def unpin_victims(self, need_blocks: int, view: EngineView, exclude: str | None = None) -> list[str]:
+        """Pins to drop, latest program arrival first, until `need_blocks` are freed."""
+        victims, freed = [], 0
+        for pid in sorted(self.pins, key=lambda p: self.pins[p].program_arrival, reverse=True):
+            if freed >= need_blocks:
+                break
+            if pid == exclude:
+                continue
+            victims.append(pid)
+            freed += view.blocks_of(pid)
+        return victims
+
+    def preemption_victim(self, running: list[Request], view: EngineView) -> Request:
+        """vLLM FCFS preempts the most recently scheduled running request."""
+        return running[-1]

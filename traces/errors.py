@@ -1,0 +1,10 @@
+"""The one error type for bad user input anywhere in the project.
+
+It lives in the lowest layer (traces) so that sim/, calibrate/ and the CLI can all
+raise and catch it. The CLI prints `error: <message>` and exits 2 — so a message
+must fit on one line and say what is wrong *and* how to fix it.
+"""
+
+
+class InputError(ValueError):
+    """Bad trace, profile, flag or metadata; the message is shown to the user as is."""
