@@ -36,9 +36,9 @@ def make_policy(name: str, **params) -> Policy:
         if k not in known:
             raise PolicyError(f"policy {name!r} has no parameter {k!r}; known: {', '.join(known) or 'none'}")
         default = known[k]
-        if isinstance(v, str) and isinstance(default, (int, float, bool)) and not isinstance(default, bool) or isinstance(v, str) and isinstance(default, bool):
+        if isinstance(v, str) and isinstance(default, (bool, int, float)):
             try:
-                v = (v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)(v)
+                v = v.lower() in ("1", "true", "yes") if isinstance(default, bool) else type(default)(v)
             except ValueError:
                 raise PolicyError(f"policy {name!r} parameter {k!r}={v!r} is not a {type(default).__name__}") from None
         kwargs[k] = v
