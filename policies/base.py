@@ -9,15 +9,26 @@ can be replayed from a recorded event sequence.
 
 Call protocol (both engines follow it):
   on_arrival(req, now)            a call arrives (tool time of the previous turn is
-                                  now - previous finish, recorded per tool)
-  on_schedule(req, now)           the call is admitted for the first time
+                                  now - previous finish, recorded per tool via
+                                  record_tool_time(tool, seconds); tool may be None)
+  on_schedule(req, now)           the call is admitted for the first time, BEFORE the
+                                  engine releases the program's pin as 'hit': so
+                                  `req.program_id in self.pins` says whether the call
+                                  was served from a pin; now - req.arrival is its
+                                  queueing delay
   on_finish(req, now, view)       returns a Retention; a pin is recorded in self.pins
-  pin_released(pid, now, reason)  the engine dropped or consumed a program's pin
-  on_program_end(pid, turns, now) the program's last call finished
-  order_key(req, now, view)       waiting order, smaller first
+                                  (req.exec_time, req.tool, req.is_last_step are final)
+  pin_released(pid, now, reason)  the engine dropped or consumed a program's pin;
+                                  reason 'hit' | 'expired' | 'victim' | 'last'
+  on_program_end(pid, turns, now) the program's last call finished (any pin still
+                                  held is dropped as 'last')
+Each scheduling step:
   expired_pins(now, waiting)      programs whose pins the engine must drop now
-  unpin_victims(need, view)       pins to drop so the queue head fits (no deadlock)
+  order_key(req, now, view)       waiting order, smaller first; admit in order
+  unpin_victims(need, view, exclude=head's program)
+                                  pins to drop so the queue head fits (no deadlock)
   preemption_victim(running, view)
+  req.preempted is set by the engine when a call is preempted.
 """
 from __future__ import annotations
 
@@ -90,6 +101,9 @@ class Policy:
     """Defaults = vLLM: request-level FCFS, free at end of turn, preempt the newest."""
 
     name = "base"
+    # True when order_key changes with `now` alone (e.g. anti-starvation); the engine then
+    # re-sorts every step instead of fast-forwarding decode stretches behind a stuck queue.
+    order_depends_on_time = False
 
     def __init__(self) -> None:
         self.pins: dict[str, Pin] = {}
@@ -130,6 +144,7 @@ class Policy:
 
     def on_program_end(self, program_id: str, num_turns: int, now: float) -> None:
         self.last_finish.pop(program_id, None)
+        self.pin_released(program_id, now, "last")  # no pin outlives its program
 
     # --- decisions ----------------------------------------------------------------
     def order_key(self, req: Request, now: float, view: EngineView) -> tuple:

@@ -1,0 +1,42 @@
+"""One LLM call in the simulated engine (vLLM's Request, nano-vllm's Sequence)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies.base import Request
+
+
+@dataclass(eq=False)
+class Call:
+    req: Request  # what the policy sees
+    seq_no: int  # global arrival order: the tie-breaker that keeps runs deterministic
+    prompt_len: int
+    max_output: int
+    block_size: int = 16
+    shared_prefix: int = 0  # leading tokens shared by every program (system prompt)
+    num_output: int = 0  # tokens sampled so far
+    num_computed: int = 0  # tokens whose KV is in `blocks`
+    blocks: list[int] = field(default_factory=list)
+    num_keyed: int = 0  # leading blocks already registered in the prefix cache
+    # metrics
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    cached_tokens: int | None = None  # prefix hit at first admission
+    computed_prompt_tokens: int = 0  # prompt tokens actually prefilled (recompute included)
+    preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known so far: prompt plus sampled output (a preempted call recomputes all)."""
+        return self.prompt_len + self.num_output
+
+    @property
+    def done(self) -> bool:
+        return self.num_output >= self.max_output
+
+    def block_key(self, i: int):
+        """Prefix-cache identity of block i (see BlockPool: append-only contexts)."""
+        if (i + 1) * self.block_size <= self.shared_prefix:
+            return ("<shared>", i)
+        return (self.req.program_id, i)

@@ -1,0 +1,89 @@
+"""Run results: one row per turn, one per program, and a summary (also written to disk)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.call import Call
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.turns: list[dict] = []
+
+    def record(self, call: Call, now: float) -> None:
+        r = call.req
+        self.turns.append({
+            "program_id": r.program_id, "turn": r.turn, "arrival": r.arrival,
+            "program_arrival": r.program_arrival, "scheduled": call.scheduled_at,
+            "first_token": call.first_token_at, "finish": now,
+            "queue_delay": call.scheduled_at - r.arrival, "prompt_tokens": call.prompt_len,
+            "output_tokens": call.num_output, "cached_tokens": call.cached_tokens,
+            "computed_prompt_tokens": call.computed_prompt_tokens, "preemptions": call.preemptions,
+            "exec_time": r.exec_time, "tool": r.tool, "is_last": r.is_last_step,
+        })
+
+
+def turn_table(rec: Recorder) -> pd.DataFrame:
+    return pd.DataFrame(rec.turns).sort_values(["program_id", "turn"], kind="stable").reset_index(drop=True)
+
+
+def program_table(turns: pd.DataFrame) -> pd.DataFrame:
+    g = turns.groupby("program_id", sort=False)
+    progs = pd.DataFrame({
+        "arrival": g["program_arrival"].first(),
+        "finish": g["finish"].max(),
+        "turns": g["turn"].count(),
+        "queue_delay": g["queue_delay"].sum(),
+        "prompt_tokens": g["prompt_tokens"].sum(),
+        "cached_tokens": g["cached_tokens"].sum(),
+        "computed_prompt_tokens": g["computed_prompt_tokens"].sum(),
+        "output_tokens": g["output_tokens"].sum(),
+        "preemptions": g["preemptions"].sum(),
+    })
+    progs.insert(2, "jct", progs["finish"] - progs["arrival"])
+    return progs.reset_index()
+
+
+def summarize(turns: pd.DataFrame, progs: pd.DataFrame, extra: dict) -> dict:
+    jct = progs["jct"].to_numpy()
+    start, end = float(progs["arrival"].min()), float(progs["finish"].max())
+    span = max(end - start, 1e-9)
+    pct = {f"p{q}_jct": float(np.percentile(jct, q)) for q in (50, 90, 95, 99)}
+    return {
+        "programs": int(len(progs)), "calls": int(len(turns)),
+        "mean_jct": float(jct.mean()), **pct, "max_jct": float(jct.max()),
+        "makespan_s": span, "jobs_per_s": len(progs) / span,
+        "output_tokens_per_s": float(turns["output_tokens"].sum()) / span,
+        "mean_queue_delay": float(turns["queue_delay"].mean()),
+        "cache_hit_ratio": float(turns["cached_tokens"].sum() / turns["prompt_tokens"].sum()),
+        "prefill_tokens_computed": int(turns["computed_prompt_tokens"].sum()),
+        "prefill_tokens_cached": int(turns["cached_tokens"].sum()),
+        "preemptions": int(turns["preemptions"].sum()),
+        **extra,
+    }
+
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_results(out: Path, turns: pd.DataFrame, progs: pd.DataFrame, kv: pd.DataFrame, summary: dict) -> None:
+    """turns/programs/kv_usage parquet, then summary.json last (its presence = run complete)."""
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "turns.parquet", lambda p: turns.to_parquet(p, index=False))
+    _atomic(out / "programs.parquet", lambda p: progs.to_parquet(p, index=False))
+    _atomic(out / "kv_usage.parquet", lambda p: kv.to_parquet(p, index=False))
+    _atomic(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n"))

@@ -1,0 +1,112 @@
+"""`sim run`: replay a trace under a policy on one simulated replica and report JCTs."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from policies.base import PolicyError
+from policies.registry import POLICIES, make_policy
+from sim.metrics import write_results
+from sim.profile import Profile, load_profile
+from sim.simulate import arrivals_for, engine_config, run_simulation
+from traces.errors import InputError
+from traces.schema import read_trace
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="simulate a trace under a policy")
+    p.add_argument("--trace", default="swebench", help="bundled name (swebench, bfcl) or parquet path")
+    p.add_argument("--policy", default="vllm", help=f"one of: {', '.join(sorted(POLICIES))}")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V", help="policy parameter (repeatable)")
+    p.add_argument("--jps", type=float, default=None, help="program arrivals per second (Poisson); default: the trace's arrivals, else 0.2")
+    p.add_argument("--programs", type=int, default=None, help="use only the first N programs")
+    p.add_argument("--seed", type=int, default=0, help="arrival seed")
+    p.add_argument("--profile", default=None, help="hardware profile JSON or bundled name (default llama3.1-8b-a100-80gb)")
+    p.add_argument("--out", default=None, help="directory for turns/programs/kv_usage parquet and summary.json")
+    g = p.add_argument_group("engine knobs (default: the profile's)")
+    g.add_argument("--num-blocks", type=int, default=None, help="GPU KV blocks (at most the profile's)")
+    g.add_argument("--block-size", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--no-chunked-prefill", action="store_true", help="admit only whole prompts")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def parse_policy_args(items: list[str]) -> dict[str, str]:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or not k:
+            raise PolicyError(f"--policy-arg {it!r} is not K=V; write e.g. --policy-arg K=100")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def check_knobs(profile: Profile, args) -> None:
+    """Refuse flags that contradict what the profile measured."""
+    e = profile.engine
+    if args.block_size is not None and args.block_size != int(e["block_size"]):
+        raise InputError(f"--block-size {args.block_size} contradicts profile {profile.name!r} (measured with block_size {e['block_size']}); "
+                         f"recalibrate with that block size or drop the flag")
+    if args.num_blocks is not None and args.num_blocks > int(e["num_gpu_blocks"]):
+        raise InputError(f"--num-blocks {args.num_blocks} exceeds the {e['num_gpu_blocks']} KV blocks profile {profile.name!r} "
+                         f"allocated; give at most that many")
+    if args.max_model_len is not None and args.max_model_len > int(e["max_model_len"]):
+        raise InputError(f"--max-model-len {args.max_model_len} exceeds profile {profile.name!r}'s max_model_len {e['max_model_len']}")
+    for name in ("num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "programs"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1 (got {v})")
+
+
+def run(args) -> int:
+    policy = make_policy(args.policy, **parse_policy_args(args.policy_arg))
+    profile = load_profile(args.profile)
+    check_knobs(profile, args)
+    trace, meta = read_trace(args.trace)
+    if args.programs is not None:
+        keep = trace["program_id"].drop_duplicates().iloc[: args.programs]
+        trace = trace[trace["program_id"].isin(keep)]
+    cfg = engine_config(profile, num_gpu_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                        enable_chunked_prefill=False if args.no_chunked_prefill else None)
+    arrivals = arrivals_for(trace, args.jps, args.seed)
+    n = len(arrivals)
+    t0 = time.perf_counter()
+    with tqdm(total=n, desc=f"{args.policy}", unit="prog", disable=args.no_progress or not sys.stderr.isatty(), leave=False) as bar:
+        res = run_simulation(trace, policy, profile, cfg, arrivals, progress=bar)
+    wall = time.perf_counter() - t0
+    res.summary.update({"trace": str(args.trace), "jps": args.jps, "seed": args.seed, "profile": profile.name,
+                        "wall_s": wall, "sim_s_per_wall_s": res.summary["makespan_s"] / wall})
+    print(format_summary(res.summary))
+    if args.out:
+        write_results(Path(args.out), res.turns, res.programs, res.kv_usage, res.summary)
+        print(f"wrote {args.out}/summary.json, turns.parquet, programs.parquet, kv_usage.parquet")
+    return 0
+
+
+def format_summary(s: dict) -> str:
+    rows = [
+        ("policy", s["policy"]), ("programs / calls", f"{s['programs']} / {s['calls']}"),
+        ("JCT mean / p50", f"{s['mean_jct']:.2f} s / {s['p50_jct']:.2f} s"),
+        ("JCT p90 / p95 / p99", f"{s['p90_jct']:.2f} / {s['p95_jct']:.2f} / {s['p99_jct']:.2f} s"),
+        ("throughput", f"{s['jobs_per_s']:.3f} jobs/s, {s['output_tokens_per_s']:.0f} output tok/s"),
+        ("mean queueing delay / call", f"{s['mean_queue_delay']:.3f} s"),
+        ("prefix cache hit ratio", f"{s['cache_hit_ratio']:.3f}"),
+        ("prefill tokens computed / cached", f"{s['prefill_tokens_computed']} / {s['prefill_tokens_cached']}"),
+        ("preemptions", s["preemptions"]),
+        ("KV usage mean / peak", f"{s['mean_kv_usage']:.1%} / {s['peak_kv_usage']:.1%} of {s['num_gpu_blocks']} blocks"),
+        ("pins hit / expired / victim", f"{s['pins_hit']} / {s['pins_expired']} / {s['pins_victim']}"),
+        ("pinned block-seconds", f"{s['pinned_block_seconds']:.0f}"),
+    ]
+    for tool, t in list(s["ttl_by_tool"].items())[:12]:
+        rows.append((f"  TTL {tool}", f"{t['mean_ttl_s']:.2f} s mean over {t['pins']} pins"))
+    if "sim_s_per_wall_s" in s:
+        rows.append(("simulated s per wall s", f"{s['sim_s_per_wall_s']:.0f} ({s['makespan_s']:.0f} s in {s['wall_s']:.1f} s)"))
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

@@ -1,0 +1,238 @@
+"""One replica's scheduler, step by step as vLLM v1 does it.
+
+`schedule(now)` decides one step: running calls first (decode, or the rest of a chunked
+prefill) within the token budget, preempting by recompute when a running call cannot
+grow; then, if nothing was preempted, waiting calls in policy order until the budget,
+`max_num_seqs` or memory stops it — a head that cannot be allocated blocks the queue
+(head-of-line). Before that, expired pins are dropped; when the head does not fit, the
+policy may unpin victims (Continuum's no-deadlock rule). `complete(...)` applies a
+step's results. Timing lives in the engine, not here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.base import FREE, Policy, Retention
+from sim.block_pool import BlockPool
+from sim.call import Call
+
+
+@dataclass
+class EngineConfig:
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 131072
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, policy: Policy) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size)
+        self.waiting: list[Call] = []
+        self.running: list[Call] = []
+        self.pins: dict[str, list[int]] = {}  # program -> blocks held by its pin
+        self.pin_since: dict[str, float] = {}
+        self.pinned_block_seconds = 0.0
+        self.preemptions = 0
+        self.view = None  # EngineView, set by the engine
+
+    # --- pins -----------------------------------------------------------------------
+    def pin(self, pid: str, blocks: list[int], now: float) -> None:
+        self.pins[pid] = blocks
+        self.pin_since[pid] = now
+
+    def release_pin(self, pid: str, now: float, reason: str) -> None:
+        blocks = self.pins.pop(pid, None)
+        if blocks is None:
+            return
+        self.pinned_block_seconds += len(blocks) * (now - self.pin_since.pop(pid))
+        self.pool.free(blocks)
+        self.policy.pin_released(pid, now, reason)
+
+    @property
+    def pinned_blocks(self) -> int:
+        return sum(len(b) for b in self.pins.values())
+
+    # --- allocation ---------------------------------------------------------------------
+    def _try_allocate(self, call: Call, num_new: int, hit: list[int] | None = None) -> bool:
+        """vLLM's allocate_slots: take the prefix-hit blocks and enough new ones, or nothing."""
+        hit = hit or []
+        start = call.num_computed + len(hit) * self.cfg.block_size
+        need = cdiv(start + num_new, self.cfg.block_size) - len(call.blocks) - len(hit)
+        # Hit blocks sitting in the free queue stop being allocatable once touched.
+        evictable_hits = sum(1 for b in hit if self.pool.ref_cnt[b] == 0)
+        if need > self.pool.num_free - evictable_hits:
+            return False
+        self.pool.touch(hit)
+        call.blocks.extend(hit)
+        new = self.pool.allocate(max(need, 0))
+        call.blocks.extend(new)
+        return True
+
+    def _prefix_hit(self, call: Call) -> list[int]:
+        # At least one prompt token must be computed, as in vLLM (max hit = num_tokens - 1).
+        n = (call.num_tokens - 1) // self.cfg.block_size
+        return self.pool.lookup([call.block_key(i) for i in range(n)])
+
+    def _free_call(self, call: Call) -> None:
+        self.pool.free(call.blocks)
+        call.blocks = []
+        call.num_keyed = 0
+
+    def _preempt(self, victim: Call) -> None:
+        self.running.remove(victim)
+        self._free_call(victim)
+        victim.num_computed = 0
+        victim.req.preempted = True
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.append(victim)
+
+    # --- one step ---------------------------------------------------------------------
+    def schedule(self, now: float) -> list[tuple[Call, int]]:
+        cfg, policy = self.cfg, self.policy
+        waiting_pids = {c.req.program_id for c in self.waiting}
+        for pid in policy.expired_pins(now, waiting_pids):
+            self.release_pin(pid, now, "expired")
+
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[Call, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            call = self.running[i]
+            num_new = min(call.num_tokens - call.num_computed, budget)
+            while not self._try_allocate(call, num_new):
+                victim = policy.preemption_victim(self.running[i:], self.view)
+                self._preempt(victim)
+                preempted = True
+                if victim is call:
+                    break
+            else:
+                scheduled.append((call, num_new))
+                budget -= num_new
+                i += 1
+
+        if not preempted and self.waiting:
+            self.waiting.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
+            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                call = self.waiting[0]
+                num_new, short = self._admit(call, budget)
+                if num_new is None and short > 0 and self._unpin_for(call, short, now):
+                    num_new, short = self._admit(call, budget)
+                if num_new is None:
+                    break  # head-of-line blocking
+                self.waiting.pop(0)
+                if call.scheduled_at is None:
+                    call.scheduled_at = now
+                    call.cached_tokens = call.num_computed
+                    policy.on_schedule(call.req, now)
+                self.release_pin(call.req.program_id, now, "hit")
+                self.running.append(call)
+                scheduled.append((call, num_new))
+                budget -= num_new
+        return scheduled
+
+    def _admit(self, call: Call, budget: int) -> tuple[int | None, int]:
+        """Try to start a waiting call: (tokens scheduled, 0) or (None, blocks short)."""
+        bs = self.cfg.block_size
+        hit = self._prefix_hit(call)
+        num_new = call.num_tokens - len(hit) * bs
+        if not self.cfg.enable_chunked_prefill and num_new > budget:
+            return None, 0  # whole-prompt admission: wait for a step with room
+        num_new = min(num_new, budget)
+        if self._try_allocate(call, num_new, hit):
+            call.num_computed = len(hit) * bs
+            call.num_keyed = len(hit)
+            return num_new, 0
+        need = cdiv(len(hit) * bs + num_new, bs) - len(hit)
+        return None, need - (self.pool.num_free - sum(1 for b in hit if self.pool.ref_cnt[b] == 0))
+
+    def _unpin_for(self, call: Call, short: int, now: float) -> bool:
+        """Continuum's no-deadlock rule: drop pins, the policy's victims, so the head fits."""
+        victims = self.policy.unpin_victims(short, self.view, exclude=call.req.program_id)
+        for pid in victims:
+            self.release_pin(pid, now, "victim")
+        return bool(victims)
+
+    # --- stretches of identical decode steps ---------------------------------------------
+    def _extra_blocks(self, scheduled: list[tuple[Call, int]], n: int) -> int:
+        """Blocks the decode calls need for steps 1..n-1 beyond what step 0 allocated."""
+        bs = self.cfg.block_size
+        return sum(max(0, cdiv(c.num_computed + n, bs) - len(c.blocks)) for c, _ in scheduled)
+
+    def decode_stretch_limit(self, scheduled: list[tuple[Call, int]], max_steps: int) -> int:
+        """Most steps (<= max_steps) the decode batch can run before a block allocation
+        would fail, i.e. before the step-by-step engine would preempt."""
+        free = self.pool.num_free
+        if self._extra_blocks(scheduled, max_steps) <= free:
+            return max_steps
+        lo, hi = 1, max_steps  # lo always fits (step 0 is allocated)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._extra_blocks(scheduled, mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _allocate_stretch(self, scheduled: list[tuple[Call, int]], n: int) -> None:
+        """Allocate steps 1..n-1's blocks in the order step-by-step would: by step, then
+        by running order — so the free queue ends identical."""
+        bs = self.cfg.block_size
+        crossings = []
+        for idx, (c, _) in enumerate(scheduled):
+            # step j writes token position num_computed + j; a new block starts at multiples of bs
+            j = (-c.num_computed) % bs
+            j = j if j > 0 else bs
+            while j < n:
+                crossings.append((j, idx))
+                j += bs
+        crossings.sort()
+        for _, idx in crossings:
+            scheduled[idx][0].blocks.extend(self.pool.allocate(1))
+
+    def complete(self, scheduled: list[tuple[Call, int]], now: float, steps: int = 1) -> list[Call]:
+        """Apply `steps` steps that ended at `now` (steps > 1 only for an all-decode batch):
+        KV computed, full blocks cached, tokens sampled; returns the finished calls."""
+        bs = self.cfg.block_size
+        if steps > 1:
+            self._allocate_stretch(scheduled, steps)
+        finished = []
+        for call, num_new in scheduled:
+            if steps > 1:
+                num_new = steps  # n decode steps of one token each
+            if call.num_computed < call.prompt_len:
+                call.computed_prompt_tokens += min(call.num_computed + num_new, call.prompt_len) - call.num_computed
+            call.num_computed += num_new
+            full = call.num_computed // bs
+            for i in range(call.num_keyed, full):
+                self.pool.cache(call.blocks[i], call.block_key(i))
+            call.num_keyed = max(call.num_keyed, full)
+            if call.num_computed == call.num_tokens or steps > 1:
+                call.num_output += 1 if steps == 1 else steps
+                if call.first_token_at is None:
+                    call.first_token_at = now
+                if call.done:
+                    call.finished_at = now
+                    finished.append(call)
+        if finished:
+            done = set(map(id, finished))
+            self.running = [c for c in self.running if id(c) not in done]
+        return finished
+
+    def retire(self, call: Call, retention: Retention, now: float) -> None:
+        """A finished call's KV: pinned blocks stay referenced, otherwise freed (still cached)."""
+        if retention.action == "pin":
+            self.pin(call.req.program_id, call.blocks, now)
+            call.blocks = []
+        else:
+            self._free_call(call)

@@ -1,0 +1,79 @@
+"""Agent programs as SimPy processes: arrive, then alternate an LLM call with a tool wait.
+
+Turn t's prompt = turn t-1's prompt + its output + new input (append-only context).
+Arrivals come from the trace (`arrival_s`) or a seeded Poisson process at `jps`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from policies.base import Request
+from sim.call import Call
+from sim.engine import Engine
+from traces.errors import InputError
+
+
+def poisson_arrivals(n: int, jps: float, seed: int) -> np.ndarray:
+    if not jps > 0:
+        raise InputError(f"--jps must be > 0 (got {jps}); give programs per second, e.g. 0.2")
+    gaps = np.random.default_rng(seed).exponential(1.0 / jps, size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps[1:])]) if n else gaps
+
+
+class Workload:
+    """Builds the program processes for one run and tells the engine's finishes back to them."""
+
+    def __init__(self, env, trace: pd.DataFrame, arrivals: np.ndarray, block_size: int, max_model_len: int, num_blocks: int):
+        self.env = env
+        self.block_size = block_size
+        self.programs: list[tuple[str, list[dict], float]] = []
+        self._events: dict[int, object] = {}
+        self._seq = 0
+        for (pid, g), arr in zip(trace.groupby("program_id", sort=False), arrivals):
+            rows = g.to_dict("records")
+            self._check_fits(pid, rows, max_model_len, num_blocks)
+            self.programs.append((str(pid), rows, float(arr)))
+
+    def _check_fits(self, pid, rows, max_model_len: int, num_blocks: int) -> None:
+        ctx = 0
+        for r in rows:
+            ctx += int(r["new_input_tokens"]) + int(r["output_tokens"])
+            if ctx > max_model_len:
+                raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens exceeds max_model_len {max_model_len}; "
+                                 f"use a profile/--max-model-len that fits or trim the trace")
+            if -(-ctx // self.block_size) > num_blocks:
+                raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens needs more than the {num_blocks} KV blocks; raise --num-blocks")
+
+    def start(self, engine: Engine) -> None:
+        self.engine = engine
+        for pid, rows, arr in self.programs:
+            self.env.process(self._program(pid, rows, arr))
+
+    def finished(self, call: Call, now: float) -> None:
+        self._events.pop(id(call)).succeed()
+
+    def _program(self, pid: str, rows: list[dict], arrival: float):
+        env = self.env
+        yield env.timeout(arrival)
+        prompt = prev_out = 0
+        shared = int(rows[0].get("shared_prefix_tokens", 0) or 0)
+        for r in rows:
+            prompt += prev_out + int(r["new_input_tokens"])
+            last = r is rows[-1]
+            req = Request(
+                req_id=f"{pid}#{r['turn']}", program_id=pid, turn=int(r["turn"]), arrival=env.now,
+                program_arrival=arrival, prompt_tokens=prompt, is_last_step=last,
+                tool=None if last else r["tool"],
+                true_tool_duration=None if last else float(r["tool_duration_s"]),
+            )
+            call = Call(req=req, seq_no=self._seq, prompt_len=prompt, max_output=int(r["output_tokens"]),
+                        block_size=self.block_size, shared_prefix=shared)
+            self._seq += 1
+            done = env.event()
+            self._events[id(call)] = done
+            self.engine.submit(call)
+            yield done
+            prev_out = call.num_output
+            if not last:
+                yield env.timeout(float(r["tool_duration_s"]))
