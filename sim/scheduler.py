@@ -111,7 +111,10 @@ class Scheduler:
             call = self.running[i]
             num_new = min(call.num_tokens - call.num_computed, budget)
             while not self._try_allocate(call, num_new):
-                victim = policy.preemption_victim(self.running[i:], self.view)
+                # Only calls not yet scheduled this step are candidates (vLLM FCFS pops the tail).
+                candidates = self.running[i:]
+                chosen = policy.preemption_victim([c.req for c in candidates], self.view)
+                victim = next(c for c in candidates if c.req is chosen)
                 self._preempt(victim)
                 preempted = True
                 if victim is call:

@@ -1,0 +1,45 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.profile import parse_profile
+from traces.schema import validate
+
+
+def linear_profile(c0=0.01, c1=0.001, c2=0.0, c3=0.0, c4=0.0, blocks=1000, block_size=16,
+                   budget=8192, seqs=256, max_len=100_000):
+    """A hand-computable profile: step time = c0 + c1*tokens (+ optional terms)."""
+    return parse_profile({
+        "model": {"name": "test", "num_layers": 1, "num_kv_heads": 1, "head_dim": 64, "dtype_bytes": 2},
+        "engine": {"block_size": block_size, "num_gpu_blocks": blocks, "max_num_batched_tokens": budget,
+                   "max_num_seqs": seqs, "enable_chunked_prefill": True, "max_model_len": max_len},
+        "step_time": {"c0": c0, "c1": c1, "c2": c2, "c3": c3, "c4": c4},
+    }, "test-linear")
+
+
+def make_trace(programs: list[list[tuple[int, int, str | None, float | None]]], shared_prefix: int | None = None) -> pd.DataFrame:
+    """programs: per program, turns as (new_input, output, tool, tool_duration)."""
+    rows = []
+    for p, turns in enumerate(programs):
+        for t, (inp, out, tool, dur) in enumerate(turns):
+            row = {"program_id": f"p{p:03d}", "turn": t, "new_input_tokens": inp, "output_tokens": out,
+                   "tool": tool, "tool_duration_s": np.nan if dur is None else dur}
+            if shared_prefix is not None:
+                row["shared_prefix_tokens"] = shared_prefix
+            rows.append(row)
+    return validate(pd.DataFrame(rows))
+
+
+def random_trace(rng: np.random.Generator, n_programs: int, max_turns: int = 6, tools=("ls", "cat", "pytest")) -> pd.DataFrame:
+    progs = []
+    for _ in range(n_programs):
+        nt = int(rng.integers(1, max_turns + 1))
+        progs.append([(int(rng.integers(40, 400)) if t == 0 else int(rng.integers(0, 200)), int(rng.integers(1, 60)),
+                       None if t == nt - 1 else str(rng.choice(tools)), None if t == nt - 1 else float(rng.exponential(0.5)))
+                      for t in range(nt)])
+    return make_trace(progs, shared_prefix=int(rng.integers(0, 2)) * 32)
+
+
+@pytest.fixture
+def lin():
+    return linear_profile

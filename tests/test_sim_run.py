@@ -1,0 +1,112 @@
+"""End-to-end runs of the simulator: hand-computed JCTs, determinism, no leaks, CLI."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import linear_profile, make_trace, random_trace
+from policies.registry import POLICIES, make_policy
+from sim.cli import main
+from sim.simulate import engine_config, run_simulation
+
+
+def run(trace, arrivals, policy="vllm", ff=True, **prof):
+    p = linear_profile(**prof)
+    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float), fast_forward=ff)
+
+
+def test_one_program_hand_computed():
+    # step = 0.01 + 0.001 * tokens. Turn 0: prefill 100 (0.11 s, first token), 4 decodes
+    # (0.011 s each) -> 0.154. Tool 1 s -> turn 1 arrives 1.154 with prompt 100+5+20 = 125;
+    # 104 tokens had KV (the last sampled token never runs), 6 full blocks (96 tokens) are
+    # cached, so it prefills 29 tokens (0.039 s) then 2 decodes: finish 1.154+0.039+0.022.
+    tr = make_trace([[(100, 5, "ls", 1.0), (20, 3, None, None)]])
+    res = run(tr, [0.0])
+    t = res.turns
+    assert t["finish"].tolist() == pytest.approx([0.154, 1.215])
+    assert t["cached_tokens"].tolist() == [0, 96]
+    assert t["computed_prompt_tokens"].tolist() == [100, 29]
+    assert res.programs["jct"].iloc[0] == pytest.approx(1.215)
+
+
+def test_two_programs_share_steps_hand_computed():
+    # p0: prompt 100, 3 outputs; p1 arrives at 0.05, prompt 50, 2 outputs.
+    # step1 [0, 0.11): p0 prefill 100. step2 [0.11, 0.171): p0 decode + p1 prefill 50 = 51 tok.
+    # step3 [0.171, 0.183): p0 decode + p1 decode (2 tok) -> both done at 0.183.
+    tr = make_trace([[(100, 3, None, None)], [(50, 2, None, None)]])
+    res = run(tr, [0.0, 0.05])
+    jct = dict(zip(res.programs["program_id"], res.programs["jct"]))
+    assert jct["p000"] == pytest.approx(0.183)
+    assert jct["p001"] == pytest.approx(0.183 - 0.05)
+    assert res.turns.set_index("program_id")["queue_delay"]["p001"] == pytest.approx(0.06)
+
+
+def test_deterministic_same_seed_same_summary():
+    tr = random_trace(np.random.default_rng(1), 30)
+    arr = np.sort(np.random.default_rng(2).uniform(0, 20, 30))
+    a = run(tr, arr, blocks=120).summary
+    b = run(tr, arr, blocks=120).summary
+    assert a == b
+
+
+def test_decode_stretches_match_step_by_step():
+    tr = random_trace(np.random.default_rng(3), 25)
+    arr = np.sort(np.random.default_rng(4).uniform(0, 10, 25))
+    fast = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5)
+    slow = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, ff=False)
+    assert fast.summary["steps"] == slow.summary["steps"]
+    assert fast.summary["preemptions"] == slow.summary["preemptions"]
+    np.testing.assert_allclose(fast.turns["finish"], slow.turns["finish"], rtol=1e-9)
+    assert (fast.turns["cached_tokens"] == slow.turns["cached_tokens"]).all()
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_no_leaks_on_random_traces_under_pressure(policy):
+    # run_simulation asserts itself that every block ends free or cached (BlockPool.check)
+    # and no pin outlives its program; here also that every call finished exactly once.
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        tr = random_trace(rng, 15)
+        arr = np.sort(rng.uniform(0, 5, 15))
+        res = run(tr, arr, policy=policy, blocks=int(rng.integers(130, 200)), budget=int(rng.integers(64, 512)), seqs=int(rng.integers(2, 16)))
+        assert len(res.turns) == len(tr)
+        assert not res.turns.duplicated(["program_id", "turn"]).any()
+
+
+def test_cli_run_writes_results(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", "--trace", "swebench", "--policy", "vllm", "--jps", "0.5", "--programs", "5",
+                 "--num-blocks", "4000", "--out", str(out), "--no-progress"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["programs"] == 5 and s["num_gpu_blocks"] == 4000
+    assert "JCT mean" in capsys.readouterr().out
+    assert (out / "programs.parquet").exists() and (out / "turns.parquet").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["run", "--policy", "nope"], "unknown policy 'nope'"),
+    (["run", "--trace", "nosuch"], "trace 'nosuch' not found"),
+    (["run", "--block-size", "32"], "contradicts profile"),
+    (["run", "--num-blocks", "99999999"], "exceeds the"),
+    (["run", "--jps", "0", "--programs", "2"], "--jps must be > 0"),
+    (["run", "--policy-arg", "x"], "is not K=V"),
+    (["run", "--jps", "abc"], "invalid float value"),
+])
+def test_cli_bad_input_is_one_line(argv, fragment, capsys):
+    try:
+        code = main(argv + ["--no-progress"])
+    except SystemExit as e:  # argparse's own errors exit
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_malformed_profile_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text('{"model": {}, "engine": {"block_size": 16}}')
+    assert main(["run", "--profile", str(bad), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "missing section 'step_time'" in err and err.count("\n") == 1
+    bad.write_text("{not json")
+    assert main(["run", "--profile", str(bad), "--no-progress"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
