@@ -74,6 +74,7 @@ def _atomic(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

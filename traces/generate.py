@@ -1,5 +1,278 @@
-"""Placeholder: replaced by the traces work."""
+"""Synthetic agent traces matching the Continuum paper's Table 2 statistics.
+
+The traces are SYNTHETIC: no real agent ran. They reproduce the published
+(mean, sd) of turns per program, tool time (ms, over all tool calls) and tokens per
+program for SWE-Bench and BFCL v4; real logs come in through traces.importers.
+
+    sim trace gen swebench -o swe.parquet [--programs 500] [--seed 0] [--tokens-mode sum|final] [--shared-prefix N]
+    python -m traces.generate --bundle     # rewrites traces/data/{swebench,bfcl}.parquet (seed 0, 500 programs)
+
+Model of one program (all draws from numpy.random.default_rng(seed), so a seed
+gives an identical trace):
+  * turns ~ rounded normal(mean, sd), clipped to >= 1;
+  * after every turn but the last the agent calls one tool, drawn from a fixed mix.
+    SWE-Bench tools are the first word of a bash command (cat/ls/echo fast, python
+    and pytest slow, `cd repo && ...` rare but with by far the heaviest tail, as in
+    the paper's Figure 5); BFCL tools are web_search, fetch_url (slow, long tail)
+    and memory/calculator calls. Each tool's duration is lognormal with its own
+    median and sigma, and its result adds lognormal new_input_tokens to the next
+    turn (capped at 16,384 tokens, as agent frameworks truncate tool output);
+  * turn 0's input = the shared system prompt (`shared_prefix_tokens`; default
+    1,000 for SWE-Bench: system prompt + tool docs; 800 for BFCL: function docs)
+    + the task; each turn outputs a few hundred tokens, the last one a bit more.
+
+Exact sample statistics. A heavy tail (SWE-Bench tool CV 3.8) makes the sample sd
+of ~5,000 draws wander by tens of percent between seeds, so each trace is corrected
+after drawing: the turn normals are standardised to sample mean 0 / sd 1, and tool
+durations x become c*x**p with p, c solved so that the trace's sample mean and sd
+(ddof=1) equal the targets. The power map keeps every duration positive, keeps the
+order of calls, and keeps each tool lognormal (its sigma is multiplied by p; the
+per-tool parameters are tuned so that p is ~0.9-1.0, 0.99 for seed 0). Tokens per
+program get the same kind of map (p ~0.7 SWE-Bench, ~0.9 BFCL): each program's
+non-shared tokens are scaled by its own factor and the rounding residual goes to the
+last turn's output, so tokens per program hit the targets exactly (integers). A shared
+prefix so long that the prefix alone exceeds a program's target cannot be matched:
+such programs keep 1% of their other tokens and the token targets are missed.
+
+"Tokens per program" is ambiguous in the paper. Default `tokens_mode="sum"`: the sum
+over the program's calls of (prompt + output), with prompt_t = prompt_{t-1} +
+output_{t-1} + new_input_t — what an engine without prefix caching processes. With
+`"final"` (the final context length, sum of all new_input and output tokens) BFCL's
+(93K, 68K) would put a large share of programs past Llama-3.1's 131,072-token
+context, while with "sum" the final contexts are a few tens of K; in "sum" mode the
+generator also keeps every program's final context <= 131,072 (by moving a
+too-long program's later tokens into its first prompt, which keeps its sum).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.errors import InputError
+from traces.schema import DATA_DIR, validate, write_trace
+
+CONTEXT_LIMIT = 131_072  # Llama-3.1's context window
+RESULT_CAP = 16_384  # tool output truncation
+TOKENS_MODES = ("sum", "final")
+
+
+@dataclass(frozen=True)
+class Spec:
+    turns: tuple[float, float]  # targets (mean, sd), paper Table 2
+    tool_ms: tuple[float, float]
+    tokens: tuple[float, float]
+    shared_prefix: int
+    task: tuple[float, float]  # turn 0 tokens after the shared prefix: (median, sigma)
+    output: tuple[float, float]  # per-turn output tokens: (median, sigma)
+    last_output: float  # median of the last turn's output (final answer / patch)
+    # tool: (weight, median ms, sigma, result tokens median, result sigma)
+    tools: dict[str, tuple[float, float, float, float, float]]
+
+
+SPECS = {
+    "swebench": Spec(
+        turns=(10.9, 2.1), tool_ms=(925.0, 3550.0), tokens=(70_126.0, 19_732.0),
+        shared_prefix=1000, task=(900.0, 0.5), output=(180.0, 0.5), last_output=350.0,
+        tools={
+            "cat": (0.18, 4, 0.8, 900, 0.8), "ls": (0.09, 4, 0.7, 120, 0.6),
+            "grep": (0.11, 25, 1.0, 300, 1.0), "find": (0.06, 60, 1.2, 200, 0.9),
+            "sed": (0.08, 6, 0.8, 40, 0.5), "python": (0.14, 900, 1.15, 300, 1.0),
+            "pytest": (0.06, 4500, 1.05, 800, 0.9), "cd": (0.10, 3, 2.5, 200, 1.2),
+            "git": (0.05, 30, 1.0, 400, 1.0), "echo": (0.04, 2, 0.6, 20, 0.5),
+            "pip": (0.02, 4000, 1.0, 250, 0.8), "head": (0.04, 4, 0.7, 400, 0.5),
+            "mkdir": (0.01, 3, 0.5, 10, 0.3), "rm": (0.02, 4, 0.6, 10, 0.3),
+        },
+    ),
+    "bfcl": Spec(
+        turns=(6.3, 2.3), tool_ms=(1923.0, 2133.0), tokens=(93_256.0, 68_687.0),
+        shared_prefix=800, task=(150.0, 0.6), output=(120.0, 0.5), last_output=300.0,
+        tools={
+            "web_search": (0.42, 1500, 0.4, 2400, 0.4), "fetch_url": (0.30, 2900, 0.72, 8000, 0.7),
+            "archival_memory_search": (0.12, 500, 0.6, 1100, 0.5),
+            "core_memory_append": (0.08, 60, 0.6, 60, 0.4), "calculate": (0.08, 20, 0.5, 30, 0.3),
+        },
+    ),
+}
+
+
+def _lognormal(rng, median, sigma, size=None):
+    size = np.broadcast(np.asarray(median), np.asarray(sigma)).shape if size is None else size
+    return median * np.exp(sigma * rng.standard_normal(size))
+
+
+def _power_fit(x: np.ndarray, mean: float, sd: float) -> tuple[np.ndarray, float, float]:
+    """c * x**p with sample mean/sd (ddof=1) equal to (mean, sd); returns (y, p, c).
+
+    The CV of x**p rises monotonically with p (log-moments are convex), so bisection
+    finds p. With < 2 distinct values only the mean is matched.
+    """
+    x = np.asarray(x, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return x * (mean / x.mean()), 1.0, mean / x.mean()
+    top = np.log(x).max()
+    lx = np.log(x) - top  # work in logs: no overflow for large p
+    cv = sd / mean
+    lo, hi = 1e-3, 50.0
+    for _ in range(80):
+        p = (lo + hi) / 2
+        y = np.exp(p * lx)
+        lo, hi = (p, hi) if y.std(ddof=1) / y.mean() < cv else (lo, p)
+    y = np.exp(p * lx)
+    c = mean / y.mean()
+    return y * c, p, c * np.exp(-p * top)  # c in x's units: y = c * x**p
+
+
+def _check_args(kind, programs, seed, tokens_mode, shared_prefix_tokens) -> None:
+    if kind not in SPECS:
+        raise InputError(f"unknown trace generator {kind!r}; choose one of {', '.join(SPECS)}")
+    if isinstance(programs, bool) or not isinstance(programs, (int, np.integer)) or programs < 1:
+        raise InputError(f"programs is {programs!r}; give a whole number >= 1")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed is {seed!r}; give a whole number >= 0")
+    if tokens_mode not in TOKENS_MODES:
+        raise InputError(f"tokens mode {tokens_mode!r} is unknown; choose sum or final")
+    if shared_prefix_tokens is not None and (not isinstance(shared_prefix_tokens, (int, np.integer)) or shared_prefix_tokens < 0):
+        raise InputError(f"shared prefix is {shared_prefix_tokens!r}; give a whole number of tokens >= 0")
+
+
+def _front_load(inp, out, start, n, limit) -> None:
+    """In place: shrink a program's later turns and put the lost sum into turn 0, so the
+    final context drops to `limit` while the sum over calls stays (up to rounding)."""
+    a = inp[start:start + n] + out[start:start + n]
+    w = n - np.arange(n)
+    F, Q1, R1 = a.sum(), a[1:].sum(), (w[1:] * a[1:]).sum()
+    gain = Q1 - R1 / n  # final-context drop per unit of (1 - f)
+    if gain <= 0 or (F - limit) / gain > 1:
+        raise InputError(f"cannot fit a program under {limit} tokens of context; lower the token targets")
+    f = 1 - (F - limit) / gain
+    sl = slice(start + 1, start + n)
+    inp[sl] = np.floor(inp[sl] * f)
+    out[sl] = np.maximum(np.floor(out[sl] * f), 1)
+    inp[start] += int(np.ceil((1 - f) * R1 / n))
+
+
+def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "sum",
+             shared_prefix_tokens: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """A validated synthetic trace of `programs` programs and its metadata."""
+    _check_args(kind, programs, seed, tokens_mode, shared_prefix_tokens)
+    spec = SPECS[kind]
+    shared = spec.shared_prefix if shared_prefix_tokens is None else int(shared_prefix_tokens)
+    rng = np.random.default_rng(seed)
+
+    # Turns: standardised normals so the sample mean/sd land on the target before rounding.
+    z = rng.standard_normal(programs)
+    if programs > 1:
+        z = (z - z.mean()) / z.std(ddof=1)
+    n = np.maximum(np.rint(spec.turns[0] + spec.turns[1] * z), 1).astype(np.int64)
+    rows = int(n.sum())
+    start = np.r_[0, np.cumsum(n)[:-1]]
+    prog = np.repeat(np.arange(programs), n)
+    turn = np.arange(rows) - start[prog]
+    last = turn == n[prog] - 1
+
+    # Tools after every turn but the last; per-tool lognormal durations.
+    names = list(spec.tools)
+    t = np.array([spec.tools[k] for k in names])
+    tool_idx = rng.choice(len(names), size=rows, p=t[:, 0] / t[:, 0].sum())
+    dur_ms = _lognormal(rng, t[tool_idx, 1], t[tool_idx, 2])
+    result_tokens = np.minimum(_lognormal(rng, t[tool_idx, 3], t[tool_idx, 4]), RESULT_CAP)
+    tool_p = tool_c = 1.0
+    if (~last).any():
+        dur_ms[~last], tool_p, tool_c = _power_fit(dur_ms[~last], *spec.tool_ms)
+    dur_s = np.where(last, np.nan, dur_ms / 1000.0)
+    tool = np.array(names, dtype=object)[tool_idx]
+    tool[last] = None
+
+    # Tokens (shared prefix excluded): turn 0 = task; turn t = result of turn t-1's tool.
+    task = _lognormal(rng, *spec.task, programs)
+    out = _lognormal(rng, np.where(last, spec.last_output, spec.output[0]), spec.output[1])
+    inp = np.where(turn == 0, task[prog], np.r_[0.0, result_tokens[:-1]])
+
+    # Per program: metric = fixed (shared prefix) + variable; map the metric onto the targets.
+    w = (n[prog] - turn) if tokens_mode == "sum" else np.ones(rows)  # times a token is counted
+    var = np.bincount(prog, w * (inp + out), programs)
+    fixed = shared * (n if tokens_mode == "sum" else np.ones(programs))
+    target, tok_p, _ = _power_fit(fixed + var, *spec.tokens)
+    target = np.rint(target)
+    scale = np.maximum((target - fixed) / var, 0.01)  # floor: a huge shared prefix can't go negative
+    inp = np.where(turn == 0, np.maximum(np.rint(inp * scale[prog]), 1), np.rint(inp * scale[prog]))
+    out = np.maximum(np.rint(out * scale[prog]), 1)
+    inp[turn == 0] += shared
+
+    def settle():  # rounding residual goes to the last output (counted once in sum and final)
+        got = np.bincount(prog, w * (inp + out), programs)
+        out[last] = np.maximum(out[last] + target - got, 1)
+
+    settle()
+    if tokens_mode == "sum":
+        final = np.bincount(prog, inp + out, programs)
+        for i in np.flatnonzero(final > CONTEXT_LIMIT):
+            _front_load(inp, out, start[i], n[i], CONTEXT_LIMIT - 1024)  # room for settle()'s rounding
+        settle()
+
+    width = max(4, len(str(programs - 1)))
+    df = pd.DataFrame({
+        "program_id": [f"{kind}-{i:0{width}d}" for i in prog],
+        "turn": turn,
+        "new_input_tokens": inp.astype(np.int64),
+        "output_tokens": out.astype(np.int64),
+        "tool": tool,
+        "tool_duration_s": dur_s,
+        "shared_prefix_tokens": np.full(rows, shared, dtype=np.int64),
+    })
+    meta = {
+        "generator": kind, "seed": int(seed), "programs": int(programs), "tokens_mode": tokens_mode,
+        "synthetic": True, "source": "matches Continuum paper Table 2 statistics",
+        "shared_prefix_tokens": shared,
+        "targets": {"turns": spec.turns, "tool_ms": spec.tool_ms, f"tokens_{tokens_mode}": spec.tokens},
+        "tool_time_power": round(float(tool_p), 6), "tool_time_scale": round(float(tool_c), 6),
+        "tokens_power": round(float(tok_p), 6),
+    }
+    return validate(df), meta
+
+
+def bundle(data_dir: Path = DATA_DIR) -> list[Path]:
+    """Write the bundled traces: seed 0, 500 programs, default options."""
+    out = []
+    for kind in SPECS:
+        df, meta = generate(kind)
+        out.append(write_trace(df, data_dir / f"{kind}.parquet", meta))
+    return out
+
+
+def _gen_cmd(args) -> int:
+    df, meta = generate(args.kind, args.programs, args.seed, args.tokens_mode, args.shared_prefix)
+    try:
+        path = write_trace(df, args.output, meta)
+    except OSError as e:  # a bad -o is user input: one line, not a traceback
+        raise InputError(f"cannot write {args.output!r} ({e.strerror}); give a writable .parquet path") from None
+    print(f"wrote {path}: {meta['programs']} {args.kind} programs, {len(df)} calls (seed {args.seed}, tokens mode {args.tokens_mode})")
+    return 0
 
 
 def register(tsub) -> None:
-    pass
+    p = tsub.add_parser("gen", help="generate a synthetic trace matching the paper's statistics")
+    p.add_argument("kind", metavar="{swebench,bfcl}", help="which workload to imitate")
+    p.add_argument("--programs", type=int, default=500, help="number of programs (default 500)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--tokens-mode", default="sum", metavar="{sum,final}",
+                   help="what 'tokens per program' means: sum over calls (default) or final context")
+    p.add_argument("--shared-prefix", type=int, default=None, metavar="N",
+                   help="system-prompt tokens shared by all programs (default 1000 swebench, 800 bfcl)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.parquet", help="where to write the trace")
+    p.set_defaults(func=_gen_cmd)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="Write the bundled synthetic traces.")
+    ap.add_argument("--bundle", action="store_true", help="rewrite traces/data/{swebench,bfcl}.parquet")
+    if not ap.parse_args().bundle:
+        ap.error("nothing to do; pass --bundle")
+    for path in bundle():
+        print(f"wrote {path}")
+    sys.exit(0)

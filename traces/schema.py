@@ -161,6 +161,7 @@ def write_trace(df: pd.DataFrame, path: str | os.PathLike, meta: dict) -> Path:
     os.close(fd)
     try:
         pq.write_table(table, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a trace is a shared artefact
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -1,0 +1,120 @@
+"""Claude Code session JSONL (`~/.claude/projects/*/<session>.jsonl`, or AgentCgroup's
+`trace.jsonl`).
+
+One record per content block: the records of one LLM call share `message.id` and
+repeat its `usage`. The prompt is input + cache_creation + cache_read tokens. A
+call's tool time runs from its last `tool_use` block to the last matching
+`tool_result` (parallel tools overlap; the agent waits for the slowest). Sub-agent
+(`isSidechain`) records form their own chains, rooted where `parentUuid` leaves the
+sidechain; they are dropped (their time lies inside the parent's Task tool) or
+imported as separate programs.
+"""
+from __future__ import annotations
+
+import json
+
+from traces.importers.common import Call, Notes, Program, fail, fill_gap_durations, get_int, labels, parse_time, read_jsonl
+
+PATTERNS = ("*.jsonl",)
+GENERIC_NAMES = ("trace.jsonl",)
+
+
+def load(files, opts: dict, notes: Notes) -> list[Program]:
+    mode = opts.get("subagents") or "drop"
+    progs = []
+    for path, label in zip(files, labels(files, GENERIC_NAMES)):
+        chains = _chains(path, read_jsonl(path), notes)
+        for chain, calls in chains.items():
+            if not calls or (chain != "main" and mode == "drop"):
+                continue
+            fill_gap_durations(calls, notes)
+            pid = label if chain == "main" else f"{label}/{chain}"
+            progs.append(Program(pid, calls, arrival_abs_s=calls[0].start_s))
+    return progs
+
+
+def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
+    by_uuid = {r.get("uuid"): r for _, r in records if r.get("uuid")}
+    if not any(r.get("type") in ("user", "assistant") and isinstance(r.get("message"), dict) for _, r in records):
+        raise fail(path, "", "type", "has no Claude Code user/assistant records", "is this the right format? (see `sim trace import --help`)")
+    root_label: dict[str, str] = {}
+    chains: dict[str, list[Call]] = {"main": []}
+    open_calls: dict[str, tuple[Call, list]] = {}  # message.id → call, its tool blocks
+    last_ts: dict[str, float] = {}  # chain → latest record time so far (order check)
+    ready: dict[str, float] = {}  # chain → latest user/tool_result time: next call's input-ready
+    results: dict[str, float] = {}  # tool_use_id → tool_result time
+    for line, r in records:
+        kind = r.get("type")
+        if kind not in ("user", "assistant") or not isinstance(r.get("message"), dict):
+            continue  # summary, system, file-history records carry no call
+        where = f"line {line}"
+        ts = parse_time(r.get("timestamp"), path, where, "timestamp")
+        chain = _chain_of(r, by_uuid, root_label) if r.get("isSidechain") else "main"
+        # Parallel tool results may be written a few ms out of order; a call must
+        # still come after everything before it in its chain.
+        if kind == "assistant" and ts < last_ts.get(chain, ts) - 1e-3:
+            raise fail(path, where, "timestamp", "goes back in time within its chain (unsorted timestamps)", "give the records in the order Claude Code wrote them")
+        last_ts[chain] = max(ts, last_ts.get(chain, ts))
+        msg = r["message"]
+        content = msg.get("content")
+        if kind == "user":
+            ready[chain] = max(ts, ready.get(chain, ts))
+            for b in content if isinstance(content, list) else []:
+                if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id"):
+                    results.setdefault(b["tool_use_id"], ts)
+            continue
+        if msg.get("model") == "<synthetic>":
+            continue  # CLI-injected placeholder, not an LLM call
+        mid = msg.get("id")
+        if not mid:
+            raise fail(path, where, "message.id", "is missing", "each assistant record needs the response id")
+        usage = msg.get("usage")
+        if not isinstance(usage, dict):
+            raise fail(path, where, "message.usage", "is missing", "give the token usage on every assistant record")
+        prompt = sum(get_int(usage, k, path, f"{where} message.usage", required=(k == "input_tokens"))
+                     or 0 for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+        out = get_int(usage, "output_tokens", path, f"{where} message.usage")
+        if mid not in open_calls:
+            call = Call(output_tokens=out, prompt_tokens=prompt, output_chars=0, start_s=ready.get(chain, ts), end_s=ts)
+            open_calls[mid] = (call, [])
+            chains.setdefault(chain, []).append(call)
+        call, tools = open_calls[mid]
+        call.end_s, call.output_tokens, call.prompt_tokens = ts, out, prompt  # last record wins
+        for b in content if isinstance(content, list) else []:
+            if not isinstance(b, dict):
+                continue
+            call.output_chars += len(b.get("text") or "") + len(b.get("thinking") or "")
+            if b.get("type") == "tool_use":
+                if not isinstance(b.get("name"), str) or not b["name"].strip():
+                    raise fail(path, where, "message.content[].name", "is empty on a tool_use block", "give the tool's name")
+                call.output_chars += len(json.dumps(b.get("input", {})))
+                tools.append((b.get("id"), b["name"], ts))
+    for call, tools in open_calls.values():
+        _set_tool(call, tools, results)
+    return chains
+
+
+def _chain_of(r: dict, by_uuid: dict, root_label: dict) -> str:
+    """Sidechain label: walk parentUuid up to the sidechain's root record."""
+    node, seen = r, set()
+    while True:
+        parent = by_uuid.get(node.get("parentUuid"))
+        if parent is None or not parent.get("isSidechain") or node.get("uuid") in seen:
+            break
+        seen.add(node.get("uuid"))
+        node = parent
+    root = node.get("uuid") or id(node)
+    return root_label.setdefault(root, f"side{len(root_label) + 1}")
+
+
+def _set_tool(call: Call, tools: list, results: dict) -> None:
+    if not tools:
+        return
+    done = [(results[tid], name, ts) for tid, name, ts in tools if tid in results]
+    if not done:  # interrupted: no result logged; the gap fallback applies
+        call.tool = tools[0][1]
+        return
+    call.tool_walls = [max(0.0, res - ts) for res, _, ts in done]
+    end, name, _ = max(done, key=lambda d: d[0])
+    call.tool = name  # the slowest tool is what the agent waited for
+    call.tool_duration_s = max(0.0, end - max(ts for _, _, ts in tools))

@@ -1,0 +1,82 @@
+"""The Continuum fork's `scheduler_timestamps` JSON (Continuum_Recorder):
+`{job_id: [event, ...]}` where a request is `{"Request_arrival_time": t}`, then
+`{"waiting_to_running": t, "prompt_length": n, "hit_length": h}` (again after a
+preemption as `evicted_to_running`), `{"Request_departure_time": t}`, and pin
+events (`pinned_time`, `unpinned_time`, `Request_evicted_from_running_queue_time`).
+
+Tool durations are next arrival − previous departure (what the fork's estimator
+measures). The recorder logs prompt lengths but no output lengths and no tool
+names: output tokens come from an `output_length`/`output_tokens` field if a
+patched recorder wrote one, else from `--output-tokens N`.
+"""
+from __future__ import annotations
+
+from traces.importers.common import Call, Notes, Program, fail, get_int, read_json
+
+PATTERNS = ("scheduler_timestamps", "scheduler_timestamps*.json")
+_OUT_KEYS = ("output_length", "output_tokens", "num_output_tokens")
+
+
+def load(files, opts: dict, notes: Notes) -> list[Program]:
+    progs = []
+    fixed_out = opts.get("output_tokens")
+    for path in files:
+        data = read_json(path)
+        if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+            raise fail(path, "", "", "is not a Continuum scheduler_timestamps object {job_id: [events]}", "is this the right format?")
+        for job, events in data.items():
+            reqs = _requests(path, job, events, notes)
+            if not reqs:
+                continue
+            calls = []
+            for k, rq in enumerate(reqs):
+                w = f"job {job!r} request {k}"
+                if "prompt_length" not in rq:
+                    raise fail(path, w, "prompt_length", "is missing (never scheduled?)", "give the waiting_to_running event with prompt_length")
+                out = rq.get("output")
+                if out is None:
+                    if fixed_out is None:
+                        raise fail(path, w, "output_length", "is not recorded by the Continuum recorder", "pass --output-tokens N (tokens per call) to import it")
+                    out = fixed_out
+                calls.append(Call(output_tokens=out, prompt_tokens=rq["prompt_length"], start_s=rq["arrival"], end_s=rq["departure"]))
+            for a, b in zip(calls, calls[1:]):
+                a.tool_duration_s = b.start_s - a.end_s
+            progs.append(Program(str(job), calls, arrival_abs_s=calls[0].start_s))
+    return progs
+
+
+def _requests(path, job, events, notes: Notes) -> list[dict]:
+    reqs: list[dict] = []
+    for i, e in enumerate(events):
+        w = f"job {job!r} event {i}"
+        if not isinstance(e, dict):
+            raise fail(path, w, "", "is not an object", "each event is a JSON object")
+        for key, v in e.items():
+            if key.endswith("_time") or key in ("waiting_to_running", "evicted_to_running"):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise fail(path, w, key, f"is {v!r}, not epoch seconds", "give times as numbers")
+        if "Request_arrival_time" in e:
+            t = e["Request_arrival_time"]
+            if reqs and "departure" not in reqs[-1]:
+                raise fail(path, w, "Request_arrival_time", "comes before the previous request's departure", "a job's requests run one after another; check the event order")
+            if reqs and t < reqs[-1]["departure"]:
+                raise fail(path, w, "Request_arrival_time", "is earlier than the previous departure (unsorted timestamps)", "give the events in time order")
+            reqs.append({"arrival": float(t)})
+            continue
+        if not reqs:
+            raise fail(path, w, "Request_arrival_time", "is missing before this event", "a job's events start with its request's arrival")
+        rq = reqs[-1]
+        if "prompt_length" in e and "prompt_length" not in rq:  # the first admission; a
+            rq["prompt_length"] = get_int(e, "prompt_length", path, w, minimum=1)  # preemption repeats it
+        for key in _OUT_KEYS:
+            if key in e:
+                rq["output"] = get_int(e, key, path, w, minimum=1)
+        if "Request_departure_time" in e:
+            t = float(e["Request_departure_time"])
+            if t < rq["arrival"]:
+                raise fail(path, w, "Request_departure_time", "is before the request's arrival (unsorted timestamps)", "give the events in time order")
+            rq["departure"] = t
+    if reqs and "departure" not in reqs[-1]:  # in flight when the recorder exported
+        reqs.pop()
+        notes.extra.append(f"job {job}: last request had no departure (in flight at export), dropped")
+    return reqs

@@ -1,0 +1,86 @@
+"""mini-swe-agent trajectories (`<instance>.traj.json`): `{"info": ..., "messages":
+[...], "trajectory_format": "mini-swe-agent-1..."}`.
+
+Each assistant message is one LLM call. Newer versions record `extra.timestamp`
+(when the message was made) and `extra.response` (the raw completion, with
+`usage`); observations (role user/tool) carry their own `extra.timestamp`, so a
+tool runs from the assistant message to the last observation after it. The tool
+is the first word of the single ```bash block (policies.toolparse), or the
+tool call's name in tool-calling mode. Without `usage`, tokens are estimated from
+the message text (--tokenizer / --chars-per-token).
+"""
+from __future__ import annotations
+
+from policies.toolparse import command_name, parse_tool_from_message
+from traces.importers.common import Call, Notes, Program, fail, get_int, message_text, parse_time, read_json, token_counter
+
+PATTERNS = ("*.traj.json", "*.traj")
+
+
+def load(files, opts: dict, notes: Notes) -> list[Program]:
+    count = token_counter(opts)
+    progs = []
+    for path in files:
+        data = read_json(path)
+        msgs = data.get("messages") if isinstance(data, dict) else data
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise fail(path, "", "messages", "is missing or not a list of message objects", "is this a mini-swe-agent .traj.json? (wrong format?)")
+        name = path.name
+        for suffix in (".traj.json", ".traj", ".json"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+                break
+        calls = _calls(path, msgs, count, notes)
+        if calls:
+            stamps = [_ts(path, i, m) for i, m in enumerate(msgs)]
+            progs.append(Program(name, calls, arrival_abs_s=min(t for t in stamps if t is not None)))
+    return progs
+
+
+def _ts(path, i, m):
+    extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
+    t = extra.get("timestamp", m.get("timestamp"))
+    return None if t is None else parse_time(t, path, f"messages[{i}]", "extra.timestamp")
+
+
+def _calls(path, msgs, count, notes: Notes) -> list[Call]:
+    calls: list[Call] = []
+    text_so_far = []  # the context: every message before the call
+    last_ts = None
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        ts = _ts(path, i, m)
+        if ts is not None and last_ts is not None and ts < last_ts - 1e-3:
+            raise fail(path, where, "extra.timestamp", "is earlier than the message before it", "give messages in the order they were made")
+        last_ts = ts if ts is not None else last_ts
+        role = m.get("role")
+        if role == "assistant":
+            if ts is None:
+                raise fail(path, where, "extra.timestamp", "is missing", "this trajectory has no timing (older mini-swe-agent); rerun with a version that records extra.timestamp")
+            usage = ((m.get("extra") or {}).get("response") or {}).get("usage") or m.get("usage")
+            out_text = message_text(m)
+            if isinstance(usage, dict):
+                prompt = get_int(usage, "prompt_tokens", path, f"{where} extra.response.usage", minimum=1)
+                out = get_int(usage, "completion_tokens", path, f"{where} extra.response.usage")
+            else:
+                prompt, out = max(1, count("\n".join(text_so_far))), count(out_text)
+            calls.append(Call(output_tokens=out, prompt_tokens=prompt, output_chars=len(out_text),
+                              tool=_tool(m), start_s=last_ts, end_s=ts))
+        elif role in ("user", "tool") and calls and ts is not None:
+            c = calls[-1]  # an observation of the last call's action: the tool ended
+            c.tool_duration_s = max(0.0, ts - c.end_s)
+        if role != "exit":
+            text_so_far.append(message_text(m))
+    return calls
+
+
+def _tool(m: dict):
+    name = parse_tool_from_message(m)
+    if name:
+        return name
+    actions = (m.get("extra") or {}).get("actions") or []
+    if actions:  # v2 keeps the parsed commands: [{"command": "..."}] or ["..."]
+        a = actions[0]
+        cmd = a.get("command") if isinstance(a, dict) else a
+        return command_name(cmd) if isinstance(cmd, str) else None
+    return None
