@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import inspect
 
+from policies.autellix import AutellixPolicy
 from policies.base import Policy, PolicyError
+from policies.continuum import ContinuumPolicy
+from policies.oracle import OraclePolicy
+from policies.program_fcfs import ProgramFCFSPolicy
+from policies.static import ContinuumStaticPolicy
 
 
 class VLLMPolicy(Policy):
@@ -12,7 +17,14 @@ class VLLMPolicy(Policy):
     name = "vllm"
 
 
-POLICIES: dict[str, type[Policy]] = {"vllm": VLLMPolicy}
+POLICIES: dict[str, type[Policy]] = {
+    "vllm": VLLMPolicy,
+    "continuum": ContinuumPolicy,
+    "continuum-static": ContinuumStaticPolicy,
+    "program-fcfs": ProgramFCFSPolicy,
+    "autellix": AutellixPolicy,
+    "oracle": OraclePolicy,
+}
 
 
 def policy_params(name: str) -> dict[str, object]:

@@ -1,0 +1,188 @@
+"""Continuum (arXiv 2511.02230): tool-aware KV-cache pinning with a cost-model TTL.
+
+Paper sections cited: §4.1 utility model, §4.2 TTL (Eq. 2) and cold start, §4.3
+priority, §5.2 unpinning and deadlock prevention. Decisions the paper leaves open
+are marked "ours".
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+
+import numpy as np
+
+from policies.base import FREE, EngineView, Policy, Request, Retention
+
+
+def best_ttl(samples: np.ndarray, benefit: float) -> float:
+    """Eq. 2: argmax over τ in {0} ∪ samples of P(τ)·benefit − τ, P = empirical CDF.
+
+    `samples` is sorted ascending. At position i, P(s[i]) >= (i+1)/n with equality at
+    the last copy of a value, so the argmax over positions lands on the last copy,
+    i.e. on the unique-value candidate with P = fraction of samples <= τ. Ties go to
+    the smaller τ (ours: less memory for the same expected net benefit); τ = 0 wins
+    ties, and its value is P(0)·benefit (covered by position i when s[i] = 0).
+    """
+    n = len(samples)
+    if n == 0:
+        return 0.0
+    vals = np.arange(1, n + 1) / n * benefit - samples
+    i = int(np.argmax(vals))
+    return float(samples[i]) if vals[i] > 0.0 else 0.0
+
+
+def default_ttl(benefit: float, mean: float = 1.0) -> float:
+    """§4.2 cold start T_default: Eq. 2 with tool time ~ Exp(mean) and η = 1.
+
+    max_τ (1 − e^{−τ/mean})·B − τ: the objective is concave (second derivative
+    −B/mean²·e^{−τ/mean} < 0), its derivative B/mean·e^{−τ/mean} − 1 vanishes at
+    τ = mean·ln(B/mean), which is > 0 iff B > mean; otherwise τ* = 0. With mean = 1 s:
+    τ* = ln B if B > 1 else 0.
+    """
+    return mean * math.log(benefit / mean) if benefit > mean else 0.0
+
+
+class Memoryfulness:
+    """§4.1 η = −Corr(k, N − k) over the requests of finished programs.
+
+    A program of N calls contributes pairs (k, N − k) for k = 0..N−1. Sums are kept
+    as exact integers in closed form, so each update is O(1).
+    Undefined cases (ours): fewer than `min_programs` finished programs, or zero
+    variance (e.g. every program has N = 1) -> η = `default` (1.0, the paper's
+    cold-start assumption of a fully memoryful workload).
+    """
+
+    def __init__(self, min_programs: int = 2, default: float = 1.0) -> None:
+        self.min_programs, self.default = min_programs, default
+        self.programs = self.n = self.sk = self.sk2 = self.sm = self.sm2 = self.skm = 0
+
+    def add(self, N: int) -> None:
+        if N < 1:
+            return
+        sk, sk2 = N * (N - 1) // 2, (N - 1) * N * (2 * N - 1) // 6  # k = 0..N-1
+        sm, sm2 = N * (N + 1) // 2, N * (N + 1) * (2 * N + 1) // 6  # m = N-k = 1..N
+        self.programs += 1
+        self.n += N
+        self.sk += sk
+        self.sk2 += sk2
+        self.sm += sm
+        self.sm2 += sm2
+        self.skm += N * sk - sk2  # Σ k(N − k)
+
+    @property
+    def eta(self) -> float:
+        if self.programs < self.min_programs:
+            return self.default
+        n = self.n
+        cov = n * self.skm - self.sk * self.sm  # n²·Cov, exact integers
+        vk, vm = n * self.sk2 - self.sk**2, n * self.sm2 - self.sm**2
+        if vk <= 0 or vm <= 0:
+            return self.default
+        return -cov / math.sqrt(vk * vm)
+
+
+class ContinuumPolicy(Policy):
+    """The paper's Continuum: TTL τ* from Eq. 2, TTL-aware program-level priority."""
+
+    name = "continuum"
+
+    def __init__(
+        self,
+        K: int = 100,  # §4.2 cold-start threshold on |S| and |S[f]| (paper: K = 100)
+        T_window: int = 100,  # T = sliding mean over this many evicted requests (ours; paper gives no size)
+        T_init: float = 0.0,  # §4.2: "initialize T as zero"
+        cold_tool_mean: float = 1.0,  # §4.2: T_default assumes tool time ~ Exp(1 s)
+        eta_min_programs: int = 2,  # η needs this many finished programs, else 1.0 (ours)
+        max_ttl: float | None = None,  # optional cap on τ* (ours; None = paper, no cap)
+    ) -> None:
+        super().__init__()
+        self.K = int(K)
+        self.cold_tool_mean = float(cold_tool_mean)
+        self.max_ttl = None if max_ttl in (None, "", "none", "None") else float(max_ttl)
+        # S[f]: sorted durations per tool; S: all durations (Alg. 1 lines 3-5).
+        # A None tool (no tool parsed) is recorded in the global S only and its TTL
+        # uses the global CDF (ours: "unknown" is a mix of tools, not one tool).
+        self.samples: dict[str, np.ndarray] = defaultdict(lambda: np.empty(0))
+        self._all: list[float] = []  # S, unsorted; sorted lazily (rarely needed once warm)
+        self._all_sorted: np.ndarray | None = None
+        self.T_window: deque[float] = deque(maxlen=int(T_window))
+        self.T_init = float(T_init)
+        self.memory = Memoryfulness(int(eta_min_programs))
+        self.ttl_source: dict[str, int] = defaultdict(int)  # 'default' | 'global' | 'tool'
+
+    # --- estimators ---------------------------------------------------------------
+    def record_tool_time(self, tool: str | None, seconds: float) -> None:
+        t = max(0.0, float(seconds))
+        self._all.append(t)
+        self._all_sorted = None
+        if tool is not None:
+            s = self.samples[tool]
+            self.samples[tool] = np.insert(s, np.searchsorted(s, t), t)
+
+    @property
+    def all_samples(self) -> np.ndarray:
+        """S, sorted: the global CDF's samples."""
+        if self._all_sorted is None:
+            self._all_sorted = np.sort(np.asarray(self._all, dtype=float))
+        return self._all_sorted
+
+    @property
+    def T(self) -> float:
+        """§4.2: sliding-window mean queueing delay of requests that had been evicted."""
+        return sum(self.T_window) / len(self.T_window) if self.T_window else self.T_init
+
+    @property
+    def eta(self) -> float:
+        return self.memory.eta
+
+    def on_schedule(self, req: Request, now: float) -> None:
+        # A later turn not served from a pin was evicted: its queueing delay is what
+        # pinning would have saved (called before the engine releases the pin as 'hit').
+        if req.turn >= 1 and req.program_id not in self.pins:
+            self.T_window.append(max(0.0, now - req.arrival))
+
+    def on_program_end(self, program_id: str, num_turns: int, now: float) -> None:
+        super().on_program_end(program_id, num_turns, now)
+        self.memory.add(num_turns)
+
+    # --- TTL (§4.2) -----------------------------------------------------------------
+    def benefit(self, req: Request, view: EngineView, eta: float | None = None) -> float:
+        """Eq. 2's T·η + Prefill-Reload(r), in seconds."""
+        eta = self.eta if eta is None else eta
+        return self.T * eta + view.prefill_reload_time(req.context_tokens)
+
+    def calc_ttl(self, req: Request, view: EngineView) -> float:
+        if len(self._all) <= self.K:  # |S| <= K: fixed T_default (η = 1)
+            src, ttl = "default", default_ttl(self.benefit(req, view, eta=1.0), self.cold_tool_mean)
+        else:
+            s = self.samples.get(req.tool) if req.tool is not None else None
+            if s is None or len(s) <= self.K:  # |S[f]| <= K: global CDF
+                src, s = "global", self.all_samples
+            else:
+                src = "tool"
+            ttl = best_ttl(s, self.benefit(req, view))
+        self.ttl_source[src] += 1
+        return ttl if self.max_ttl is None else min(ttl, self.max_ttl)
+
+    def retention(self, req: Request, now: float, view: EngineView) -> Retention:
+        ttl = self.calc_ttl(req, view)
+        return Retention("pin", ttl) if ttl > 0.0 else FREE  # §5.2: pin only if τ* != 0
+
+    # --- priority (§4.3) ------------------------------------------------------------
+    def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
+        # Preempted first; then programs still holding their pin (a pin survives
+        # past its TTL only while the program's next call waits, §5.2); then
+        # program-level FCFS; ties by turn, call arrival, id.
+        return (
+            0 if req.preempted else 1,
+            0 if req.program_id in self.pins else 1,
+            req.program_arrival,
+            req.turn,
+            req.arrival,
+            req.req_id,
+        )
+
+    # expired_pins (§5.2: expired and next turn not waiting), unpin_victims (§5.2:
+    # latest program arrival first until the head fits) and preemption_victim (the
+    # engine's own) are the base class defaults. The last step is never pinned
+    # (base on_finish) and on_program_end drops any leftover pin.
