@@ -86,3 +86,13 @@ def test_unknown_bundled_name():
         read_trace("no_such_trace")
     msg = str(e.value)
     assert "'no_such_trace' not found" in msg and "swebench" in msg and "bfcl" in msg
+
+
+def test_null_tool_reads_back_as_none(tmp_path):
+    from traces.schema import read_trace, write_trace
+    import pandas as pd
+    df = pd.DataFrame({"program_id": ["a", "a"], "turn": [0, 1], "new_input_tokens": [10, 5], "output_tokens": [2, 2],
+                       "tool": [None, None], "tool_duration_s": [0.5, None]})
+    write_trace(df, tmp_path / "t.parquet", {})
+    back, _ = read_trace(str(tmp_path / "t.parquet"))
+    assert back["tool"].tolist() == [None, None]

@@ -76,8 +76,8 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
             i = int(np.flatnonzero(bad.to_numpy())[0])
             _fail(df, i, col, f"is {df[col].iloc[i]!r}, not a number", "write seconds as a number")
         df[col] = vals.astype(np.float64)
-    df["tool"] = df["tool"].where(df["tool"].notna(), None)
-    df["tool"] = df["tool"].map(lambda t: None if t is None else str(t)).astype(object)
+    # object dtype with real None: pandas 3's string dtype would turn None into NaN/"nan"
+    df["tool"] = pd.Series([None if pd.isna(t) else str(t) for t in df["tool"]], index=df.index, dtype=object)
 
     df = df.sort_values(["program_id", "turn"], kind="stable").reset_index(drop=True)
     dup = df.duplicated(["program_id", "turn"]).to_numpy()

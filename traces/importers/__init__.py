@@ -37,6 +37,9 @@ def import_trace(fmt: str, paths, **opts) -> tuple[pd.DataFrame, dict]:
     opts = {**DEFAULTS, **{k: v for k, v in opts.items() if v is not None}}
     if opts["subagents"] not in ("drop", "keep", "separate"):
         raise InputError(f"--subagents {opts['subagents']!r} is not one of drop, keep, separate")
+    cpt = opts["chars_per_token"]
+    if isinstance(cpt, bool) or not isinstance(cpt, (int, float)) or not cpt > 0 or cpt == float("inf"):
+        raise InputError(f"--chars-per-token {cpt!r} must be a number > 0; e.g. 4.0")
     if opts["output_tokens"] is not None and not (isinstance(opts["output_tokens"], int) and opts["output_tokens"] >= 1):
         raise InputError(f"--output-tokens {opts['output_tokens']!r} must be a whole number >= 1")
     mod = importlib.import_module(f"traces.importers.{FORMATS[fmt]}")
@@ -55,6 +58,9 @@ def import_trace(fmt: str, paths, **opts) -> tuple[pd.DataFrame, dict]:
 
     rows = [row for p in progs for row in rows_for(p, notes)]
     df = pd.DataFrame(rows)
+    # object dtype keeps unknown tools null: under pandas 3 a str column turns None
+    # into the string "nan" in schema.validate's str() mapping.
+    df["tool"] = pd.Series([r["tool"] for r in rows], index=df.index, dtype=object)
     arrivals = {p.program_id: p.arrival_abs_s for p in progs}
     if all(a is not None for a in arrivals.values()):
         t0 = min(arrivals.values())

@@ -71,8 +71,10 @@ def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
         usage = msg.get("usage")
         if not isinstance(usage, dict):
             raise fail(path, where, "message.usage", "is missing", "give the token usage on every assistant record")
-        prompt = sum(get_int(usage, k, path, f"{where} message.usage", required=(k == "input_tokens"))
-                     or 0 for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+        # The full prompt: uncached + written to the provider cache + read from it.
+        parts = [get_int(usage, k, path, f"{where} message.usage", required=(k == "input_tokens"))
+                 for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
+        prompt = sum(p or 0 for p in parts)
         out = get_int(usage, "output_tokens", path, f"{where} message.usage")
         if mid not in open_calls:
             call = Call(output_tokens=out, prompt_tokens=prompt, output_chars=0, start_s=ready.get(chain, ts), end_s=ts)

@@ -225,9 +225,7 @@ def token_counter(opts: dict):
             raise InputError(f"--tokenizer {name!r} cannot be loaded offline ({type(e).__name__}); "
                              "put it in the Hugging Face cache first, or drop --tokenizer to use --chars-per-token") from None
         return lambda text: len(tok.encode(text or "", add_special_tokens=False))
-    cpt = opts.get("chars_per_token") or 4.0
-    if not (isinstance(cpt, (int, float)) and math.isfinite(cpt) and cpt > 0):
-        raise InputError(f"--chars-per-token {cpt!r} must be a number > 0; e.g. 4.0")
+    cpt = opts.get("chars_per_token", 4.0)  # checked in import_trace
     return lambda text: int(round(len(text or "") / cpt))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from traces.importers.common import Call, Notes, Program, fail, get_int, read_jsonl
 
-PATTERNS = ("*.sessions.jsonl", "*.jsonl")
+PATTERNS = ("*.sessions.jsonl",)
 
 
 def load(files, opts: dict, notes: Notes) -> list[Program]:

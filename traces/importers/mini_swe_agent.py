@@ -46,6 +46,7 @@ def _ts(path, i, m):
 def _calls(path, msgs, count, notes: Notes) -> list[Call]:
     calls: list[Call] = []
     text_so_far = []  # the context: every message before the call
+    since = 0  # index in text_so_far of the first message after the last call
     last_ts = None
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
@@ -62,8 +63,12 @@ def _calls(path, msgs, count, notes: Notes) -> list[Call]:
             if isinstance(usage, dict):
                 prompt = get_int(usage, "prompt_tokens", path, f"{where} extra.response.usage", minimum=1)
                 out = get_int(usage, "completion_tokens", path, f"{where} extra.response.usage")
+            elif calls:  # estimate what the messages since the last call add to its context
+                prev = calls[-1]
+                prompt, out = prev.prompt_tokens + prev.output_tokens + count("\n".join(text_so_far[since:])), count(out_text)
             else:
                 prompt, out = max(1, count("\n".join(text_so_far))), count(out_text)
+            since = len(text_so_far) + 1  # messages after this one are new input
             calls.append(Call(output_tokens=out, prompt_tokens=prompt, output_chars=len(out_text),
                               tool=_tool(m), start_s=last_ts, end_s=ts))
         elif role in ("user", "tool") and calls and ts is not None:
