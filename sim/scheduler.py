@@ -160,8 +160,17 @@ class Scheduler:
         return None, need - (self.pool.num_free - sum(1 for b in hit if self.pool.ref_cnt[b] == 0))
 
     def _unpin_for(self, call: Call, short: int, now: float) -> bool:
-        """Continuum's no-deadlock rule: drop pins, the policy's victims, so the head fits."""
-        victims = self.policy.unpin_victims(short, self.view, exclude=call.req.program_id)
+        """Continuum's no-deadlock rule: drop pins, the policy's victims, so the head fits.
+        While calls run, pins are dropped only if dropping them all would let the head in:
+        otherwise they would be lost for nothing, and the running calls free memory anyway
+        (no deadlock is possible while something runs)."""
+        pid = call.req.program_id
+        if self.running:
+            releasable = sum(sum(1 for b in blks if self.pool.ref_cnt[b] == 1)
+                             for p, blks in self.pins.items() if p != pid)
+            if releasable < short:
+                return False
+        victims = self.policy.unpin_victims(short, self.view, exclude=pid)
         for pid in victims:
             self.release_pin(pid, now, "victim")
         return bool(victims)
