@@ -43,3 +43,29 @@ def random_trace(rng: np.random.Generator, n_programs: int, max_turns: int = 6, 
 @pytest.fixture
 def lin():
     return linear_profile
+
+
+class FakeView:
+    """A policy's EngineView from fixed numbers: prefill/reload costs `per_token` s per
+    context token, blocks per program from a dict."""
+
+    block_size = 16
+
+    def __init__(self, blocks=None, free=0, per_token=0.001, num_blocks=100, avg_blocks=10.0):
+        self.blocks, self.free, self.per_token = dict(blocks or {}), free, per_token
+        self.num_blocks, self.avg_blocks = num_blocks, avg_blocks
+
+    def free_blocks(self):
+        return self.free
+
+    def blocks_of(self, pid):
+        return self.blocks.get(pid, 0)
+
+    def avg_request_blocks(self):
+        return self.avg_blocks
+
+    def prefill_reload_time(self, tokens):
+        return tokens * self.per_token
+
+    def queue_delay(self):
+        return 0.0

@@ -8,28 +8,8 @@ from policies.base import FREE, Retention, Request
 from policies.continuum import ContinuumPolicy, Memoryfulness, best_ttl, default_ttl
 
 
-class FakeView:
-    """Prefill/reload costs 1 ms per context token; blocks per program from a dict."""
+from conftest import FakeView  # noqa: E402
 
-    block_size, num_blocks = 16, 100
-
-    def __init__(self, blocks=None, free=0, per_token=0.001):
-        self.blocks, self.free, self.per_token = blocks or {}, free, per_token
-
-    def free_blocks(self):
-        return self.free
-
-    def blocks_of(self, pid):
-        return self.blocks.get(pid, 0)
-
-    def avg_request_blocks(self):
-        return 10.0
-
-    def prefill_reload_time(self, tokens):
-        return tokens * self.per_token
-
-    def queue_delay(self):
-        return 0.0
 
 
 def req(pid="p", turn=1, arrival=0.0, prog_arrival=0.0, tokens=2200, tool="a", last=False, preempted=False):

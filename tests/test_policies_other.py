@@ -11,26 +11,8 @@ from policies.registry import POLICIES, make_policy
 from policies.static import ContinuumStaticPolicy
 
 
-class FakeView:
-    block_size, num_blocks = 16, 100
+from conftest import FakeView  # noqa: E402
 
-    def __init__(self, blocks=None, per_token=0.001):
-        self.blocks, self.per_token = blocks or {}, per_token
-
-    def free_blocks(self):
-        return 0
-
-    def blocks_of(self, pid):
-        return self.blocks.get(pid, 0)
-
-    def avg_request_blocks(self):
-        return 10.0
-
-    def prefill_reload_time(self, tokens):
-        return tokens * self.per_token
-
-    def queue_delay(self):
-        return 0.0
 
 
 def req(pid="p", turn=1, arrival=0.0, prog_arrival=0.0, tokens=2200, tool="a", last=False, preempted=False,

@@ -15,28 +15,13 @@ PER_TOKEN = 0.0005  # Prefill-Reload: 0.5 ms per context token
 BLOCK = 16
 
 
-class SnapView:
+from conftest import FakeView  # noqa: E402
+
+
+def SnapView(free, blocks):
     """EngineView from a snapshot (what the policy could read at that moment)."""
+    return FakeView(blocks, free, per_token=PER_TOKEN, num_blocks=400, avg_blocks=20.0)
 
-    block_size, num_blocks = BLOCK, 400
-
-    def __init__(self, free, blocks):
-        self.free, self.blocks = free, dict(blocks)
-
-    def free_blocks(self):
-        return self.free
-
-    def blocks_of(self, pid):
-        return self.blocks.get(pid, 0)
-
-    def avg_request_blocks(self):
-        return 20.0
-
-    def prefill_reload_time(self, tokens):
-        return tokens * PER_TOKEN
-
-    def queue_delay(self):
-        return 0.0
 
 
 class Recorder:
@@ -51,7 +36,7 @@ class Recorder:
             return fn  # state (pins) is read, not logged
 
         def call(*args, **kw):
-            saved = tuple(SnapView(a.free, a.blocks) if isinstance(a, SnapView) else copy.copy(a) for a in args)
+            saved = tuple(SnapView(a.free, a.blocks) if isinstance(a, FakeView) else copy.copy(a) for a in args)
             res = fn(*args, **kw)
             self.log.append((name, saved, dict(kw), copy.deepcopy(res)))
             return res

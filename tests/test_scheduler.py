@@ -5,15 +5,8 @@ from sim.call import Call
 from sim.scheduler import EngineConfig, Scheduler
 
 
-class View:
-    block_size = 16
-    num_blocks = 0
+from conftest import FakeView as View  # noqa: E402
 
-    def free_blocks(self): return 0
-    def blocks_of(self, pid): return 0
-    def avg_request_blocks(self): return 1.0
-    def prefill_reload_time(self, tokens): return 0.0
-    def queue_delay(self): return 0.0
 
 
 def call(pid, prompt, out, seq, arrival=0.0):
