@@ -47,8 +47,8 @@ def test_claude_code_fixture():
     assert meta["log_tool_ms"]["n"] == 3
 
 
-def test_claude_code_subagents_separate():
-    df, _ = import_trace("claude-code", [FIX / "claude_code_session.jsonl"], subagents="separate")
+def test_claude_code_subagents_kept_as_programs():
+    df, _ = import_trace("claude-code", [FIX / "claude_code_session.jsonl"], subagents="keep")
     side = df[df["program_id"] == "claude_code_session/side1"]
     assert [x["new_input_tokens"] for x in rows(side)] == [5003, 5203 - 5063]
     assert side["tool"].iloc[0] == "Glob" and side["tool_duration_s"].iloc[0] == pytest.approx(0.2)
@@ -174,12 +174,12 @@ def test_bad_paths_and_options(tmp_path):
 
 def test_cli_writes_trace_and_metadata(tmp_path, capsys):
     out = tmp_path / "cc.parquet"
-    assert main(["trace", "import", "claude-code", str(FIX / "claude_code_session.jsonl"), "-o", str(out), "--subagents", "separate"]) == 0
+    assert main(["trace", "import", "claude-code", str(FIX / "claude_code_session.jsonl"), "-o", str(out), "--subagents", "keep"]) == 0
     line = capsys.readouterr().out.strip()
     assert "2 programs, 5 calls" in line and "\n" not in line
     df, meta = read_trace(str(out))
     assert len(df) == 5
-    assert meta["format"] == "claude-code" and meta["options"]["subagents"] == "separate"
+    assert meta["format"] == "claude-code" and meta["options"]["subagents"] == "keep"
     assert meta["source_files"] == [str(FIX / "claude_code_session.jsonl")] and meta["synthetic"] is False
 
 
@@ -210,7 +210,7 @@ def test_real_claude_code_glm_local():
 
 @needs_ext
 def test_real_claude_code_haiku_placeholders():
-    df, meta = import_trace("claude-code", [HAIKU], subagents="separate")
+    df, meta = import_trace("claude-code", [HAIKU], subagents="keep")
     s = trace_stats(df)
     # PROVENANCE 2a, Haiku 8 raw: 26.3 calls/session of which 22 sidechain (210 calls), prompt 28,046/call,
     # tool wall ms 2,543 / 65 / 1,498 / 110,262 over n=210

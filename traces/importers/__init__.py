@@ -35,8 +35,8 @@ def import_trace(fmt: str, paths, **opts) -> tuple[pd.DataFrame, dict]:
     if unknown:
         raise InputError(f"unknown import option(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULTS)}")
     opts = {**DEFAULTS, **{k: v for k, v in opts.items() if v is not None}}
-    if opts["subagents"] not in ("drop", "keep", "separate"):
-        raise InputError(f"--subagents {opts['subagents']!r} is not one of drop, keep, separate")
+    if opts["subagents"] not in ("drop", "keep"):
+        raise InputError(f"--subagents {opts['subagents']!r} is not one of drop, keep")
     cpt = opts["chars_per_token"]
     if isinstance(cpt, bool) or not isinstance(cpt, (int, float)) or not cpt > 0 or cpt == float("inf"):
         raise InputError(f"--chars-per-token {cpt!r} must be a number > 0; e.g. 4.0")
@@ -86,8 +86,8 @@ def register(tsub) -> None:
     p.add_argument("format", metavar="FORMAT", choices=list(FORMATS), help=", ".join(FORMATS))
     p.add_argument("files", metavar="FILES", nargs="+", help="log files, or directories searched for the format's files")
     p.add_argument("-o", "--out", required=True, help="output parquet path")
-    p.add_argument("--subagents", choices=["drop", "keep", "separate"], default="drop",
-                   help="claude-code: drop sub-agent (sidechain) calls (default; their time is inside the Task tool) or keep them as separate programs (keep = separate)")
+    p.add_argument("--subagents", choices=["drop", "keep"], default="drop",
+                   help="claude-code: drop sub-agent (sidechain) calls (default; their time is inside the Task tool) or keep them as separate programs")
     p.add_argument("--tokenizer", default=None, help="openai-chat/mini-swe-agent: Hugging Face tokenizer name to count tokens (offline cache only)")
     p.add_argument("--chars-per-token", type=float, default=4.0, help="characters per token for estimates (default 4.0)")
     p.add_argument("--estimate-tokens", action="store_true", help="replace logged output token counts by characters / --chars-per-token (for placeholder counts)")
