@@ -1,0 +1,139 @@
+"""Calibration end to end: engine -> limits -> probes -> fits -> profile JSON.
+
+Python API (used by `sim calibrate`, the engine tests and sim-vs-real validation):
+    run_calibration(model=None, out=None, device="auto", quick=False, **limits) -> profile dict
+    calibrate_engine(llm, device, quick=False) -> profile dict   (an engine already started)
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from calibrate.engine import resolve_device, start_engine
+from calibrate.fit import EXTRA_FEATURE, FEATURES, fit_quadratic, fit_step_model
+from calibrate.limits import check_limits, read_limits
+from calibrate.pcie import measure_pcie
+from calibrate.probes import Runner, plan
+
+HOW = {
+    "engine": "read from the started engine: vllm_config (scheduler/cache/model config) and the engine core's "
+              "scheduler.kv_cache_config (num_blocks, page bytes per block)",
+    "prefill": "fresh prompt of n random token ids, max_tokens=1; RequestOutput.metrics first_token_ts - scheduled_ts",
+    "cached_prefill": "prefix of P tokens sent first; then prefix + n new tokens (engine reports P cached), same timing",
+    "decode": "shared prefix of L tokens sent first; B prompts = prefix + 16 distinct tokens sent together; "
+              "(last_token_ts - first_token_ts) / steps, median over the batch",
+    "repeats": "each probe repeated, interleaved with the others; the minimum is kept",
+    "step_time": "non-negative least squares (relative error) of all training probes (prefill, cached_prefill, "
+                 "decode) on features [steps, tokens, sum q*k, seqs, sum k] summed over a prefill's chunks "
+                 "(max_num_batched_tokens each) or averaged over decode steps",
+    "prefill_quadratic": "non-negative least squares (relative error) of fresh prefill latency on [1, n, n^2]",
+    "fit_error": "MAPE in percent on held-out probes (sizes/batches not used by the fit)",
+}
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def calibrate_engine(llm, device: str, quick: bool = False, reps: int | None = None, seed: int = 0,
+                     progress: bool = True, requested: dict | None = None, started_s: float = 0.0) -> dict:
+    """Probe a started engine and return the profile (not written)."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    lim = read_limits(llm)
+    check_limits(requested or {}, lim["engine"])
+    eng = lim["engine"]
+    budget = eng["max_num_batched_tokens"]
+    probes = plan(eng, quick)
+    reps = reps or 3
+    vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
+    runner = Runner(llm, vocab, budget, seed)
+    runner.warm_up(max(p.batch for p in probes))
+    with tqdm(total=reps * len(probes), desc="calibrate", unit="probe", disable=not progress) as bar:
+        for _ in range(reps):
+            for p in probes:
+                bar.set_postfix_str(f"{p.kind} n={p.new} P={p.prefix} B={p.batch}")
+                runner.run(p)
+                bar.update()
+    rows = [p.to_json(budget) for p in probes]
+    meta = {"quick": quick, "repeats": reps, "seed": seed, "engine_start_s": round(started_s, 1)}
+    profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta)
+    profile["provenance"]["total_calibration_s"] = round(time.perf_counter() - t0 + started_s, 1)
+    return profile
+
+
+def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: dict) -> dict:
+    """The profile JSON from the engine limits (read_limits) and the probe rows."""
+    step, quad = fit_step_model(rows), fit_quadratic(rows)
+    six = fit_step_model(rows, FEATURES + (EXTRA_FEATURE,))
+    eng = lim["engine"]
+    fit_error = {"unit": "percent (MAPE)", "step_model_mape": step["heldout_mape"],
+                 "prefill_quadratic_mape": quad["heldout_mape"], "step_model_train_mape": step["train_mape"],
+                 "prefill_quadratic_train_mape": quad["train_mape"],
+                 **{k: v for k, v in step.items() if k.startswith(("heldout_mape_", "train_mape_"))}}
+    return {
+        "schema": "agentsim-profile/1",
+        "model": lim["model"],
+        "device": device,
+        "engine": eng,
+        "kv_bytes_per_block": lim["kv_bytes_per_block"],
+        "step_time": step["coef"],
+        "prefill_quadratic": quad["coef"],
+        "pcie": pcie,
+        "fit_error": fit_error,
+        # not read by sim/profile.py: the same fit with a c5*sum(q*(k-q)) term (queries x cached keys)
+        "step_time_with_cached_attention": {**six["coef"], "heldout_mape": six["heldout_mape"],
+                                            **{k: v for k, v in six.items() if k.startswith("heldout_mape_")}},
+        "probes": rows,
+        "provenance": {"method": "sim calibrate (calibrate/run.py) on a real vLLM engine, dummy weights",
+                       "model": lim["model"]["name"], "engine_version": f"vllm {eng['version']}",
+                       "device": device, "date": dt.date.today().isoformat(), "how": HOW, **meta},
+    }
+
+
+def write_profile(profile: dict, out: str | Path) -> Path:
+    """Check that the simulator can load it, then write atomically (temp file + rename)."""
+    from sim.profile import parse_profile
+
+    out = Path(out)
+    parse_profile(json.loads(json.dumps(profile)), out.stem)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(profile, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def run_calibration(model=None, out=None, device: str = "auto", quick: bool = False, reps: int | None = None,
+                    seed: int = 0, progress: bool = True, **limits) -> dict:
+    """Start the engine, calibrate it, write the profile to `out` (if given) and return it."""
+    t0 = time.perf_counter()
+    device = resolve_device(device)
+    llm = start_engine(model, device, seed=seed, **limits)
+    started = time.perf_counter() - t0
+    profile = calibrate_engine(llm, device, quick, reps, seed, progress, requested=limits, started_s=started)
+    if out:
+        write_profile(profile, out)
+    return profile

@@ -1,0 +1,82 @@
+"""Calibrate the shipped tiny model on a real vLLM (CPU) and check the fit predicts the engine.
+
+Runs with `pytest -m engine` (about 2 minutes on 2 cores). The held-out timings are
+measured separately here, with sizes the calibration never probed; like the
+calibration, each is the minimum of 3 runs (timing noise only adds time).
+"""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.engine
+
+BLOCKS = 1024  # asked for explicitly: the profile must carry what the engine allocated
+TOL = 0.15
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from calibrate.engine import start_engine
+    from calibrate.probes import Runner
+    from calibrate.run import calibrate_engine, write_profile
+    from sim.profile import load_profile
+
+    llm = start_engine(None, "cpu", num_gpu_blocks=BLOCKS)
+    raw = calibrate_engine(llm, "cpu", quick=True, progress=False, requested={"num_gpu_blocks": BLOCKS})
+    path = write_profile(raw, tmp_path_factory.mktemp("profile") / "cpu-tiny.json")
+    runner = Runner(llm, llm.llm_engine.vllm_config.model_config.get_vocab_size(),
+                    raw["engine"]["max_num_batched_tokens"], seed=123)
+    return llm, raw, load_profile(str(path)), runner
+
+
+def _decode_run(runner, batch, prompt, tokens):
+    """Seconds from the first to the last token of `batch` requests sent together."""
+    from calibrate.engine import generate
+
+    outs = generate(runner.llm, [runner.ids(prompt) for _ in range(batch)], tokens)
+    return float(np.median([o.metrics.last_token_ts - o.metrics.first_token_ts for o in outs]))
+
+
+def test_fit_errors_reported_and_small(calibrated):
+    _, raw, _, _ = calibrated
+    fe = raw["fit_error"]
+    print({k: v for k, v in fe.items() if k != "unit"}, raw["step_time"])
+    assert fe["step_model_mape"] < 15, fe
+    assert fe["prefill_quadratic_mape"] < 15, fe
+    assert all(r["heldout"] for r in raw["probes"] if r["new"] in (1500, 3000))
+
+
+def test_profile_limits_equal_the_engines(calibrated):
+    from calibrate.limits import read_limits
+
+    llm, raw, prof, _ = calibrated
+    vc = llm.llm_engine.vllm_config
+    assert prof.engine == read_limits(llm)["engine"] == raw["engine"]
+    assert prof.engine["num_gpu_blocks"] == BLOCKS == vc.cache_config.num_gpu_blocks
+    assert prof.block_size == vc.cache_config.block_size
+    assert prof.engine["max_num_batched_tokens"] == vc.scheduler_config.max_num_batched_tokens
+    assert prof.engine["max_num_seqs"] == vc.scheduler_config.max_num_seqs
+    assert prof.engine["max_model_len"] == vc.model_config.max_model_len
+    m = prof.model
+    assert (m["num_layers"], m["num_kv_heads"], m["head_dim"], m["dtype_bytes"]) == (6, 4, 64, 2)
+    assert prof.kv_bytes_per_block == 2 * 6 * 4 * 64 * 2 * prof.block_size
+
+
+def test_fresh_prefill_of_a_new_size(calibrated):
+    _, _, prof, runner = calibrated
+    n = 2500
+    real = min(runner.prefill_seconds(n) for _ in range(3))
+    pred = prof.prefill_time(n)
+    print(f"fresh prefill {n}: sim {pred:.4f} s, engine {real:.4f} s ({100 * (pred / real - 1):+.1f}%)")
+    assert abs(pred / real - 1) < TOL, (n, pred, real)
+
+
+@pytest.mark.parametrize("batch, prompt", [(1, 700), (4, 300)])
+def test_short_decode_run(calibrated, batch, prompt):
+    _, _, prof, runner = calibrated
+    tokens = 32
+    real = min(_decode_run(runner, batch, prompt, tokens) for _ in range(3))
+    # decode step j (1..31) of each request attends over prompt + j tokens
+    pred = sum(prof.step_time(batch, batch, batch * (prompt + j), batch * (prompt + j)) for j in range(1, tokens))
+    print(f"decode {batch}x{tokens} after {prompt}: sim {pred:.4f} s, engine {real:.4f} s ({100 * (pred / real - 1):+.1f}%)")
+    assert abs(pred / real - 1) < TOL, (batch, pred, real)

@@ -1,0 +1,162 @@
+"""Calibration without an engine: fits on synthetic probes, MAPE, profile files, limits."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from calibrate.fit import FEATURES, fit_quadratic, fit_step_model, mape, nnls_relative
+from calibrate.limits import check_limits
+from calibrate.pcie import measure_pcie
+from calibrate.probes import Probe, features, plan
+from calibrate.run import build_profile, write_profile
+from sim.cli import main
+from sim.profile import load_profile
+from traces.errors import InputError
+
+ENGINE = {"name": "vllm", "version": "test", "block_size": 128, "num_gpu_blocks": 1365, "max_num_batched_tokens": 4096,
+          "max_num_seqs": 256, "enable_chunked_prefill": True, "enable_prefix_caching": True, "max_model_len": 8192}
+MODEL = {"name": "tiny", "num_layers": 6, "num_kv_heads": 4, "head_dim": 64, "dtype_bytes": 2}
+TRUE = np.array([0.01, 7e-5, 1.5e-8, 5e-5, 7e-8])  # c0..c4
+
+
+def synthetic_rows(coef=TRUE, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in plan(ENGINE):
+        x = features(p, ENGINE["max_num_batched_tokens"])
+        p.samples = [float(np.dot(coef, x[:5]) * (1 + noise * rng.standard_normal()))]
+        rows.append(p.to_json(ENGINE["max_num_batched_tokens"]))
+    return rows
+
+
+def test_step_fit_recovers_known_coefficients():
+    fit = fit_step_model(synthetic_rows())
+    got = np.array([fit["coef"][f"c{i}"] for i in range(5)])
+    np.testing.assert_allclose(got, TRUE, rtol=1e-3)  # probe times are stored to the microsecond
+    assert fit["heldout_mape"] < 0.01 and fit["train_mape"] < 0.01
+
+
+def test_step_fit_is_nonnegative_and_reports_heldout_error_under_noise():
+    fit = fit_step_model(synthetic_rows(noise=0.03, seed=1))
+    assert all(v >= 0 for v in fit["coef"].values())
+    assert 0 < fit["heldout_mape"] < 10
+    assert {"heldout_mape_prefill", "heldout_mape_cached_prefill", "heldout_mape_decode"} <= fit.keys()
+
+
+def test_quadratic_fit_recovers_paper_form():
+    a, b, c = 0.02, 1e-4, 3e-9
+    rows = [{"kind": "prefill", "new": n, "heldout": n in (1500, 3000), "seconds": a + b * n + c * n * n}
+            for n in (64, 512, 1000, 1500, 2000, 3000, 4000, 8000)]
+    fit = fit_quadratic(rows)
+    np.testing.assert_allclose([fit["coef"][k] for k in "abc"], [a, b, c], rtol=1e-6)
+    assert fit["heldout_mape"] < 1e-6
+
+
+def test_nnls_clamps_negative_coefficient_to_zero():
+    A = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])  # decreasing: the slope wants to be negative
+    x = nnls_relative(A, y)
+    assert x[1] == 0 and x[0] > 0
+    with pytest.raises(ValueError):
+        nnls_relative(A, [1.0, 0.0, 1.0])
+
+
+def test_mape_arithmetic():
+    assert mape([110, 90], [100, 100]) == pytest.approx(10.0)
+    assert mape([1.5], [1.0]) == pytest.approx(50.0)
+    assert math.isnan(mape([], []))
+
+
+def test_prefill_features_follow_chunking():
+    x = dict(zip(FEATURES, features(Probe("prefill", 5000), 4096)))
+    assert x == {"steps": 2, "tokens": 5000, "sum_qk": 4096 * 4096 + 904 * 5000, "seqs": 2, "sum_k": 4096 + 5000}
+    x = dict(zip(FEATURES, features(Probe("cached_prefill", 1000, prefix=1024), 4096)))
+    assert x == {"steps": 1, "tokens": 1000, "sum_qk": 1000 * 2024, "seqs": 1, "sum_k": 2024}
+
+
+def test_decode_features_are_per_step_means():
+    x = dict(zip(FEATURES, features(Probe("decode", 4, prefix=256, batch=2), 4096)))
+    mean_k = 256 + 16 + 2.5  # k = prefix + 16 suffix tokens + j, j = 1..4
+    assert x == {"steps": 1, "tokens": 2, "sum_qk": 2 * mean_k, "seqs": 2, "sum_k": 2 * mean_k}
+
+
+def test_plan_respects_engine_limits():
+    small = dict(ENGINE, max_model_len=2048, max_num_seqs=4, num_gpu_blocks=64)
+    probes = plan(small, quick=True)
+    assert all(p.prefix + p.new < 2048 for p in probes if p.kind != "decode")
+    assert all(p.batch <= 4 and p.batch * (p.prefix + 16 + p.new) <= 64 * 128 for p in probes if p.kind == "decode")
+    assert {p.kind for p in probes} == {"prefill", "cached_prefill", "decode"} and any(p.heldout for p in probes)
+
+
+def _profile():
+    lim = {"model": dict(MODEL), "engine": dict(ENGINE), "kv_bytes_per_block": 2 * 6 * 4 * 64 * 2 * 128}
+    meta = {"quick": True, "repeats": 1, "seed": 0, "engine_start_s": 0.0}
+    return build_profile(lim, synthetic_rows(), measure_pcie("cpu"), "test CPU", meta)
+
+
+def test_profile_written_atomically_loads_in_the_simulator(tmp_path):
+    out = write_profile(_profile(), tmp_path / "p.json")
+    assert [f.name for f in tmp_path.iterdir()] == ["p.json"]  # no temp file left
+    prof = load_profile(str(out))
+    np.testing.assert_allclose(prof.step, TRUE, rtol=1e-3)
+    assert prof.engine["num_gpu_blocks"] == 1365 and prof.block_size == 128
+    assert prof.pcie_bandwidth is None  # CPU: not measured
+    raw = json.loads(out.read_text())
+    assert raw["pcie"] == {**raw["pcie"], "measured": False, "bandwidth_GBps": None}
+    assert {"prefill_quadratic_mape", "step_model_mape"} <= raw["fit_error"].keys()
+    assert set(raw["prefill_quadratic"]) == {"a", "b", "c"} and raw["probes"]
+    assert raw["provenance"]["how"]["decode"]
+
+
+def test_invalid_profile_is_not_written(tmp_path):
+    bad = _profile()
+    bad["step_time"]["c1"] = -1.0
+    with pytest.raises(InputError):
+        write_profile(bad, tmp_path / "p.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda p: p.pop("engine"), "missing section 'engine'"),
+    (lambda p: p["engine"].pop("num_gpu_blocks"), "engine.num_gpu_blocks"),
+    (lambda p: p["step_time"].update(c2="fast"), "step_time.c2"),
+    (lambda p: p["engine"].update(block_size=[16]), "engine.block_size"),
+])
+def test_malformed_profile_gives_one_line_error(tmp_path, mutate, words):
+    raw = _profile()
+    mutate(raw)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(InputError) as e:
+        load_profile(str(path))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_non_json_profile_gives_one_line_error(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"model": {,}')
+    with pytest.raises(InputError, match="not valid JSON") as e:
+        load_profile(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_limit_mismatch_names_the_flag():
+    check_limits({"num_gpu_blocks": 1365, "block_size": None}, ENGINE)  # matches: no error
+    with pytest.raises(InputError, match="--num-gpu-blocks 500 .*num_gpu_blocks=1365"):
+        check_limits({"num_gpu_blocks": 500}, ENGINE)
+    with pytest.raises(InputError, match="--max-model-len"):
+        check_limits({"max_model_len": 4096}, ENGINE)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["calibrate", "--out", "profile.txt"], "must end in .json"),
+    (["calibrate", "--out", "p.json", "--model", "/no/such/model"], "does not exist"),
+    (["calibrate", "--out", "p.json", "--num-gpu-blocks", "0"], "--num-gpu-blocks must be > 0"),
+])
+def test_cli_bad_input_is_one_line(capsys, tmp_path, argv, words):
+    argv = [a if a != "p.json" else str(tmp_path / a) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+    assert not (tmp_path / "p.json").exists()
