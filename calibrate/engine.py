@@ -70,7 +70,11 @@ def start_engine(model: str | Path | None = None, device: str = "auto", *, block
     kw.update(extra)
     from vllm import LLM
 
-    return LLM(**kw)
+    try:
+        return LLM(**kw)
+    except (ValueError, TypeError) as err:  # vLLM's own check of the settings (block size, lengths, ...)
+        first = " ".join(str(err).split())[:300] or type(err).__name__  # one line
+        raise InputError(f"vLLM refused the engine settings: {first}") from err
 
 
 def sampling(max_tokens: int):

@@ -116,6 +116,9 @@ def write_profile(profile: dict, out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a profile is an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump(profile, f, indent=1)
             f.write("\n")

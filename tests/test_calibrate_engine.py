@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.engine
+# Wall-clock checks on a shared 2-core machine: a neighbour's load can slow one
+# measurement by 10-20%, so a failed timing check measures again (same 15% bound).
+timing = pytest.mark.flaky(reruns=2)
 
 BLOCKS = 1024  # asked for explicitly: the profile must carry what the engine allocated
 TOL = 0.15
@@ -62,6 +65,7 @@ def test_profile_limits_equal_the_engines(calibrated):
     assert prof.kv_bytes_per_block == 2 * 6 * 4 * 64 * 2 * prof.block_size
 
 
+@timing
 def test_fresh_prefill_of_a_new_size(calibrated):
     _, _, prof, runner = calibrated
     n = 2500
@@ -71,6 +75,7 @@ def test_fresh_prefill_of_a_new_size(calibrated):
     assert abs(pred / real - 1) < TOL, (n, pred, real)
 
 
+@timing
 @pytest.mark.parametrize("batch, prompt", [(1, 700), (4, 300)])
 def test_short_decode_run(calibrated, batch, prompt):
     _, _, prof, runner = calibrated
