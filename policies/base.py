@@ -33,7 +33,7 @@ Each scheduling step:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import FREE, Policy, Retention
+from policies.base import Policy, Retention
 from sim.block_pool import BlockPool
 from sim.call import Call
 
