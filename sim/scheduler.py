@@ -171,8 +171,8 @@ class Scheduler:
             if releasable < short:
                 return False
         victims = self.policy.unpin_victims(short, self.view, exclude=pid)
-        for pid in victims:
-            self.release_pin(pid, now, "victim")
+        for victim in victims:
+            self.release_pin(victim, now, "victim")
         return bool(victims)
 
     # --- stretches of identical decode steps ---------------------------------------------
