@@ -10,7 +10,6 @@ import datetime as dt
 import json
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from calibrate.fit import EXTRA_FEATURE, FEATURES, fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
 from calibrate.probes import Runner, plan
+from traces.files import atomic_write
 
 HOW = {
     "engine": "read from the started engine: vllm_config (scheduler/cache/model config) and the engine core's "
@@ -113,19 +113,8 @@ def write_profile(profile: dict, out: str | Path) -> Path:
 
     out = Path(out)
     parse_profile(json.loads(json.dumps(profile)), out.stem)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a profile is an ordinary file
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(profile, indent=1) + "\n"
+    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
     return out
 
 

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from sim.call import Call
+from traces.files import atomic_write
 
 
 class Recorder:
@@ -69,22 +68,10 @@ def summarize(turns: pd.DataFrame, progs: pd.DataFrame, extra: dict) -> dict:
     }
 
 
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def write_results(out: Path, turns: pd.DataFrame, progs: pd.DataFrame, kv: pd.DataFrame, summary: dict) -> None:
     """turns/programs/kv_usage parquet, then summary.json last (its presence = run complete)."""
     out.mkdir(parents=True, exist_ok=True)
-    _atomic(out / "turns.parquet", lambda p: turns.to_parquet(p, index=False))
-    _atomic(out / "programs.parquet", lambda p: progs.to_parquet(p, index=False))
-    _atomic(out / "kv_usage.parquet", lambda p: kv.to_parquet(p, index=False))
-    _atomic(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n"))
+    atomic_write(out / "turns.parquet", lambda p: turns.to_parquet(p, index=False))
+    atomic_write(out / "programs.parquet", lambda p: progs.to_parquet(p, index=False))
+    atomic_write(out / "kv_usage.parquet", lambda p: kv.to_parquet(p, index=False))
+    atomic_write(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n"))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import InputError
+from traces.files import atomic_write
 
 REQUIRED = ["program_id", "turn", "new_input_tokens", "output_tokens", "tool", "tool_duration_s"]
 OPTIONAL = ["arrival_s", "shared_prefix_tokens"]
@@ -155,18 +155,7 @@ def write_trace(df: pd.DataFrame, path: str | os.PathLike, meta: dict) -> Path:
     cols = REQUIRED + [c for c in OPTIONAL if c in df.columns]
     table = pa.Table.from_pandas(df[cols], preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(meta, sort_keys=True).encode()})
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a trace is a shared artefact
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def programs(df: pd.DataFrame):
