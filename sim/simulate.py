@@ -60,8 +60,8 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
     sched = engine.sched
     if sched.waiting or sched.running:
         raise RuntimeError(f"run ended with {len(sched.waiting)} waiting and {len(sched.running)} running calls")
-    for pid in list(sched.pins):  # the last turn always frees; anything left is a bug
-        raise RuntimeError(f"pin of program {pid} outlived its program")
+    if sched.pins:  # the last turn always frees; anything left is a bug
+        raise RuntimeError(f"pins outlived their programs: {sorted(sched.pins)}")
     sched.pool.check()
 
     turns = turn_table(rec)
