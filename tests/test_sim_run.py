@@ -52,8 +52,8 @@ def test_deterministic_same_seed_same_summary():
 def test_decode_stretches_match_step_by_step():
     tr = random_trace(np.random.default_rng(3), 25)
     arr = np.sort(np.random.default_rng(4).uniform(0, 10, 25))
-    fast = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5)
-    slow = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, ff=False)
+    fast = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, c5=2e-6)
+    slow = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, c5=2e-6, ff=False)
     assert fast.summary["steps"] == slow.summary["steps"]
     assert fast.summary["preemptions"] == slow.summary["preemptions"]
     np.testing.assert_allclose(fast.turns["finish"], slow.turns["finish"], rtol=1e-9)
