@@ -40,6 +40,17 @@ def _decode_run(runner, batch, prompt, tokens):
     return float(np.median([o.metrics.last_token_ts - o.metrics.first_token_ts for o in outs]))
 
 
+def _drift(raw, runner, ref=4000):
+    """How much slower the shared machine runs now than during calibration: a training
+    probe (fresh prefill of `ref` tokens) re-measured now over its calibrated time. Other
+    sessions load these 2 cores and speed drifts 10-20% over minutes; the check is about
+    the fitted model, so predictions are scaled by this factor (printed)."""
+    cal = next(r["seconds"] for r in raw["probes"] if r["kind"] == "prefill" and r["new"] == ref and not r["heldout"])
+    now = min(runner.prefill_seconds(ref) for _ in range(3))
+    print(f"machine drift since calibration: x{now / cal:.3f}")
+    return now / cal
+
+
 def test_fit_errors_reported_and_small(calibrated):
     _, raw, _, _ = calibrated
     fe = raw["fit_error"]
@@ -72,9 +83,9 @@ def test_profile_limits_equal_the_engines(calibrated):
 @timing
 @pytest.mark.parametrize("n, tol", [(5000, TOL), (2500, 0.25)])
 def test_fresh_prefill_of_a_new_size(calibrated, n, tol):
-    _, _, prof, runner = calibrated
+    _, raw, prof, runner = calibrated
     real = min(runner.prefill_seconds(n) for _ in range(3))
-    pred = prof.prefill_time(n)
+    pred = prof.prefill_time(n) * _drift(raw, runner)
     print(f"fresh prefill {n}: sim {pred:.4f} s, engine {real:.4f} s ({100 * (pred / real - 1):+.1f}%)")
     assert abs(pred / real - 1) < tol, (n, pred, real)
 
