@@ -53,8 +53,15 @@ class Profile:
         return c0 + c1 * tokens + c2 * sum_qk + c3 * seqs + c4 * sum_k + c5 * sum_q_cached
 
     def prefill_time(self, n: int) -> float:
-        """One uncached prefill of n tokens alone in a step (the paper's quadratic)."""
-        return self.step_time(n, 1, float(n) * n, float(n)) if n > 0 else 0.0
+        """An uncached prefill of n tokens running alone, in chunks of the engine's token
+        budget as the scheduler runs it (one chunk = the paper's quadratic)."""
+        budget, done, t = int(self.engine["max_num_batched_tokens"]), 0, 0.0
+        while done < n:
+            q = min(budget, n - done)
+            k = done + q
+            t += self.step_time(q, 1, float(q) * k, float(k), float(q) * done)
+            done = k
+        return t
 
     def transfer_time(self, nbytes: float) -> float:
         if self.pcie_bandwidth is None:

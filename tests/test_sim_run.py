@@ -110,3 +110,10 @@ def test_malformed_profile_is_one_line(tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["run", "--profile", str(bad), "--no-progress"]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_prefill_time_matches_the_simulated_chunked_prefill():
+    # a lone 5,000-token prompt with a 2,048-token budget runs as 3 chunks in the engine
+    prof = linear_profile(c2=1e-7, c4=1e-6, c5=3e-7, budget=2048, blocks=1000)
+    res = run(make_trace([[(5000, 1, None, None)]]), [0.0], c2=1e-7, c4=1e-6, c5=3e-7, budget=2048, blocks=1000)
+    assert res.turns["finish"].iloc[0] == pytest.approx(prof.prefill_time(5000))
