@@ -53,6 +53,8 @@ def read_limits(llm) -> dict:
               "long_prefill_token_threshold": threshold,
               # whole-prompt admission: a prompt is only scheduled when all of it fits the step
               "whole_prompt_admission": not sc.enable_chunked_prefill,
+              # admit a waiting request only when its whole prompt's blocks are free
+              "scheduler_reserve_full_isl": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
               "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
               "enforce_eager": bool(mc.enforce_eager)}
     kv_per_block = 2 * model["num_layers"] * model["num_kv_heads"] * model["head_dim"] * kv_dtype_bytes * engine["block_size"]

@@ -81,12 +81,16 @@ class BlockPool:
             self.cached[key] = block
 
     def free(self, blocks: list[int]) -> None:
-        """Drop one reference each; blocks reaching zero join the tail, last block first."""
+        """Drop one reference each; blocks reaching zero join the tail, last block first.
+        A block holding no cached content (a partial last block) goes to the head
+        instead, to be reused before any cached block is evicted (vLLM 0.32 does so)."""
         for b in reversed(blocks):
             self.ref_cnt[b] -= 1
             assert self.ref_cnt[b] >= 0, f"block {b} freed twice"
             if self.ref_cnt[b] == 0:
                 self.free_queue[b] = None
+                if self.key[b] is None:
+                    self.free_queue.move_to_end(b, last=False)
 
     def check(self) -> None:
         """Invariants (used by tests and at the end of every run): no leaks, consistent maps."""

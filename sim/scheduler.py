@@ -25,6 +25,9 @@ class EngineConfig:
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
     max_model_len: int = 131072
+    # vLLM 0.32's scheduler_reserve_full_isl (default on): a waiting call is admitted
+    # only when blocks for its whole prompt are free, not just for its first chunk.
+    reserve_full_prompt: bool = True
 
 
 def cdiv(a: int, b: int) -> int:
@@ -35,7 +38,8 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, policy: Policy) -> None:
         self.cfg = cfg
         self.policy = policy
-        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size)
+        # vLLM's BlockPool keeps one of num_gpu_blocks as its null block (never allocated).
+        self.pool = BlockPool(cfg.num_gpu_blocks - 1, cfg.block_size)
         self.waiting: list[Call] = []
         self.running: list[Call] = []
         self.pins: dict[str, list[int]] = {}  # program -> blocks held by its pin
@@ -152,12 +156,17 @@ class Scheduler:
         if not self.cfg.enable_chunked_prefill and num_new > budget:
             return None, 0  # whole-prompt admission: wait for a step with room
         num_new = min(num_new, budget)
+        evictable_hits = sum(1 for b in hit if self.pool.ref_cnt[b] == 0)
+        if self.cfg.reserve_full_prompt:
+            short = cdiv(call.num_tokens, bs) - len(hit) - (self.pool.num_free - evictable_hits)
+            if short > 0:
+                return None, short
         if self._try_allocate(call, num_new, hit):
             call.num_computed = len(hit) * bs
             call.num_keyed = len(hit)
             return num_new, 0
         need = cdiv(len(hit) * bs + num_new, bs) - len(hit)
-        return None, need - (self.pool.num_free - sum(1 for b in hit if self.pool.ref_cnt[b] == 0))
+        return None, need - (self.pool.num_free - evictable_hits)
 
     def _unpin_for(self, call: Call, short: int, now: float) -> bool:
         """Continuum's no-deadlock rule: drop pins, the policy's victims, so the head fits.

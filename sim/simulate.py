@@ -28,7 +28,8 @@ def engine_config(profile: Profile, **overrides) -> EngineConfig:
     e = profile.engine
     cfg = dict(num_gpu_blocks=int(e["num_gpu_blocks"]), block_size=int(e["block_size"]),
                max_num_batched_tokens=int(e["max_num_batched_tokens"]), max_num_seqs=int(e["max_num_seqs"]),
-               enable_chunked_prefill=bool(e.get("enable_chunked_prefill", True)), max_model_len=int(e["max_model_len"]))
+               enable_chunked_prefill=bool(e.get("enable_chunked_prefill", True)), max_model_len=int(e["max_model_len"]),
+               reserve_full_prompt=bool(e.get("scheduler_reserve_full_isl", True)))
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     return EngineConfig(**cfg)
 

@@ -7,9 +7,22 @@ def test_allocate_pops_head_and_free_appends_reversed():
     pool = BlockPool(6, 16)
     a = pool.allocate(3)
     assert a == [0, 1, 2] and pool.num_free == 3
+    for i, b in enumerate(a):
+        pool.cache(b, ("p", i))
     pool.free(a)
     # freed in reverse: the request's last block sits nearest the head, evicted first
     assert list(pool.free_queue) == [3, 4, 5, 2, 1, 0]
+    pool.check()
+
+
+def test_uncached_blocks_are_reused_before_cached_ones():
+    pool = BlockPool(6, 16)
+    a = pool.allocate(3)
+    pool.cache(a[0], ("p", 0))
+    pool.cache(a[1], ("p", 1))  # a[2] is a partial block: no content to keep
+    pool.free(a)
+    assert list(pool.free_queue) == [2, 3, 4, 5, 1, 0]
+    assert pool.allocate(1) == [2] and pool.evictions == 0
     pool.check()
 
 

@@ -42,6 +42,17 @@ def test_whole_prompt_admission_without_chunking():
     assert s.schedule(0.0) == []
 
 
+def test_admission_needs_the_whole_prompt_to_fit():
+    # vLLM 0.32 scheduler_reserve_full_isl: a 100-token prompt needs 7 blocks even
+    # though its first 64-token chunk needs only 4; 6 usable blocks -> it waits
+    s = sched(num_gpu_blocks=7, max_num_batched_tokens=64)
+    s.waiting.append(call("a", 100, 3, 0))
+    assert s.schedule(0.0) == []
+    s = sched(num_gpu_blocks=7, max_num_batched_tokens=64, reserve_full_prompt=False)
+    s.waiting.append(call("a", 100, 3, 0))
+    assert [(c.req.program_id, n) for c, n in s.schedule(0.0)] == [("a", 64)]
+
+
 def test_head_of_line_blocking():
     s = sched(num_gpu_blocks=10)
     big, huge, small = call("a", 100, 50, 0), call("b", 100, 5, 1), call("c", 10, 5, 2)
@@ -58,7 +69,7 @@ def test_max_num_seqs():
 
 
 def test_preemption_by_recompute_of_newest():
-    s = sched(num_gpu_blocks=4)
+    s = sched(num_gpu_blocks=5)  # 4 usable: vLLM keeps one as its null block
     a, b = call("a", 32, 40, 0), call("b", 31, 40, 1)
     s.waiting += [a, b]
     s.complete(s.schedule(0.0), 1.0)  # a: 2 blocks (32 tokens), b: 2 blocks (31 tokens) -> pool full
