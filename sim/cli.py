@@ -21,11 +21,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sim", description="Simulate and calibrate LLM serving of multi-turn agent programs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    from sim import run_cmd
+    from sim import run_cmd, sweep_cmd
     import traces.cli
     import calibrate.cli
 
     run_cmd.register(sub)
+    sweep_cmd.register(sub)
     traces.cli.register(sub)
     calibrate.cli.register(sub)
     return parser

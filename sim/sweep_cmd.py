@@ -1,0 +1,128 @@
+"""`sim sweep` (a grid of runs into one parquet table) and `sim plot` (figures from it)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sim.sweep import RESULTS, RUN_AXES, expand_grid, load_results, parse_value, sweep
+from traces.errors import InputError
+
+PLOTS = {
+    "jct": "mean JCT against load per policy (the paper's Fig. 8 form)",
+    "tail": "P90 and P95 JCT against load per policy",
+    "turns": "JCT and improvement against turns per program (Fig. 14 form; sweep turn_repeat)",
+    "kv": "KV usage over time (sweep with --save-kv; pick points with --where)",
+    "ttl": "mean TTL chosen per tool at one load",
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="run a grid of simulations into one parquet table (resumable)",
+                       description="Run every point of a grid (cross product of the axes) not yet in DIR/results.parquet. "
+                                   f"Run axes: {', '.join(RUN_AXES)}; any parameter of a grid's policy is an axis too "
+                                   "(e.g. max_ttl, pin_seconds, K).")
+    p.add_argument("--out", required=True, help="directory of the sweep table (results.parquet, kv/)")
+    p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
+                   help="an axis and its values (repeatable); none, true/false, numbers or names")
+    p.add_argument("--grid", default=None, help="JSON file: {axis: [values]} or a list of such objects (a union); --axis adds to each")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per point (arrival seeds derived from --axis seed)")
+    p.add_argument("--workers", type=int, default=1, help="local processes (default 1: in this process)")
+    p.add_argument("--dask", default=None, metavar="ADDRESS", help="run on an existing Dask cluster (scheduler address, e.g. tcp://host:8786)")
+    p.add_argument("--save-kv", action="store_true", help="also keep each point's KV usage samples (DIR/kv/KEY.parquet) for `sim plot kv`")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_sweep)
+
+    q = sub.add_parser("plot", help="figures from a sweep table",
+                       description="; ".join(f"{k}: {v}" for k, v in PLOTS.items()))
+    q.add_argument("kind", choices=list(PLOTS))
+    q.add_argument("results", help="sweep directory (or its results.parquet)")
+    q.add_argument("-o", "--out", required=True, help="PNG path; the plotted data goes beside it as .json")
+    q.add_argument("--where", action="append", default=[], metavar="COL=V", help="keep only rows with this value (repeatable)")
+    q.add_argument("--metric", default=None, help="jct/turns: the column to plot (default mean_jct)")
+    q.add_argument("--policy", default="continuum", help="turns: the policy compared")
+    q.add_argument("--base", default="vllm", help="turns: the baseline")
+    q.add_argument("--jps", type=float, default=None, help="ttl: the load (default the highest with pins)")
+    q.set_defaults(func=run_plot)
+
+
+def _axes(items: list[str]) -> dict[str, list]:
+    out = {}
+    for it in items:
+        name, sep, vals = it.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"--axis {it!r} is not NAME=V1,V2; write e.g. --axis jps=0.1,0.2")
+        out[name.strip()] = [parse_value(v) for v in vals.split(",")]
+    return out
+
+
+def grid_from_args(args) -> list[dict]:
+    specs: list[dict] = [{}]
+    if args.grid:
+        try:
+            raw = json.loads(Path(args.grid).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError(f"--grid {args.grid!r}: cannot read a JSON grid ({e}); write {{\"jps\": [0.1, 0.2], ...}}") from None
+        specs = raw if isinstance(raw, list) else [raw]
+        if not all(isinstance(s, dict) for s in specs):
+            raise InputError(f"--grid {args.grid!r}: give an object of axis -> values, or a list of them")
+    cli = _axes(args.axis)
+    if args.reps is not None:
+        if args.reps < 1:
+            raise InputError(f"--reps must be >= 1 (got {args.reps})")
+        cli["rep"] = list(range(args.reps))
+    return expand_grid([{**s, **cli} for s in specs])
+
+
+def run_sweep(args) -> int:
+    if args.workers < 1:
+        raise InputError(f"--workers must be >= 1 (got {args.workers})")
+    points = grid_from_args(args)
+    t0 = time.perf_counter()
+    rep = sweep(points, args.out, workers=args.workers, dask=args.dask, save_kv=args.save_kv,
+                progress=not args.no_progress and sys.stderr.isatty())
+    print(f"{rep.points} points: {rep.skipped} already in {Path(args.out) / RESULTS}, {rep.ran} run in "
+          f"{time.perf_counter() - t0:.1f} s; the table has {len(rep.table)} rows")
+    return 0
+
+
+def _where(table, items: list[str]):
+    for it in items:
+        col, sep, text = it.partition("=")
+        if not sep or col not in table:
+            raise InputError(f"--where {it!r}: give COL=V with COL one of {', '.join(table.columns)}")
+        v, c = parse_value(text), table[col]
+        if v is None:
+            mask = c.isna()
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and c.dtype.kind in "iuf":
+            mask = np.isclose(c.astype(float), float(v))
+        else:
+            mask = c.astype(str) == str(v)
+        table = table[mask]
+    return table
+
+
+def run_plot(args) -> int:
+    from sim import plot  # matplotlib only when plotting
+
+    table = _where(load_results(args.results), args.where)
+    if table.empty:
+        raise InputError(f"no sweep rows in {args.results!r}{' match --where' if args.where else ''}; run `sim sweep --out {args.results}` first")
+    metric = args.metric or "mean_jct"
+    if args.kind == "jct":
+        fig = plot.jct_vs_load(table, (metric,))
+    elif args.kind == "tail":
+        fig = plot.jct_vs_load(table, ("p90_jct", "p95_jct"))
+    elif args.kind == "turns":
+        fig = plot.improvement_vs_turns(table, args.policy, args.base, metric)
+    elif args.kind == "kv":
+        d = Path(args.results)
+        fig = plot.kv_over_time(d if d.is_dir() else d.parent, table)
+    else:
+        fig = plot.ttl_by_tool(table, args.jps)
+    png, side = plot.save(fig, args.out)
+    print(f"wrote {png} and {side}")
+    return 0

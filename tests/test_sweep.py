@@ -1,0 +1,227 @@
+"""Sweeps: grid expansion, the point -> run translation, resumability, parallel and Dask
+runs giving identical tables, the CLI, and the Fig. 14 trace transform."""
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import sim.sweep as sw
+from conftest import linear_profile, make_trace, random_trace
+from policies.registry import make_policy
+from sim.cli import main
+from sim.simulate import arrivals_for, engine_config, run_simulation
+from traces.errors import InputError
+from traces.schema import write_trace
+from traces.transform import repeat_turns
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep-in")
+    write_trace(random_trace(np.random.default_rng(3), 30), d / "t.parquet", {"generator": "test"})
+    (d / "prof.json").write_text(json.dumps(linear_profile(c2=1e-7, blocks=400).raw))
+    return str(d / "t.parquet"), str(d / "prof.json")
+
+
+def grid(files):
+    trace, prof = files
+    return sw.expand_grid({"trace": trace, "profile": prof, "policy": ["vllm", "continuum", "continuum-static"],
+                           "pin_seconds": [0.5, 2.0], "jps": [0.5, 3.0], "num_blocks": 64, "rep": [0, 1]})
+
+
+def comparable(table: pd.DataFrame) -> pd.DataFrame:
+    return table.drop(columns="wall_s").sort_values("key").reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def serial(files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("serial")
+    sw.sweep(grid(files), out)
+    return comparable(sw.load_results(out))
+
+
+def test_grid_drops_parameters_a_policy_lacks(files):
+    pts = grid(files)
+    # vllm and continuum once per (jps, rep); continuum-static once per pin_seconds too
+    assert len(pts) == (1 + 1 + 2) * 2 * 2
+    assert sorted({p["pin_seconds"] for p in pts if p["policy"] == "continuum-static"}) == [0.5, 2.0]
+    assert all("pin_seconds" not in p for p in pts if p["policy"] != "continuum-static")
+
+
+def test_key_ignores_spelled_out_defaults_and_number_types():
+    assert sw.point_key({"policy": "continuum"}) == sw.point_key({"policy": "continuum", "K": 100.0, "jps": None, "seed": 0})
+    assert sw.point_key({"jps": 1}) == sw.point_key({"jps": "1.0"})
+    assert sw.point_key({"jps": 1}) != sw.point_key({"jps": 1, "rep": 1})
+    assert sw.point_key({"policy": "continuum", "max_ttl": None}) != sw.point_key({"policy": "continuum", "max_ttl": 2})
+
+
+def test_unknown_axes_and_bad_values_are_one_line_errors():
+    with pytest.raises(InputError, match="unknown axis 'ttl'.*known axes: trace.*parameters of vllm, continuum: .*max_ttl"):
+        sw.expand_grid({"policy": ["vllm", "continuum"], "ttl": [1, 2]})
+    with pytest.raises(InputError, match="unknown axis 'pin_seconds' for policy 'vllm'"):
+        sw.build_run({"policy": "vllm", "pin_seconds": 2})
+    with pytest.raises(InputError, match="axis 'seed' value 'x' is not an int"):
+        sw.expand_grid({"seed": ["x"]})
+    with pytest.raises(InputError, match="axis 'replicas' must be >= 1"):
+        sw.build_run({"replicas": 0})
+    with pytest.raises(InputError, match="num-blocks"):  # the profile's limits hold in sweeps too
+        sw.build_run({"num_blocks": 10**9})
+
+
+def test_point_runs_like_sim_run(files):
+    """The translation applies every axis: a row equals the run built by hand."""
+    trace_path, prof_path = files
+    row, kv = sw.run_point({"trace": trace_path, "profile": prof_path, "policy": "continuum-static", "pin_seconds": 0.7,
+                            "jps": 2.0, "seed": 5, "num_blocks": 70, "programs": 20, "max_num_seqs": 8}, save_kv=True)
+    from sim.profile import load_profile
+    from traces.schema import read_trace
+    trace, _ = read_trace(trace_path)
+    trace = trace[trace["program_id"].isin(trace["program_id"].unique()[:20])]
+    prof = load_profile(prof_path)
+    res = run_simulation(trace, make_policy("continuum-static", pin_seconds=0.7), prof,
+                         engine_config(prof, num_gpu_blocks=70, max_num_seqs=8), arrivals_for(trace, 2.0, 5))
+    for k in ("mean_jct", "p95_jct", "cache_hit_ratio", "pins", "steps", "num_gpu_blocks"):
+        assert row[k] == res.summary[k]
+    assert row["n_programs"] == 20 and row["programs"] == 20
+    assert all(v["mean_ttl_s"] == pytest.approx(0.7) for v in json.loads(row["ttl_by_tool"]).values())
+    pd.testing.assert_frame_equal(kv, res.kv_usage)
+    # a repetition draws other arrivals; rep 0 is the seed itself
+    other, _ = sw.run_point({"trace": trace_path, "profile": prof_path, "jps": 2.0, "seed": 5, "rep": 1})
+    same, _ = sw.run_point({"trace": trace_path, "profile": prof_path, "jps": 2.0, "seed": 5})
+    assert other["mean_jct"] != same["mean_jct"]
+
+
+def test_parallel_equals_serial(files, serial, tmp_path):
+    rep = sw.sweep(grid(files), tmp_path, workers=2)
+    assert rep.ran == len(serial)
+    pd.testing.assert_frame_equal(comparable(sw.load_results(tmp_path)), serial)
+
+
+def test_resumed_after_interrupt_equals_serial(files, serial, tmp_path, monkeypatch):
+    calls = []
+    real = sw.run_point
+
+    def interrupted(point, save_kv=False):
+        calls.append(point)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return real(point, save_kv)
+
+    monkeypatch.setattr(sw, "run_point", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sw.sweep(grid(files), tmp_path, save_kv=True)
+    part = sw.load_results(tmp_path)
+    assert len(part) == 5  # every finished point was saved, nothing half-written
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "kv", "results.parquet"]
+    assert {p.stem for p in (tmp_path / "kv").iterdir()} == set(part["key"])
+    monkeypatch.setattr(sw, "run_point", real)
+    rep = sw.sweep(grid(files), tmp_path, save_kv=True)
+    assert (rep.skipped, rep.ran) == (5, len(serial) - 5)
+    pd.testing.assert_frame_equal(comparable(sw.load_results(tmp_path)), serial)
+    assert sw.sweep(grid(files), tmp_path).ran == 0
+
+
+def test_failing_point_keeps_finished_ones(files, tmp_path):
+    trace, prof = files
+    pts = sw.expand_grid({"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": [64, 3]})
+    with pytest.raises(InputError, match="KV blocks"):
+        sw.sweep(pts, tmp_path)
+    assert sw.load_results(tmp_path)["num_blocks"].tolist() == [64]
+
+
+def test_dask_cluster_equals_serial(files, serial, tmp_path, monkeypatch):
+    from distributed import LocalCluster
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        rep = sw.sweep(grid(files), tmp_path, dask=cluster.scheduler_address)
+    assert rep.ran == len(serial)
+    pd.testing.assert_frame_equal(comparable(sw.load_results(tmp_path)), serial)
+
+
+def test_second_sweep_on_same_dir_is_refused(files, tmp_path):
+    with open(tmp_path / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        with pytest.raises(InputError, match="another sweep is writing"):
+            sw.sweep(grid(files)[:1], tmp_path)
+
+
+def test_cli_sweep_resumes_and_reports(files, tmp_path, capsys):
+    trace, prof = files
+    (tmp_path / "grid.json").write_text(json.dumps([{"policy": "vllm"}, {"policy": "continuum", "max_ttl": [None, 0.1]}]))
+    argv = ["sweep", "--out", str(tmp_path / "r"), "--grid", str(tmp_path / "grid.json"), "--axis", f"trace={trace}",
+            "--axis", f"profile={prof}", "--axis", "jps=1,2", "--axis", "num_blocks=64", "--reps", "2", "--no-progress"]
+    assert main(argv) == 0
+    assert "12 points: 0 already" in capsys.readouterr().out
+    t = sw.load_results(tmp_path / "r")
+    assert len(t) == 12 and set(t["rep"]) == {0, 1} and set(t["jps"]) == {1.0, 2.0}
+    assert main(argv + ["--workers", "2"]) == 0
+    assert "12 points: 12 already" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--axis", "bogus=1"], "unknown axis 'bogus'"),
+    (["--axis", "jps"], "is not NAME=V1,V2"),
+    (["--axis", "policy=nope"], "unknown policy 'nope'"),
+    (["--reps", "0"], "--reps must be >= 1"),
+    (["--workers", "0"], "--workers must be >= 1"),
+])
+def test_cli_bad_input(tmp_path, capsys, argv, msg):
+    assert main(["sweep", "--out", str(tmp_path), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+
+
+def test_repeat_turns_scales_tokens_and_keeps_tools():
+    tr = make_trace([[(100, 10, "ls", 0.5), (31, 7, "cat", 2.0), (9, 4, None, None)], [(50, 3, None, None)]], shared_prefix=30)
+    assert repeat_turns(tr, 1).equals(tr)
+    r = repeat_turns(tr, 3)
+    p0, p1 = r[r["program_id"] == "p000"], r[r["program_id"] == "p001"]
+    assert p0["turn"].tolist() == list(range(9)) and len(p1) == 3
+    assert p0["new_input_tokens"].tolist() == [34, 11, 3] * 3 and p0["output_tokens"].tolist() == [4, 3, 2] * 3
+    assert p0["tool"].tolist() == ["ls", "cat", "cat"] * 2 + ["ls", "cat", None]  # joints reuse the last tool call
+    assert p0["tool_duration_s"].iloc[2] == 2.0 and p1["tool"].iloc[:2].isna().all() and p1["tool_duration_s"].iloc[0] == 0.0
+    assert r["shared_prefix_tokens"].iloc[0] == 10
+    # total tokens stay within one token per turn of the original
+    assert tr[["new_input_tokens", "output_tokens"]].to_numpy().sum() <= r[["new_input_tokens", "output_tokens"]].to_numpy().sum() \
+        <= tr[["new_input_tokens", "output_tokens"]].to_numpy().sum() + 2 * len(r)
+    with pytest.raises(InputError, match="turn repeat"):
+        repeat_turns(tr, 0)
+
+
+def test_turn_repeat_axis_runs_the_transformed_trace(files):
+    trace, prof = files
+    one, _ = sw.run_point({"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": 64})
+    three, _ = sw.run_point({"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": 64, "turn_repeat": 3})
+    assert three["calls"] == 3 * one["calls"] and three["n_programs"] == one["n_programs"]
+
+
+def test_cluster_axes_reach_run_simulation_when_it_takes_them(files, monkeypatch):
+    """replicas/router/offload are passed on only away from their defaults, and refused by
+    a simulator without the option (so a point never silently runs something else)."""
+    trace, prof = files
+    seen = []
+
+    def takes(trace, policy, profile, cfg, arrivals, *, replicas=1, router=None, offload=None):
+        seen.append({"replicas": replicas, "router": router, "offload": offload})
+        raise KeyboardInterrupt  # enough: the options arrived
+
+    def lacks(trace, policy, profile, cfg, arrivals):
+        raise AssertionError("must not run")
+
+    point = {"trace": trace, "profile": prof, "jps": 1.0, "replicas": 2, "router": "session", "offload": "cpu:1GiB"}
+    monkeypatch.setattr(sw, "run_simulation", takes)
+    with pytest.raises(KeyboardInterrupt):
+        sw.run_point(point)
+    with pytest.raises(KeyboardInterrupt):
+        sw.run_point({"trace": trace, "profile": prof, "jps": 1.0})
+    assert seen == [{"replicas": 2, "router": "session", "offload": "cpu:1GiB"}, {"replicas": 1, "router": None, "offload": None}]
+    monkeypatch.setattr(sw, "run_simulation", lacks)
+    with pytest.raises(InputError, match="axis 'replicas': this simulator has no replicas option"):
+        sw.build_run(point)
+    assert sw.point_key({"jps": 1.0, "replicas": 1, "router": None}) == sw.point_key({"jps": 1.0})
