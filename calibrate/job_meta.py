@@ -1,0 +1,59 @@
+"""Per-request agent metadata as it reaches vLLM: `SamplingParams.extra_args`.
+
+On the OpenAI server it is the request's `vllm_xargs` field (booleans arrive as 0/1,
+everything may arrive as a string). The scheduler must never crash on it, so parsing
+never raises: it returns what it could read and a list of problems to log once.
+
+    job_id        program id (str or int). Missing or malformed: the request is a
+                  one-turn program of its own.
+    is_last_step  the program's last call (bool, 0/1, "true"/"false"). Default False.
+    tool          the tool the program runs after this call (a client hint); also
+                  read from `tool_hint`. Default None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_TRUE = {"1", "true", "yes"}
+_FALSE = {"0", "false", "no", ""}
+
+
+@dataclass
+class JobMeta:
+    program_id: str
+    is_last_step: bool
+    tool: str | None
+    anonymous: bool  # no usable job_id: a one-turn program
+    problems: list[str] = field(default_factory=list)
+
+
+def _flag(value, problems: list[str]) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    problems.append(f"is_last_step={value!r} is not a boolean (true/false/0/1); taken as false")
+    return False
+
+
+def parse_job_meta(extra_args, request_id: str) -> JobMeta:
+    problems: list[str] = []
+    if extra_args is None:
+        extra_args = {}
+    if not isinstance(extra_args, dict):
+        problems.append(f"extra_args is a {type(extra_args).__name__}, not a mapping; ignored")
+        extra_args = {}
+    job = extra_args.get("job_id")
+    if isinstance(job, bool) or not isinstance(job, (str, int)) or (isinstance(job, str) and not job.strip()):
+        if job is not None:
+            problems.append(f"job_id={job!r} is not a non-empty string or integer; "
+                            "the request is served as a one-turn program")
+        return JobMeta(f"<anon>{request_id}", True, None, True, problems)
+    last = _flag(extra_args.get("is_last_step", False), problems)
+    tool = extra_args.get("tool", extra_args.get("tool_hint"))
+    if tool is not None and not isinstance(tool, str):
+        problems.append(f"tool={tool!r} is not a string; ignored")
+        tool = None
+    return JobMeta(str(job).strip(), last, tool or None, False, problems)

