@@ -30,6 +30,30 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
     p.set_defaults(func=_run)
 
+    v = sub.add_parser("validate", help="replay a trace on a real vLLM and in the simulator, and compare JCT",
+                       description="Run each policy inside a real vLLM (calibrate/policy_scheduler.py through "
+                                   "scheduler_cls) and in the simulator on the same trace, arrivals and engine "
+                                   "limits; print mean/p90 JCT, per-program JCT MAPE, cache hit ratios and whether "
+                                   "the policies rank the same; write report.{md,json} and a plot to --out.")
+    v.add_argument("--trace", default="swebench", help="bundled trace name or parquet path (default swebench)")
+    v.add_argument("--policy", default="vllm,continuum", help="comma-separated policies (default vllm,continuum)")
+    v.add_argument("--profile", default=None, help="profile name or JSON; default: calibrate the engine first (quick)")
+    v.add_argument("--out", required=True, metavar="DIR", help="report folder (report.md, report.json, plot, profile)")
+    v.add_argument("--jps", type=float, default=1.0, help="program arrivals per second, seeded Poisson (default 1.0)")
+    v.add_argument("--seed", type=int, default=0, help="seed of arrivals and prompt token ids")
+    v.add_argument("--programs", type=int, default=12, help="first N programs of the trace (default 12)")
+    v.add_argument("--max-turns", type=int, default=5, help="turns kept per program (default 5)")
+    v.add_argument("--max-context", type=int, default=3000,
+                   help="scale each program's new input so its final context fits (default 3000 tokens)")
+    v.add_argument("--max-output", type=int, default=24, help="cap on output tokens per call (default 24)")
+    v.add_argument("--max-tool-s", type=float, default=2.0, help="cap on tool time, s (default 2.0)")
+    v.add_argument("--num-gpu-blocks", type=int, default=48,
+                   help="KV blocks of the engine: small, so that memory pressure is real (default 48)")
+    v.add_argument("--max-model-len", type=int, default=4096, help="max context of the engine (default 4096)")
+    v.add_argument("--model", default=None, help="model dir (default: the shipped tiny Llama config)")
+    v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="engine device (default cpu)")
+    v.set_defaults(func=_validate)
+
 
 def _summary(profile: dict) -> str:
     st, q, fe, eng = profile["step_time"], profile["prefill_quadratic"], profile["fit_error"], profile["engine"]
@@ -62,4 +86,19 @@ def _run(args) -> int:
     print(_summary(profile))
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s total "
           f"(engine start {profile['provenance']['engine_start_s']:.1f} s)")
+    return 0
+
+
+def _validate(args) -> int:
+    from calibrate.validate import fit_trace, render_markdown, run_validation
+    from sim.simulate import arrivals_for
+    from traces.schema import read_trace
+
+    trace, _ = read_trace(args.trace)
+    trace = fit_trace(trace, args.programs, args.max_turns, args.max_context, args.max_output, args.max_tool_s)
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    rep = run_validation(trace, policies, arrivals_for(trace, args.jps, args.seed), args.profile, args.out, args.seed,
+                         args.model, args.device, num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len)
+    print(render_markdown(rep))
+    print(f"report: {Path(args.out) / 'report.md'} (+ report.json, jct_sim_vs_real.png)")
     return 0

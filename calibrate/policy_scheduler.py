@@ -24,6 +24,7 @@ Time is time.monotonic() seconds. Policies see plain records, never vLLM objects
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import deque
@@ -94,9 +95,12 @@ class PolicyScheduler(Scheduler):
         self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
         self._kv_sum = self._kv_steps = 0
         self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
-        # Keys change only with arrivals, pins and preemptions (or with time, for some
-        # policies): sort only then, so a long stuck queue costs nothing per step.
-        self._order_dirty = False
+        # The waiting deque is kept in policy order incrementally: a request's key is
+        # computed when it arrives and again only when its program's pin changes or it
+        # is preempted (what policy keys depend on), so a step with hundreds waiting
+        # and no such event costs nothing. Keys that move with time are re-sorted per step.
+        self._keys: dict[str, tuple] = {}
+        self._next_expiry = float("inf")  # earliest pin expiry: the per-step check is O(1)
         allocate = self.kv_cache_manager.allocate_slots
 
         def allocate_slots(request, num_new_tokens, *a, **kw):
@@ -141,7 +145,32 @@ class PolicyScheduler(Scheduler):
         self.pinned_block_seconds += len(blocks) * (now - self.pin_since.pop(pid))
         self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))  # tail block evicted first
         self.policy.pin_released(pid, now, reason)
-        self._order_dirty = True
+        self._pins_changed(pid, now)
+
+    def _pins_changed(self, pid: str, now: float) -> None:
+        self._next_expiry = min((p.expiry for p in self.policy.pins.values()), default=float("inf"))
+        rid = self.inflight.get(pid)
+        request = self.requests.get(rid) if rid is not None else None
+        if request is not None and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self._place(request, now)
+
+    def _key(self, request, now: float) -> tuple:
+        call = self.calls[request.request_id]
+        return (self.policy.order_key(call.req, now, self), call.seq)
+
+    def _place(self, request, now: float) -> None:
+        """(Re)insert a waiting request at its policy position."""
+        if request.request_id not in self.calls:
+            return
+        queue = self.waiting
+        try:
+            queue.remove(request)
+        except ValueError:
+            return  # not in the plain waiting queue (e.g. vLLM holds it elsewhere)
+        key = self._keys[request.request_id] = self._key(request, now)
+        keys = self._keys
+        at = bisect.bisect_right(queue, key, key=lambda r: keys.get(r.request_id, ()))
+        queue.insert(at, request)
 
     def _expire(self, now: float) -> None:
         if self.pinned:
@@ -192,22 +221,23 @@ class PolicyScheduler(Scheduler):
             self.programs[pid] = (first, turns + 1)
             req = Request(req_id=rid, program_id=pid, turn=turns, arrival=now, program_arrival=first,
                           prompt_tokens=request.num_prompt_tokens, is_last_step=meta.is_last_step, tool=meta.tool)
-            self._expire(now)  # pins that ran out while the engine idled are gone before this arrival
+            if now >= self._next_expiry:  # pins that ran out while the engine idled go before this arrival
+                self._expire(now)
             self.policy.on_arrival(req, now)
             self._seq += 1
             self.calls[rid] = _Call(req, self._seq)
             self.inflight[pid] = rid
-            self._order_dirty = True
         super().add_request(request)
+        self._place(request, now)
 
     def schedule(self, *args, **kwargs):
         now = time.monotonic()
-        self._expire(now)
-        if len(self.waiting) > 1 and (self._order_dirty or self.policy.order_depends_on_time):
-            self._order_dirty = False
-            view, calls = self, self.calls
-            order = sorted(self.waiting, key=lambda r: (self.policy.order_key(calls[r.request_id].req, now, view),
-                                                        calls[r.request_id].seq))
+        if now >= self._next_expiry:
+            self._expire(now)
+        if self.policy.order_depends_on_time and len(self.waiting) > 1:
+            for r in self.waiting:
+                self._keys[r.request_id] = self._key(r, now)
+            order = sorted(self.waiting, key=lambda r: self._keys[r.request_id])
             self.waiting.clear()
             self.waiting.extend(order)
         if self._custom_victim and len(self.running) > 1:
@@ -249,12 +279,13 @@ class PolicyScheduler(Scheduler):
         call = self.calls.get(request.request_id)
         if call is not None:
             call.req.preempted = True
-        self._order_dirty = True
         super()._preempt_request(request, *args, **kwargs)
+        self._place(request, time.monotonic())
 
     def _free_request_blocks(self, request) -> None:
         """Called on preemption and on finish; on a normal finish the policy decides."""
         call = self.calls.pop(request.request_id, None) if request.is_finished() else None
+        self._keys.pop(request.request_id, None)
         if call is None:
             super()._free_request_blocks(request)
             return
@@ -279,7 +310,7 @@ class PolicyScheduler(Scheduler):
                 self._release_pin(pid, now, "expired")
             self.pinned[pid] = self.kv_cache_manager.pop_blocks_for_free(request)
             self.pin_since[pid] = now
-            self._order_dirty = True
+            self._pins_changed(pid, now)
         else:
             if retention.action == "pin":  # the engine could not hold it: tell the policy
                 self.policy.pin_released(pid, now, "victim")
