@@ -29,6 +29,14 @@ Each scheduling step:
                                   pins to drop so the queue head fits (no deadlock)
   preemption_victim(running, view)
   req.preempted is set by the engine when a call is preempted.
+Optional, for offload tiers and per-step retention (defaults change nothing; an engine
+without them may ignore them):
+  review_pins(now, view)          only if `reviews_pins`: programs whose pins to drop
+                                  now (reason 'discard'); called before each step
+  release_action(pid, reason)     'free' | 'offload': with an offload tier, what to
+                                  do with a pin dropped as 'expired'/'victim'/'discard'
+  Retention("offload")            write the finished call's full chunks to the
+                                  offload tier, then free (no tier: same as free)
 """
 from __future__ import annotations
 
@@ -74,6 +82,7 @@ class Retention:
 
 
 FREE = Retention("free")
+OFFLOAD = Retention("offload")
 
 
 @dataclass
@@ -97,6 +106,16 @@ class EngineView(Protocol):
     def queue_delay(self) -> float: ...  # recent mean queueing delay, s
 
 
+class OffloadView(Protocol):
+    """Engine facts a policy MAY read with getattr (the simulator has them; a view
+    without them means: no offload tier, and the policy falls back to its defaults)."""
+
+    def offload_enabled(self) -> bool: ...  # an offload (CPU) tier is configured
+    def reload_time(self, tokens: int) -> float: ...  # seconds to reload a context from it
+    def running_tokens(self) -> tuple[int, int]: ...  # (tokens per step, KV tokens) of running calls
+    def linear_step(self) -> tuple[float, float]: ...  # (c0 s, c1 s/token): step ~ c0 + c1*tokens
+
+
 class Policy:
     """Defaults = vLLM: request-level FCFS, free at end of turn, preempt the newest."""
 
@@ -104,6 +123,9 @@ class Policy:
     # True when order_key changes with `now` alone (e.g. anti-starvation); the engine then
     # re-sorts every step instead of fast-forwarding decode stretches behind a stuck queue.
     order_depends_on_time = False
+    # True when review_pins must run before every step (it reads `now` and the batch);
+    # the engine then does not fast-forward decode stretches while pins are held.
+    reviews_pins = False
 
     def __init__(self) -> None:
         self.pins: dict[str, Pin] = {}
@@ -165,6 +187,15 @@ class Policy:
             victims.append(pid)
             freed += view.blocks_of(pid)
         return victims
+
+    def review_pins(self, now: float, view: EngineView) -> list[str]:
+        """Pins to drop before this step (released with reason 'discard')."""
+        return []
+
+    def release_action(self, program_id: str, reason: str) -> str:
+        """With an offload tier: 'offload' writes a dropped pin's full chunks to it
+        before its blocks are freed; 'free' (default) just frees them."""
+        return "free"
 
     def preemption_victim(self, running: list[Request], view: EngineView) -> Request:
         """vLLM FCFS preempts the most recently scheduled running request."""

@@ -6,9 +6,12 @@ import inspect
 from policies.autellix import AutellixPolicy
 from policies.base import Policy, PolicyError
 from policies.continuum import ContinuumPolicy
+from policies.continuum_offload import ContinuumOffloadPolicy
+from policies.infercept import InferceptPolicy
 from policies.oracle import OraclePolicy
 from policies.program_fcfs import ProgramFCFSPolicy
 from policies.static import ContinuumStaticPolicy
+from policies.thunderagent import ThunderAgentPolicy
 
 
 class VLLMPolicy(Policy):
@@ -24,6 +27,9 @@ POLICIES: dict[str, type[Policy]] = {
     "program-fcfs": ProgramFCFSPolicy,
     "autellix": AutellixPolicy,
     "oracle": OraclePolicy,
+    "infercept": InferceptPolicy,
+    "thunderagent": ThunderAgentPolicy,
+    "continuum-offload": ContinuumOffloadPolicy,
 }
 
 

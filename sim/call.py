@@ -25,6 +25,11 @@ class Call:
     cached_tokens: int | None = None  # prefix hit at first admission
     computed_prompt_tokens: int = 0  # prompt tokens actually prefilled (recompute included)
     preemptions: int = 0
+    # offload and clusters (sim/cpu_tier.py, sim/cluster.py)
+    replica: int = 0  # the replica that served the call
+    loaded_tokens: int = 0  # tokens reloaded from an offload tier (all admissions)
+    reload_s: float = 0.0  # transfer time of those reloads
+    saved_chunks: int = 0  # leading chunks LMCache holds or has stored for this call
 
     @property
     def num_tokens(self) -> int:

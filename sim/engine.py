@@ -6,6 +6,13 @@ fails, nothing can be admitted, no arrival or pin expiry falls inside) is advanc
 one stretch of n steps with a single SimPy timeout. Step j of the stretch costs
 A + B*j (every context grows by one token a step), so the stretch ends exactly where
 the step-by-step engine would, at the first step that completes after the next event.
+
+Offload (sim/cpu_tier.py): a step's transfer time is charged to that step — reloads
+of calls admitted in it add to it (LMCache's synchronous retrieve), offload copies
+still in flight when it starts overlap it (step = max(compute, copies) + loads) — and
+no transfer outlives its step. A step that carries transfer time is never the start of
+a stretch (fast-forward is skipped for it), so stretches stay exact. Policies that
+review pins every step (`reviews_pins`, InferCept) get no stretches while pins exist.
 """
 from __future__ import annotations
 
@@ -16,19 +23,25 @@ import simpy
 
 from policies.base import Policy
 from sim.call import Call
+from sim.cpu_tier import KVOffload, Tier
 from sim.profile import Profile
 from sim.scheduler import EngineConfig, Scheduler
 
 
 class Engine:
     def __init__(self, env: simpy.Environment, cfg: EngineConfig, profile: Profile, policy: Policy,
-                 on_finish=None, fast_forward: bool = True) -> None:
+                 on_finish=None, fast_forward: bool = True, tiers: list[Tier] | None = None, index: int = 0) -> None:
         self.env = env
+        self.index = index  # replica number in a cluster
         self.cfg = cfg
         self.profile = profile
         self.policy = policy
         self.sched = Scheduler(cfg, policy)
         self.sched.view = self
+        self.tier = KVOffload(tiers, self.sched.pool, cfg.block_size, policy) if tiers else None
+        self.sched.tier = self.tier
+        self._in_step = False
+        self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
         self.on_finish = on_finish  # callback(call, now) for metrics and program processes
         self.fast_forward = fast_forward
         self._wakeup = env.event()
@@ -64,17 +77,48 @@ class Engine:
         return self._blocks_sum / self._blocks_n if self._blocks_n else 1.0
 
     def prefill_reload_time(self, tokens: int) -> float:
-        return self.profile.prefill_time(tokens)
+        """Prefill, or with an offload tier the reload from it (the paper's Prefill-Reload)."""
+        return self.tier.reload_time(tokens) if self.tier is not None else self.profile.prefill_time(tokens)
+
+    # optional view facts (policies.base.OffloadView)
+    def offload_enabled(self) -> bool:
+        return self.tier is not None
+
+    def reload_time(self, tokens: int) -> float:
+        return self.tier.reload_time(tokens) if self.tier is not None else math.inf
+
+    def running_tokens(self) -> tuple[int, int]:
+        """(tokens the running calls put in a step, KV tokens they hold)."""
+        bs = self.cfg.block_size
+        return (sum(max(1, c.num_tokens - c.num_computed) for c in self.sched.running),
+                sum(len(c.blocks) for c in self.sched.running) * bs)
+
+    def linear_step(self) -> tuple[float, float]:
+        return self.profile.step[0] + self.profile.step[3], self.profile.step[1] + self.profile.step[4]
 
     def queue_delay(self) -> float:
         return sum(self._delays) / len(self._delays) if self._delays else 0.0
 
     # --- requests -------------------------------------------------------------------------
     def submit(self, call: Call) -> None:
+        call.replica = self.index
         self.policy.on_arrival(call.req, self.env.now)
         self.sched.waiting.append(call)
         if not self._wakeup.triggered:
             self._wakeup.succeed()
+
+    def release_pin_later(self, program_id: str, reason: str) -> None:
+        """Release a pin from outside the engine (a cluster moving or ending a program).
+        Mid-step it waits for the step's end, so a decode stretch and step-by-step
+        see the pool change at the same point; otherwise it happens now."""
+        if program_id not in self.sched.pins:
+            return
+        if self._in_step:
+            self._deferred.append((program_id, reason))
+            return
+        self.sched.release_pin(program_id, self.env.now, reason)
+        if self.sched.waiting and not self._wakeup.triggered:
+            self._wakeup.succeed()  # the freed memory may let a blocked head in
 
     # --- the step loop --------------------------------------------------------------------
     def _next_event(self) -> float:
@@ -86,13 +130,25 @@ class Engine:
     def _loop(self):
         env, sched, c = self.env, self.sched, self.profile.step
         while True:
+            for pid, reason in self._deferred:
+                sched.release_pin(pid, env.now, reason)
+            self._deferred.clear()
             if not sched.running and not sched.waiting:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
             now = env.now
+            if self.policy.reviews_pins and sched.pins:
+                for pid in self.policy.review_pins(now, self):
+                    sched.release_pin(pid, now, "discard")
+            pinned = sched.pinned_blocks
             scheduled = sched.schedule(now)
             if not scheduled:
+                if not sched.running and sched.pinned_blocks < pinned:
+                    # Pins were dropped for the blocked head but it still does not fit
+                    # (a victim's blocks shared with other holders free less than the
+                    # policy counted): drop more now rather than idle (ours).
+                    continue
                 # Waiting calls blocked with nothing running: only an arrival or a pin
                 # expiry can change that.
                 nxt = self._next_event()
@@ -112,11 +168,17 @@ class Engine:
                 sum_k += k
                 sum_qc += q * call.num_computed
             dt = self.profile.step_time(tokens, seqs, sum_qk, sum_k, sum_qc)
+            load_s = write_s = 0.0
+            if self.tier is not None:
+                load_s, write_s = self.tier.take_step_costs(now)
+                dt = max(dt, write_s) + load_s
             n = 1
-            if self.fast_forward and tokens == seqs == len(sched.running) and self._steady(scheduled):
+            if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):
                 n, dt = self._stretch(scheduled, dt, c, now)
             self._account(now, dt)
+            self._in_step = True
             yield env.timeout(dt)
+            self._in_step = False
             self.steps += n
             for call, _ in scheduled:
                 call.req.exec_time += dt
@@ -129,6 +191,8 @@ class Engine:
         policy's order does not move with time."""
         if any(call.num_output == 0 for call, _ in scheduled):
             return False  # a prefill's last token: its first-token time is this step's end
+        if self.policy.reviews_pins and self.sched.pins:
+            return False  # the policy may drop pins at any step
         if not self.sched.waiting:
             return True
         return not self.policy.order_depends_on_time and not self.sched.pins

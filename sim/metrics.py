@@ -25,6 +25,7 @@ class Recorder:
             "output_tokens": call.num_output, "cached_tokens": call.cached_tokens,
             "computed_prompt_tokens": call.computed_prompt_tokens, "preemptions": call.preemptions,
             "exec_time": r.exec_time, "tool": r.tool, "is_last": r.is_last_step,
+            "replica": call.replica, "loaded_tokens": call.loaded_tokens, "reload_s": call.reload_s,
         })
 
 
@@ -44,6 +45,8 @@ def program_table(turns: pd.DataFrame) -> pd.DataFrame:
         "computed_prompt_tokens": g["computed_prompt_tokens"].sum(),
         "output_tokens": g["output_tokens"].sum(),
         "preemptions": g["preemptions"].sum(),
+        "loaded_tokens": g["loaded_tokens"].sum(),
+        "reload_s": g["reload_s"].sum(),
     })
     progs.insert(2, "jct", progs["finish"] - progs["arrival"])
     return progs.reset_index()

@@ -1,4 +1,4 @@
-"""`sim run`: replay a trace under a policy on one simulated replica and report JCTs."""
+"""`sim run`: replay a trace under a policy on simulated replicas and report JCTs."""
 from __future__ import annotations
 
 import sys
@@ -9,8 +9,10 @@ from tqdm import tqdm
 
 from policies.base import PolicyError
 from policies.registry import POLICIES, make_policy
+from sim.cpu_tier import build_tiers, parse_offload
 from sim.metrics import write_results
 from sim.profile import Profile, load_profile
+from sim.router import ROUTERS, make_router
 from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.errors import InputError
 from traces.schema import read_trace
@@ -33,6 +35,11 @@ def register(sub) -> None:
     g.add_argument("--max-num-seqs", type=int, default=None)
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--no-chunked-prefill", action="store_true", help="admit only whole prompts")
+    c = p.add_argument_group("memory tiers and clusters")
+    c.add_argument("--offload", default=None, metavar="SPEC",
+                   help="offload tiers per replica, LMCache-like: cpu:200GiB, cpu:200GiB,ssd:1TiB (optional @GB/s: cpu:100GiB@25)")
+    c.add_argument("--replicas", type=int, default=1, help="replicas, each its own engine and KV pool (default 1)")
+    c.add_argument("--router", default="round_robin", help=f"which replica serves a call: {', '.join(ROUTERS)}")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -58,7 +65,7 @@ def check_knobs(profile: Profile, args) -> None:
                          f"allocated; give at most that many")
     if args.max_model_len is not None and args.max_model_len > int(e["max_model_len"]):
         raise InputError(f"--max-model-len {args.max_model_len} exceeds profile {profile.name!r}'s max_model_len {e['max_model_len']}")
-    for name in ("num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "programs"):
+    for name in ("num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "programs", "replicas"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1 (got {v})")
@@ -68,6 +75,8 @@ def run(args) -> int:
     policy = make_policy(args.policy, **parse_policy_args(args.policy_arg))
     profile = load_profile(args.profile)
     check_knobs(profile, args)
+    tiers = parse_offload(args.offload)
+    make_router(args.router)  # an unknown router fails here, before the trace is read
     trace, meta = read_trace(args.trace)
     if args.programs is not None:
         keep = trace["program_id"].drop_duplicates().iloc[: args.programs]
@@ -75,11 +84,14 @@ def run(args) -> int:
     cfg = engine_config(profile, num_gpu_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         enable_chunked_prefill=False if args.no_chunked_prefill else None)
+    if tiers:
+        build_tiers(tiers, profile, cfg.block_size)  # a profile without PCIe bandwidth fails here
     arrivals = arrivals_for(trace, args.jps, args.seed)
     n = len(arrivals)
     t0 = time.perf_counter()
     with tqdm(total=n, desc=f"{args.policy}", unit="prog", disable=args.no_progress or not sys.stderr.isatty(), leave=False) as bar:
-        res = run_simulation(trace, policy, profile, cfg, arrivals, progress=bar)
+        res = run_simulation(trace, policy, profile, cfg, arrivals, progress=bar,
+                             replicas=args.replicas, router=args.router, offload=tiers)
     wall = time.perf_counter() - t0
     res.summary.update({"trace": str(args.trace), "jps": args.jps, "seed": args.seed, "profile": profile.name,
                         "wall_s": wall, "sim_s_per_wall_s": res.summary["makespan_s"] / wall})
@@ -104,6 +116,18 @@ def format_summary(s: dict) -> str:
         ("pins hit / expired / victim", f"{s['pins_hit']} / {s['pins_expired']} / {s['pins_victim']}"),
         ("pinned block-seconds", f"{s['pinned_block_seconds']:.0f}"),
     ]
+    if s.get("replicas", 1) > 1:
+        rows.append(("replicas / router", f"{s['replicas']} / {s['router']}"))
+        for r in s["per_replica"]:
+            rows.append((f"  replica {r['replica']}", f"{r['calls']} calls, KV {r['mean_kv_usage']:.1%} mean, hit {r['cache_hit_ratio']:.3f}"))
+    if s.get("offload"):
+        rows.append(("offload tiers", ", ".join(f"{n}: {t['bytes_written'] / 1e9:.1f} GB in, {t['bytes_read'] / 1e9:.1f} GB out"
+                                                for n, t in s["tiers"].items())))
+        rows.append(("CPU hit ratio / reloads", f"{s['cpu_hit_ratio']:.3f} / {s['offload_loads']} loads, {s['reload_s']:.1f} s"))
+    if "decisions" in s:
+        rows.append(("preserve / discard / swap", " / ".join(str(s["decisions"][k]) for k in ("preserve", "discard", "swap"))))
+    if "proxy" in s:
+        rows.append(("proxy paused / resumed", f"{s['proxy']['paused']} / {s['proxy']['resumed']} (queued {s['proxy']['queued']})"))
     for tool, t in list(s["ttl_by_tool"].items())[:12]:
         rows.append((f"  TTL {tool}", f"{t['mean_ttl_s']:.2f} s mean over {t['pins']} pins"))
     if "sim_s_per_wall_s" in s:

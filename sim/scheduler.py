@@ -47,6 +47,7 @@ class Scheduler:
         self.pinned_block_seconds = 0.0
         self.preemptions = 0
         self.view = None  # EngineView, set by the engine
+        self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
 
     # --- pins -----------------------------------------------------------------------
     def pin(self, pid: str, blocks: list[int], now: float) -> None:
@@ -58,6 +59,8 @@ class Scheduler:
         if blocks is None:
             return
         self.pinned_block_seconds += len(blocks) * (now - self.pin_since.pop(pid))
+        if self.tier is not None:
+            self.tier.release(pid, blocks, reason, now)  # offload first if the policy says so
         self.pool.free(blocks)
         self.policy.pin_released(pid, now, reason)
 
@@ -140,7 +143,7 @@ class Scheduler:
                 self.waiting.pop(0)
                 if call.scheduled_at is None:
                     call.scheduled_at = now
-                    call.cached_tokens = call.num_computed
+                    call.cached_tokens = call.num_computed - call.loaded_tokens  # GPU hit only
                     policy.on_schedule(call.req, now)
                 self.release_pin(call.req.program_id, now, "hit")
                 self.running.append(call)
@@ -152,7 +155,10 @@ class Scheduler:
         """Try to start a waiting call: (tokens scheduled, 0) or (None, blocks short)."""
         bs = self.cfg.block_size
         hit = self._prefix_hit(call)
-        num_new = call.num_tokens - len(hit) * bs
+        # blocks past the GPU hit that an offload tier can reload instead of recomputing
+        load = self.tier.loadable(call, len(hit)) if self.tier is not None else 0
+        start = (len(hit) + load) * bs
+        num_new = call.num_tokens - start
         if not self.cfg.enable_chunked_prefill and num_new > budget:
             return None, 0  # whole-prompt admission: wait for a step with room
         num_new = min(num_new, budget)
@@ -161,11 +167,15 @@ class Scheduler:
             short = cdiv(call.num_tokens, bs) - len(hit) - (self.pool.num_free - evictable_hits)
             if short > 0:
                 return None, short
-        if self._try_allocate(call, num_new, hit):
-            call.num_computed = len(hit) * bs
+        if self._try_allocate(call, load * bs + num_new, hit):
+            call.num_computed = start
             call.num_keyed = len(hit)
+            if self.tier is not None:
+                self.tier.admitted(call, len(hit))
+                if load:
+                    self.tier.load(call, len(hit), load)
             return num_new, 0
-        need = cdiv(len(hit) * bs + num_new, bs) - len(hit)
+        need = cdiv(start + num_new, bs) - len(hit)
         return None, need - (self.pool.num_free - evictable_hits)
 
     def _unpin_for(self, call: Call, short: int, now: float) -> bool:
@@ -231,13 +241,16 @@ class Scheduler:
         for call, num_new in scheduled:
             if steps > 1:
                 num_new = steps  # n decode steps of one token each
-            if call.num_computed < call.prompt_len:
+            prefill = call.num_computed < call.prompt_len
+            if prefill:
                 call.computed_prompt_tokens += min(call.num_computed + num_new, call.prompt_len) - call.num_computed
             call.num_computed += num_new
             full = call.num_computed // bs
             for i in range(call.num_keyed, full):
                 self.pool.cache(call.blocks[i], call.block_key(i))
             call.num_keyed = max(call.num_keyed, full)
+            if prefill and self.tier is not None:
+                self.tier.write_through(call)  # LMCache stores new full chunks on prefill steps
             if call.num_computed == call.num_tokens or steps > 1:
                 call.num_output += 1 if steps == 1 else steps
                 if call.first_token_at is None:
@@ -256,4 +269,6 @@ class Scheduler:
             self.pin(call.req.program_id, call.blocks, now)
             call.blocks = []
         else:
+            if retention.action == "offload" and self.tier is not None:
+                self.tier.offload(call.blocks, now)  # write its full chunks to the CPU tier, then free
             self._free_call(call)

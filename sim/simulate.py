@@ -1,4 +1,5 @@
-"""run_simulation: one trace, one policy, one replica → per-turn/program tables and a summary."""
+"""run_simulation: one trace, one policy, N replicas (default 1) with optional offload
+tiers → per-turn/program tables and a summary."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,8 @@ import pandas as pd
 import simpy
 
 from policies.base import Policy
-from sim.engine import Engine
+from sim.cluster import Cluster
+from sim.cpu_tier import TierSpec, parse_offload
 from sim.metrics import Recorder, program_table, summarize, turn_table
 from sim.profile import Profile
 from sim.scheduler import EngineConfig
@@ -44,7 +46,14 @@ def arrivals_for(trace: pd.DataFrame, jps: float | None, seed: int) -> np.ndarra
 
 
 def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: EngineConfig,
-                   arrivals: np.ndarray, fast_forward: bool = True, progress=None) -> Result:
+                   arrivals: np.ndarray, fast_forward: bool = True, progress=None, *,
+                   replicas: int = 1, router: str | None = None,
+                   offload: str | tuple[TierSpec, ...] | None = None) -> Result:
+    """Replay `trace` on `replicas` replicas (each its own engine, pool, offload tiers and
+    copy of `policy`; `policy` itself serves replica 0) behind `router` (round_robin,
+    least_loaded, session, prefix; None = round_robin), with `offload` tiers per replica
+    ('cpu:200GiB', 'cpu:200GiB,ssd:1TiB', or parsed TierSpecs; None = GPU only)."""
+    tiers = offload if isinstance(offload, tuple) else parse_offload(offload)
     env = simpy.Environment()
     rec = Recorder()
     work = Workload(env, trace, arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks)
@@ -55,29 +64,95 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
         if progress is not None and call.req.is_last_step:
             progress.update(1)
 
-    engine = Engine(env, cfg, profile, policy, on_finish=on_finish, fast_forward=fast_forward)
-    work.start(engine)
+    cluster = Cluster(env, cfg, profile, policy, replicas=replicas, router=router, tiers=tiers,
+                      fast_forward=fast_forward, on_finish=on_finish)
+    work.start(cluster)
+    cluster.start(work)
     env.run()
-    sched = engine.sched
-    if sched.waiting or sched.running:
-        raise RuntimeError(f"run ended with {len(sched.waiting)} waiting and {len(sched.running)} running calls")
-    if sched.pins:  # the last turn always frees; anything left is a bug
-        raise RuntimeError(f"pins outlived their programs: {sorted(sched.pins)}")
-    sched.pool.check()
+    check_end(cluster, rec, trace)
 
     turns = turn_table(rec)
     progs = program_table(turns)
     span = float(progs["finish"].max())
-    outcomes = dict(policy.pin_outcomes)
+    engines = cluster.engines
+    pols = [e.policy for e in engines]
+    outcomes: dict[str, int] = {}
+    ttls: dict[str, list[float]] = {}
+    for p in pols:
+        for k, v in p.pin_outcomes.items():
+            outcomes[k] = outcomes.get(k, 0) + v
+        for t, v in p.ttls.items():
+            ttls.setdefault(t, []).extend(v)
+    per_replica = [replica_stats(e, turns, span) for e in engines]
+    offload_stats = tier_totals([e.tier for e in engines if e.tier is not None])
     extra = {
         "policy": policy.name, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
-        "steps": engine.steps, "engine_busy_s": engine.busy_time,
-        "mean_kv_usage": engine.mean_used_blocks(span) / cfg.num_gpu_blocks,
-        "peak_kv_usage": engine.peak_used / cfg.num_gpu_blocks,
-        "pinned_block_seconds": sched.pinned_block_seconds,
+        "replicas": len(engines), "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name,
+        "offload": ",".join(f"{t.name}:{t.capacity_bytes / 2**30:g}GiB" for t in tiers) or None,
+        "steps": sum(e.steps for e in engines), "engine_busy_s": sum(e.busy_time for e in engines),
+        "mean_kv_usage": float(np.mean([r["mean_kv_usage"] for r in per_replica])),
+        "peak_kv_usage": max(r["peak_kv_usage"] for r in per_replica),
+        "pinned_block_seconds": sum(e.sched.pinned_block_seconds for e in engines),
         "pins": sum(outcomes.values()), "pins_hit": outcomes.get("hit", 0),
         "pins_expired": outcomes.get("expired", 0), "pins_victim": outcomes.get("victim", 0),
-        "ttl_by_tool": {t: {"pins": len(v), "mean_ttl_s": float(np.mean(v))} for t, v in sorted(policy.ttls.items())},
+        "pins_discarded": outcomes.get("discard", 0), "pins_moved": outcomes.get("moved", 0),
+        "ttl_by_tool": {t: {"pins": len(v), "mean_ttl_s": float(np.mean(v))} for t, v in sorted(ttls.items())},
+        **offload_stats,
+        "per_replica": per_replica,
     }
-    kv = pd.DataFrame(engine.kv_samples, columns=["t", "used_blocks", "pinned_blocks"])
+    if hasattr(policy, "decisions"):  # InferCept: preserve / discard / swap counts
+        extra["decisions"] = {k: sum(p.decisions.get(k, 0) for p in pols) for k in ("preserve", "discard", "swap")}
+    if cluster.controller is not None:  # ThunderAgent's proxy
+        extra["proxy"] = dict(cluster.controller.stats)
+    kv = pd.concat([pd.DataFrame(e.kv_samples, columns=["t", "used_blocks", "pinned_blocks"]).assign(replica=e.index)
+                    for e in engines], ignore_index=True)
     return Result(turns, progs, kv, summarize(turns, progs, extra))
+
+
+def check_end(cluster: Cluster, rec: Recorder, trace: pd.DataFrame) -> None:
+    """Conservation at the end of a run: every call finished exactly once, nothing
+    waits or runs, no pin outlived its program, no block leaked in any pool or tier."""
+    for e in cluster.engines:
+        sched = e.sched
+        if sched.waiting or sched.running:
+            raise RuntimeError(f"replica {e.index}: run ended with {len(sched.waiting)} waiting and {len(sched.running)} running calls")
+        if sched.pins:  # the last turn always frees; anything left is a bug
+            raise RuntimeError(f"replica {e.index}: pins outlived their programs: {sorted(sched.pins)}")
+        sched.pool.check()
+        if e.tier is not None:
+            e.tier.check()
+    if cluster.held:
+        raise RuntimeError(f"requests still held by the proxy: {sorted(cluster.held)}")
+    done = [(t["program_id"], t["turn"]) for t in rec.turns]
+    if len(done) != len(trace) or len(set(done)) != len(done):
+        raise RuntimeError(f"{len(done)} calls finished ({len(set(done))} distinct) for {len(trace)} in the trace")
+
+
+def replica_stats(e, turns: pd.DataFrame, span: float) -> dict:
+    t = turns[turns["replica"] == e.index]
+    blocks = e.cfg.num_gpu_blocks
+    out = {
+        "replica": e.index, "calls": int(len(t)), "steps": e.steps, "busy_s": e.busy_time,
+        "mean_kv_usage": e.mean_used_blocks(span) / blocks, "peak_kv_usage": e.peak_used / blocks,
+        "preemptions": e.sched.preemptions,
+        "cache_hit_ratio": float(t["cached_tokens"].sum() / t["prompt_tokens"].sum()) if len(t) else 0.0,
+    }
+    if e.tier is not None:
+        out["offload"] = e.tier.stats()
+    return out
+
+
+def tier_totals(tiers: list) -> dict:
+    """Offload figures summed over replicas (zeros without offload, so tables keep one shape)."""
+    loaded = sum(t.loaded_tokens for t in tiers)
+    miss = sum(t.miss_tokens for t in tiers)
+    out = {
+        "cpu_hit_ratio": loaded / miss if miss else 0.0, "offload_loaded_tokens": loaded,
+        "reload_s": sum(t.reload_s for t in tiers), "offload_loads": sum(t.loads for t in tiers),
+        "writethrough_bytes": sum(t.writethrough_bytes for t in tiers),
+        "offload_bytes": sum(t.offload_bytes for t in tiers),
+    }
+    names = sorted({tier.name for t in tiers for tier in t.tiers})
+    out["tiers"] = {n: {k: sum(tier.__dict__[k] for t in tiers for tier in t.tiers if tier.name == n)
+                        for k in ("bytes_written", "bytes_read", "read_s", "stored", "evicted")} for n in names}
+    return out

@@ -46,11 +46,15 @@ class Workload:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens needs more than the {num_blocks} KV blocks; raise --num-blocks")
 
     def start(self, engine: Engine) -> None:
+        """`engine`: anything with submit(call) — one Engine or a sim.cluster.Cluster."""
         self.engine = engine
+        self.remaining = len(self.programs)  # programs whose last call has not finished
         for pid, rows, arr in self.programs:
             self.env.process(self._program(pid, rows, arr))
 
     def finished(self, call: Call, now: float) -> None:
+        if call.req.is_last_step:
+            self.remaining -= 1
         self._events.pop(id(call)).succeed()
 
     def _program(self, pid: str, rows: list[dict], arrival: float):

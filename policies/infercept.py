@@ -1,0 +1,204 @@
+"""InferCept (ICML 2024; reference/baselines.md): preserve / discard / swap a paused
+call's KV by comparing memory-waste estimates, in the form of its public code (the
+'V' policy of WukLab/InferCept's scheduler_v2).
+
+- A call that pauses for a tool is *preserved* (pinned until its program's next call
+  is admitted: no TTL).
+- Before every step, per preserved program with C tokens on GPU (tokens x seconds):
+    W_p = remaining tool time * C
+    W_d = f_s*(1+n)*n/2*c_h + f_ch*n*R + a*last*(R + last)
+  with c_h = max(S - batch, 1) the recompute chunk left in a saturated step of S
+  tokens, n = ceil(C/c_h) - 1 extra chunks, last = C mod c_h, R = KV tokens held by the
+  running calls, batch = tokens the running calls put in a step, an iteration costing
+  c + a*tokens: f_s = a*S + c, f_ch = a*c_h. Programs with W_d < W_p are discarded now
+  (freed; in vLLM v1 the blocks stay prefix-cached until evicted) except those with
+  the largest W_d, which become *swap targets*: when the waiting queue's head needs
+  memory they are swapped out (offloaded to the CPU tier) within a per-step budget.
+- Remaining tool time: the public code reads the **true** tool duration from its
+  trace (remaining = duration - elapsed); so does this policy (`true_tool_duration`,
+  the simulator's oracle). Without it (`true_tool_time=False`, or a real engine) we use the
+  tool's mean observed duration (ours; the paper's estimator is not in the code).
+- Resume order: preserved programs first, then swapped ones, then returning
+  (discarded or preempted) calls, then new programs; program arrival within each.
+- Ours: S, a, c and the swap budget come from the simulated engine: a, c from the
+  profile's step model (the code hard-codes a = 0.0279 ms, c = 15.4 ms for a 13B model
+  on its GPU: used when the view cannot tell); the swap budget is the blocks one
+  saturated step (S tokens) can move over PCIe (the code fits t_swap_out = (1+a')S +
+  b' - free/2 on its GPU). With LMCache write-through most of a context is already in
+  CPU when it is swapped, so a swap moves little more than the last turn's output —
+  the Continuum paper's reimplementation notes the same ("non-blocking" offload).
+  Without an offload tier a swap target is discarded instead. When no swap target
+  can free memory and nothing runs, preserved programs are dropped latest program
+  arrival first (the no-deadlock rule every pinning policy here shares).
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from policies.base import FREE, EngineView, Pin, Policy, Request, Retention
+
+CODE_A_MS, CODE_C_MS = 0.0279, 15.4  # scheduler_v2.discard_waste (13B model)
+
+
+def discard_waste(C: int, c_h: int, R: int, a: float, c: float, S: int) -> float:
+    """InferCept's W_d in token-seconds (a in s/token, c in s)."""
+    n = max(-(-C // c_h) - 1, 0)
+    f_s, f_ch = a * S + c, a * c_h
+    last = C % c_h
+    return f_s * (1 + n) * n / 2 * c_h + f_ch * n * R + a * last * (R + last)
+
+
+class InferceptPolicy(Policy):
+    name = "infercept"
+    reviews_pins = True
+
+    def __init__(
+        self,
+        S: int = 384,  # code: the GPU saturation point (tokens per step)
+        a_ms: float = 0.0,  # ms per token of a step; 0 = from the engine's profile
+        c_ms: float = 0.0,  # ms fixed per step; 0 = from the engine's profile
+        swap_budget_blocks: int = -1,  # per step; -1 = what one saturated step can move over PCIe
+        true_tool_time: bool = True,  # code: remaining time from the true tool duration
+    ) -> None:
+        super().__init__()
+        self.S, self.a_ms, self.c_ms = int(S), float(a_ms), float(c_ms)
+        self.swap_budget_blocks = int(swap_budget_blocks)
+        self.true_tool_time = bool(true_tool_time)
+        self.tool_end: dict[str, float] = {}  # pid -> when its tool returns (estimate)
+        self.blocks: dict[str, int] = {}  # pid -> GPU blocks at the last review
+        self.swap_targets: list[str] = []
+        self.swapped: set[str] = set()  # programs whose KV was swapped out, until re-admitted
+        self.swap_left = 0
+        self.offload_on = False
+        self.decisions: dict[str, int] = defaultdict(int)  # preserve / discard / swap
+        self._tool_sum: dict[str | None, float] = defaultdict(float)
+        self._tool_n: dict[str | None, int] = defaultdict(int)
+
+    # --- estimators -------------------------------------------------------------------
+    def record_tool_time(self, tool: str | None, seconds: float) -> None:
+        self._tool_sum[tool] += seconds
+        self._tool_n[tool] += 1
+
+    def expected_tool_time(self, req: Request) -> float:
+        if self.true_tool_time and req.true_tool_duration is not None:
+            return float(req.true_tool_duration)
+        n = self._tool_n.get(req.tool, 0)
+        return self._tool_sum[req.tool] / n if n else 0.0
+
+    def step_model(self, view: EngineView) -> tuple[float, float]:
+        """(a s/token, c s) of an iteration's time c + a*tokens."""
+        if self.a_ms > 0 or self.c_ms > 0:
+            return self.a_ms / 1e3, self.c_ms / 1e3
+        lin = getattr(view, "linear_step", None)
+        if lin is None:
+            return CODE_A_MS / 1e3, CODE_C_MS / 1e3
+        c, a = lin()
+        return a, c
+
+    def budget(self, view: EngineView, a: float, c: float) -> int:
+        if self.swap_budget_blocks >= 0:
+            return self.swap_budget_blocks
+        rt = getattr(view, "reload_time", None)
+        if rt is None or not self.offload_on:
+            return 0
+        bs = view.block_size
+        per_block = (rt(1000 * bs) - rt(0)) / 1000  # transfer time of one block, latency aside
+        return int((a * self.S + c) / per_block) if per_block > 0 else 0
+
+    # --- events -----------------------------------------------------------------------
+    def on_finish(self, req: Request, now: float, view: EngineView) -> Retention:
+        if req.is_last_step:
+            return FREE
+        pid = req.program_id
+        self.last_finish[pid] = (now, req.tool)
+        self.tool_end[pid] = now + self.expected_tool_time(req)
+        self.pins[pid] = Pin(math.inf, req.program_arrival, now, req.tool)  # preserved until resumed
+        self.decisions["preserve"] += 1
+        return Retention("pin", math.inf)
+
+    def on_schedule(self, req: Request, now: float) -> None:
+        self.swapped.discard(req.program_id)
+
+    def pin_released(self, program_id: str, now: float, reason: str) -> None:
+        super().pin_released(program_id, now, reason)
+        self.blocks.pop(program_id, None)
+        if program_id in self.swap_targets:
+            self.swap_targets.remove(program_id)
+
+    def on_program_end(self, program_id: str, num_turns: int, now: float) -> None:
+        super().on_program_end(program_id, num_turns, now)
+        self.tool_end.pop(program_id, None)
+        self.swapped.discard(program_id)
+
+    # --- decisions ----------------------------------------------------------------------
+    def review_pins(self, now: float, view: EngineView) -> list[str]:
+        """Discard preserved programs with W_d < W_p, keep the largest-W_d ones as swap targets."""
+        self.offload_on = bool(getattr(view, "offload_enabled", lambda: False)())
+        a, c = self.step_model(view)
+        self.swap_left = self.budget(view, a, c)
+        rt = getattr(view, "running_tokens", None)
+        batch, R = rt() if rt is not None else (0, 0)
+        c_h = max(self.S - batch, 1)
+        bs = view.block_size
+        cands: dict[str, float] = {}
+        for pid in self.pins:
+            b = view.blocks_of(pid)
+            self.blocks[pid] = b
+            C = b * bs
+            w_p = max(0.0, self.tool_end.get(pid, now) - now) * C
+            w_d = discard_waste(C, c_h, R, a, c, self.S)
+            if w_d < w_p:
+                cands[pid] = w_d
+        if not cands:
+            self.swap_targets = []
+            return []
+        top = max(cands.values())
+        self.swap_targets = [p for p, w in cands.items() if w >= top]
+        discard = [p for p, w in cands.items() if w < top]
+        self.decisions["discard"] += len(discard)
+        return discard
+
+    def _swappable(self, pid: str, left: int) -> bool:
+        return not self.offload_on or self.blocks.get(pid, 0) <= left
+
+    def unpin_victims(self, need_blocks: int, view: EngineView, exclude: str | None = None) -> list[str]:
+        """Swap targets first (the last one first, as the code pops victim_group[-1]),
+        within the swap budget; with nothing running, then any preserved program."""
+        victims, freed, left = [], 0, self.swap_left
+        for pid in reversed(self.swap_targets):
+            if freed >= need_blocks:
+                break
+            if pid == exclude or pid not in self.pins or not self._swappable(pid, left):
+                continue
+            if self.offload_on:
+                left -= self.blocks.get(pid, 0)
+            victims.append(pid)
+            freed += view.blocks_of(pid)
+        rt = getattr(view, "running_tokens", None)
+        if freed < need_blocks and (rt is None or rt()[1] == 0):
+            for pid in super().unpin_victims(need_blocks - freed, view, exclude):
+                if pid not in victims:
+                    victims.append(pid)
+        return victims
+
+    def release_action(self, program_id: str, reason: str) -> str:
+        if reason == "victim" and program_id in self.swap_targets and self.offload_on \
+                and self._swappable(program_id, self.swap_left):
+            self.swap_left -= self.blocks.get(program_id, 0)
+            self.swapped.add(program_id)
+            self.decisions["swap"] += 1
+            return "offload"
+        return "free"
+
+    def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
+        pid = req.program_id
+        if pid in self.pins:
+            group = 0  # preserved: resumes straight into the running batch
+        elif pid in self.swapped:
+            group = 1  # swapped queue
+        elif req.turn > 0 or req.preempted:
+            group = 2  # recomputed requests resume at the front of waiting
+        else:
+            group = 3
+        return (group, req.program_arrival, req.turn, req.arrival, req.req_id)

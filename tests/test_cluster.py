@@ -1,0 +1,123 @@
+"""Clusters of replicas behind routers: stickiness, balance, conservation (every call
+finishes exactly once across replicas, no leaks), exact stretches, bad input."""
+import numpy as np
+import pytest
+
+from conftest import linear_profile, make_trace, random_trace
+from policies.registry import make_policy
+from sim.cli import main
+from sim.router import make_router
+from sim.simulate import engine_config, run_simulation
+from traces.errors import InputError
+
+
+def run(trace, arrivals, policy="vllm", replicas=2, router="round_robin", ff=True, offload=None, **prof):
+    p = linear_profile(**{"blocks": 400, **prof})
+    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float),
+                          fast_forward=ff, replicas=replicas, router=router, offload=offload)
+
+
+def trace_and_arrivals(seed=0, n=24):
+    rng = np.random.default_rng(seed)
+    return random_trace(rng, n), np.sort(rng.uniform(0, 6, n))
+
+
+def test_session_router_is_sticky_and_spreads_programs():
+    tr, arr = trace_and_arrivals()
+    t = run(tr, arr, router="session", replicas=3).turns
+    homes = t.groupby("program_id")["replica"].nunique()
+    assert (homes == 1).all()
+    assert t.groupby("program_id")["replica"].first().nunique() == 3
+
+
+def test_prefix_router_follows_the_programs_cache():
+    # ample memory: nothing is evicted, so a program's later turns find its blocks
+    # only where it ran before -> sticky without being told
+    tr, arr = trace_and_arrivals(1)
+    t = run(tr, arr, router="prefix", replicas=2, blocks=4000).turns
+    assert (t.groupby("program_id")["replica"].nunique() == 1).all()
+    assert t["replica"].nunique() == 2
+
+
+def test_round_robin_alternates_per_call():
+    tr = make_trace([[(50, 2, "ls", 0.35), (10, 2, None, None)], [(60, 2, "ls", 0.7), (10, 2, None, None)]])
+    t = run(tr, [0.0, 0.1], router="round_robin").turns.sort_values("arrival")
+    assert t["replica"].tolist() == [0, 1, 0, 1]
+
+
+def test_least_loaded_picks_the_emptier_replica():
+    # three programs at once: 0 -> r0, 1 -> r1 (r0 has one call), 2 -> r0 (tie, lowest index)
+    tr = make_trace([[(50, 20, None, None)]] * 3)
+    t = run(tr, [0.0, 0.0, 0.0], router="least_loaded").turns
+    assert t.sort_values("program_id")["replica"].tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "continuum", "infercept", "continuum-offload", "autellix"])
+@pytest.mark.parametrize("router", ["round_robin", "least_loaded", "session", "prefix"])
+def test_conservation_across_replicas(policy, router):
+    # run_simulation itself checks: every (program, turn) finished once, nothing left
+    # waiting/running/pinned/held, every pool and tier consistent.
+    tr, arr = trace_and_arrivals(2, 18)
+    res = run(tr, arr, policy=policy, router=router, replicas=3, blocks=150, offload="cpu:1MiB@0.05", budget=256)
+    assert len(res.turns) == len(tr) and not res.turns.duplicated(["program_id", "turn"]).any()
+    per = res.summary["per_replica"]
+    assert sum(r["calls"] for r in per) == len(tr) and len(per) == 3
+    assert res.summary["steps"] == sum(r["steps"] for r in per)
+    assert set(res.kv_usage["replica"]) <= {0, 1, 2}
+
+
+def test_one_replica_is_the_plain_engine():
+    tr, arr = trace_and_arrivals(3)
+    p = linear_profile(blocks=150)
+    plain = run_simulation(tr, make_policy("continuum"), p, engine_config(p), arr).summary
+    one = run(tr, arr, policy="continuum", replicas=1, router="prefix", blocks=150).summary
+    assert one == {**plain, "router": "prefix"}  # the router has nothing to choose
+
+
+@pytest.mark.parametrize("policy, offload", [("continuum", None), ("continuum-offload", "cpu:2MiB@0.0005")])
+def test_stretches_exact_with_replicas_and_moved_pins(policy, offload):
+    # round robin moves programs between replicas, so pins are released as 'moved'
+    # (a slow PCIe link keeps reloads dear, so Continuum still pins with offload on)
+    tr, arr = trace_and_arrivals(4, 20)
+    kw = dict(policy=policy, router="round_robin", replicas=2, blocks=150, c2=1e-6, c4=1e-5, offload=offload)
+    fast, slow = run(tr, arr, **kw), run(tr, arr, ff=False, **kw)
+    assert fast.summary["pins_moved"] > 0
+    assert fast.summary["steps"] == slow.summary["steps"]
+    np.testing.assert_allclose(fast.turns["finish"], slow.turns["finish"], rtol=1e-9)
+    for k in ("preemptions", "pins_hit", "pins_expired", "pins_victim", "pins_moved", "prefill_tokens_cached",
+              "offload_loaded_tokens", "offload_bytes"):
+        assert fast.summary[k] == slow.summary[k], k
+    assert (fast.turns["replica"] == slow.turns["replica"]).all()
+
+
+def test_deterministic_with_replicas():
+    tr, arr = trace_and_arrivals(5)
+    a = run(tr, arr, policy="continuum", router="least_loaded", replicas=3).summary
+    b = run(tr, arr, policy="continuum", router="least_loaded", replicas=3).summary
+    assert a == b
+
+
+def test_bad_router_and_replicas():
+    with pytest.raises(InputError, match="not a router"):
+        make_router("nope")
+    tr, arr = trace_and_arrivals()
+    with pytest.raises(InputError, match="--replicas"):
+        run(tr, arr, replicas=0)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--offload", "cpu:abc"], "size 'abc' is not a size"),
+    (["--router", "nope"], "is not a router"),
+    (["--replicas", "0"], "--replicas must be >= 1"),
+])
+def test_cli_bad_cluster_flags_are_one_line(argv, fragment, capsys):
+    code = main(["run", "--programs", "2", "--no-progress"] + argv)
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1
+
+
+def test_cli_cluster_run(capsys):
+    assert main(["run", "--trace", "swebench", "--programs", "6", "--jps", "0.5", "--num-blocks", "4000",
+                 "--replicas", "2", "--router", "session", "--offload", "cpu:20GiB", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "replicas / router" in out and "CPU hit ratio" in out
