@@ -42,8 +42,9 @@ class Workload:
             if ctx > max_model_len:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens exceeds max_model_len {max_model_len}; "
                                  f"use a profile/--max-model-len that fits or trim the trace")
-            if -(-ctx // self.block_size) > num_blocks:
-                raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens needs more than the {num_blocks} KV blocks; raise --num-blocks")
+            if -(-ctx // self.block_size) > num_blocks - 1:  # vLLM keeps one block as its null block
+                raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens needs more than the "
+                                 f"{num_blocks - 1} usable KV blocks ({num_blocks} minus vLLM's null block); raise --num-blocks")
 
     def start(self, engine: Engine) -> None:
         """`engine`: anything with submit(call) — one Engine or a sim.cluster.Cluster."""

@@ -117,3 +117,13 @@ def test_prefill_time_matches_the_simulated_chunked_prefill():
     prof = linear_profile(c2=1e-7, c4=1e-6, c5=3e-7, budget=2048, blocks=1000)
     res = run(make_trace([[(5000, 1, None, None)]]), [0.0], c2=1e-7, c4=1e-6, c5=3e-7, budget=2048, blocks=1000)
     assert res.turns["finish"].iloc[0] == pytest.approx(prof.prefill_time(5000))
+
+
+def test_a_context_needing_every_block_is_refused_not_deadlocked():
+    # 60 blocks of 16 tokens: vLLM keeps one as its null block, so 59 (944 tokens) are usable
+    from traces.errors import InputError
+
+    ok = make_trace([[(900, 44, None, None)]])  # 944 tokens
+    assert len(run(ok, [0.0], blocks=60).turns) == 1
+    with pytest.raises(InputError, match="59 usable KV blocks"):
+        run(make_trace([[(899, 60, None, None)]]), [0.0], blocks=60)
