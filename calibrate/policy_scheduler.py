@@ -92,6 +92,10 @@ class PolicyScheduler(Scheduler):
         self._delays: deque[float] = deque(maxlen=100)
         self._blocks_sum = self._blocks_n = 0
         self._step_start = 0.0
+        self._step_feat: tuple = ()
+        # (start, seconds, tokens, seqs, sum q*k, sum k, sum q*(k-q)) per step: what the
+        # validation report compares with the profile's step model
+        self.step_log: list[tuple] = []
         self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
         self._kv_sum = self._kv_steps = 0
         self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
@@ -253,8 +257,26 @@ class PolicyScheduler(Scheduler):
                 call.scheduled_at = now
                 self.policy.on_schedule(call.req, now)  # before the pin is consumed (protocol)
                 self._release_pin(call.req.program_id, now, "hit")
+        self._step_feat = self._features(out)
         self._step_start = time.monotonic()
         return out
+
+    def _features(self, out) -> tuple:
+        """The step model's inputs (sim/profile.py) for this step: tokens, seqs, sum q*k,
+        sum k, sum q*(k-q); k counts the chunk (num_computed_tokens is already advanced)."""
+        tokens = seqs = 0
+        sum_qk = sum_k = sum_qc = 0.0
+        for rid, q in out.num_scheduled_tokens.items():
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            k = request.num_computed_tokens
+            tokens += q
+            seqs += 1
+            sum_qk += q * k
+            sum_k += k
+            sum_qc += q * (k - q)
+        return tokens, seqs, sum_qk, sum_k, sum_qc
 
     def _order_running_for_victims(self) -> None:
         """vLLM preempts the tail of `running`: put the policy's victims there, in order."""
@@ -269,6 +291,8 @@ class PolicyScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output, model_runner_output):
         dt = time.monotonic() - self._step_start
+        if scheduler_output.num_scheduled_tokens:
+            self.step_log.append((self._step_start, dt, *self._step_feat))
         for rid in scheduler_output.num_scheduled_tokens:
             call = self.calls.get(rid)
             if call is not None:

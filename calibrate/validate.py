@@ -100,6 +100,8 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
         replay = TraceReplay(trace, arrivals, vocab, seed)
         info["wall_s"] = replay_in_process(llm, replay)
         info.update(sched.pin_report())
+        info["steps"] = pd.DataFrame(sched.step_log, columns=["start", "seconds", "tokens", "seqs", "sum_qk",
+                                                              "sum_k", "sum_qc"])
         turns, progs = replay.tables()
         return turns, progs, info
     finally:
@@ -120,7 +122,16 @@ def _side(progs: pd.DataFrame, turns: pd.DataFrame) -> dict:
             "cache_hit_ratio": float(turns["cached_tokens"].sum() / turns["prompt_tokens"].sum())}
 
 
-def compare(real: dict, sim: dict) -> dict:
+def step_check(steps: pd.DataFrame, profile: Profile) -> dict:
+    """The profile's step model on the real engine's own steps: where the time went."""
+    pred = np.array([profile.step_time(*row) for row in
+                     steps[["tokens", "seqs", "sum_qk", "sum_k", "sum_qc"]].itertuples(index=False)])
+    real = steps["seconds"].to_numpy()
+    return {"steps": int(len(steps)), "busy_s": float(real.sum()), "model_busy_s": float(pred.sum()),
+            "step_model_error": float(pred.sum() / real.sum() - 1) if len(real) else float("nan")}
+
+
+def compare(real: dict, sim: dict, profile: Profile) -> dict:
     """real[policy] = (turns, progs, info); sim[policy] = sim Result. Per policy and overall."""
     rows = {}
     for pol in real:
@@ -137,6 +148,9 @@ def compare(real: dict, sim: dict) -> dict:
             "real_pins": {k: info[k] for k in ("pins", "pins_hit", "pins_expired", "pins_victim")},
             "sim_pins": {k: res.summary[k] for k in ("pins", "pins_hit", "pins_expired", "pins_victim")},
             "real_wall_s": info["wall_s"],
+            # engine busy time: real steps, the model on those steps, and the simulation's own
+            "real_steps": step_check(info["steps"], profile), "sim_busy_s": res.summary["engine_busy_s"],
+            "sim_steps": res.summary["steps"],
         }
     rank_real = sorted(rows, key=lambda p: rows[p]["real"]["mean_jct"])
     rank_sim = sorted(rows, key=lambda p: rows[p]["sim"]["mean_jct"])
@@ -185,6 +199,7 @@ def write_report(out: Path, rep: dict, real: dict, sim: dict) -> None:
     for pol in real:
         atomic_write(out / f"real_turns_{pol}.parquet", lambda p, t=real[pol][0]: t.to_parquet(p, index=False))
         atomic_write(out / f"sim_turns_{pol}.parquet", lambda p, t=sim[pol].turns: t.to_parquet(p, index=False))
+        atomic_write(out / f"real_steps_{pol}.parquet", lambda p, t=real[pol][2]["steps"]: t.to_parquet(p, index=False))
     _plot(out / "jct_sim_vs_real.png", real, sim)
     atomic_write(out / "report.md", lambda p: Path(p).write_text(render_markdown(rep) + "\n"))
     atomic_write(out / "report.json", lambda p: Path(p).write_text(json.dumps(rep, indent=2) + "\n"))
@@ -219,7 +234,7 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
     prof = parse_profile(calibrated, "calibrated") if calibrated is not None else load_profile(profile)
     for pol in policies:
         sim[pol] = sim_run(trace, arrivals, pol, prof, real[pol][2]["limits"]["engine"])
-    rep = compare(real, sim)
+    rep = compare(real, sim, prof)
     rep["setup"] = {"programs": int(trace["program_id"].nunique()), "calls": int(len(trace)), "seed": seed,
                     "engine": real[policies[0]][2]["limits"]["engine"], "profile": prof.name,
                     "profile_device": prof.raw.get("device")}
