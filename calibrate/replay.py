@@ -12,7 +12,8 @@ Two drivers, one bookkeeping:
   come from the engine core's monotonic clock (queued / scheduled / first token), and
   the scheduler object is reachable for its pin counters.
 - server: an OpenAI-compatible URL (`/v1/completions` with token-id prompts and
-  `vllm_xargs`); each turn is one HTTP call from a thread; times are client-side.
+  `vllm_xargs`); each turn is one HTTP call from a thread; times are client-side, and
+  cached tokens are reported only by a server started with --enable-prompt-tokens-details.
 """
 from __future__ import annotations
 
