@@ -39,9 +39,9 @@ def register(sub) -> None:
     v.add_argument("--policy", default="vllm,continuum", help="comma-separated policies (default vllm,continuum)")
     v.add_argument("--profile", default=None, help="profile name or JSON; default: calibrate the engine first (quick)")
     v.add_argument("--out", required=True, metavar="DIR", help="report folder (report.md, report.json, plot, profile)")
-    v.add_argument("--jps", type=float, default=1.0, help="program arrivals per second, seeded Poisson (default 1.0)")
+    v.add_argument("--jps", type=float, default=2.0, help="program arrivals per second, seeded Poisson (default 2.0)")
     v.add_argument("--seed", type=int, default=0, help="seed of arrivals and prompt token ids")
-    v.add_argument("--programs", type=int, default=12, help="first N programs of the trace (default 12)")
+    v.add_argument("--programs", type=int, default=16, help="first N programs of the trace (default 16)")
     v.add_argument("--max-turns", type=int, default=5, help="turns kept per program (default 5)")
     v.add_argument("--max-context", type=int, default=3000,
                    help="scale each program's new input so its final context fits (default 3000 tokens)")

@@ -347,6 +347,11 @@ class PolicyScheduler(Scheduler):
         first, turns = self.programs.pop(pid, (now, 1))
         self.policy.on_program_end(pid, turns, now)
 
+    def reset_stats(self) -> None:
+        """Forget step and KV statistics (after a warm-up or calibration on this engine)."""
+        self.step_log.clear()
+        self.kv_peak = self._kv_sum = self._kv_steps = 0
+
     def pin_report(self) -> dict:
         """Pin counters for the replay report (same names as `sim run`)."""
         o = self.policy.pin_outcomes

@@ -16,9 +16,9 @@ from traces.schema import read_trace
 
 pytestmark = pytest.mark.engine
 
-SETUP = dict(programs=12, max_turns=5, max_context=3000, max_output=24, max_tool_s=2.0)
+SETUP = dict(programs=16, max_turns=5, max_context=3000, max_output=24, max_tool_s=2.0)
 ENGINE = dict(num_gpu_blocks=48, max_model_len=4096)
-JPS, SEED = 1.0, 0
+JPS, SEED = 2.0, 0
 
 
 @pytest.fixture(scope="module")
