@@ -1,22 +1,29 @@
 """Mean and p95 JCT per policy at a low and a high load, under memory pressure.
 
-    python benchmarks/policy_table.py [--trace swebench] [--programs 300] [--num-blocks 6000]
-                                      [--loads 0.1,0.2] [--policies vllm,program-fcfs,...]
+    python benchmarks/policy_table.py [--trace swebench|bfcl|PATH] [--programs 300]
+                                      [--num-blocks 6000] [--loads 0.15,0.25] [--seeds 0,1,2]
+                                      [--policies vllm,program-fcfs,...] [--workers 2]
 
 Profile: the bundled default (llama3.1-8b-a100-80gb, a roofline estimate) with its
-GPU KV pool cut to --num-blocks to create memory pressure. Prints a Markdown table.
+GPU KV pool cut to --num-blocks to create memory pressure. Arrivals are Poisson at
+each JPS, one run per seed; every cell is the mean over the seeds. Prints a Markdown
+table, then per load in how many seeds the paper's ablation order held for mean JCT
+(vllm > program-fcfs > continuum-static > continuum) and the oracle beat continuum.
 """
 from __future__ import annotations
 
 import argparse
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
+
 from policies.registry import make_policy
-from sim.profile import load_profile
+from sim.profile import DEFAULT_PROFILE, load_profile
 from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.schema import read_trace
 
 DEFAULT_POLICIES = "vllm,program-fcfs,continuum-static,continuum,autellix,oracle"
+ORDER = ("vllm", "program-fcfs", "continuum-static", "continuum")  # the paper's ablation, worst first
 
 
 def one(args):
@@ -27,7 +34,7 @@ def one(args):
     prof = load_profile()
     res = run_simulation(trace, make_policy(policy), prof, engine_config(prof, num_gpu_blocks=num_blocks),
                          arrivals_for(trace, jps, seed))
-    return (jps, policy), res.summary
+    return (jps, policy, seed), res.summary
 
 
 def main() -> None:
@@ -35,27 +42,43 @@ def main() -> None:
     ap.add_argument("--trace", default="swebench")
     ap.add_argument("--programs", type=int, default=300)
     ap.add_argument("--num-blocks", type=int, default=6000)
-    ap.add_argument("--loads", default="0.1,0.2")
+    ap.add_argument("--loads", default="0.15,0.25")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="arrival seeds, comma-separated; cells are means over them")
+    ap.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     loads = [float(x) for x in a.loads.split(",")]
     pols = a.policies.split(",")
-    jobs = [(a.trace, a.programs, a.num_blocks, j, p, a.seed) for j in loads for p in pols]
+    seeds = [a.seed] if a.seed is not None else [int(x) for x in a.seeds.split(",")]
+    jobs = [(a.trace, a.programs, a.num_blocks, j, p, s) for j in loads for p in pols for s in seeds]
     with ProcessPoolExecutor(a.workers) as ex:
         res = dict(ex.map(one, jobs))
-    print(f"{a.trace}, {a.programs} programs, default profile with {a.num_blocks} KV blocks "
-          f"({a.num_blocks * 16} tokens), seed {a.seed}\n")
+
+    def cell(j, p, key):
+        return float(np.mean([res[(j, p, s)][key] for s in seeds]))
+
+    seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
+    print(f"{a.trace}, {a.programs} programs, profile {DEFAULT_PROFILE} with {a.num_blocks} KV blocks "
+          f"({a.num_blocks * 16} tokens), Poisson arrivals, {seed_txt}\n")
     head = "| policy | " + " | ".join(f"JPS {j}: mean JCT (s) | p95 (s) | hit ratio" for j in loads) + " |"
     print(head)
     print("|" + "---|" * (1 + 3 * len(loads)))
     for p in pols:
         cells = []
         for j in loads:
-            s = res[(j, p)]
-            cells += [f"{s['mean_jct']:.1f}", f"{s['p95_jct']:.1f}", f"{s['cache_hit_ratio']:.3f}"]
+            cells += [f"{cell(j, p, 'mean_jct'):.1f}", f"{cell(j, p, 'p95_jct'):.1f}", f"{cell(j, p, 'cache_hit_ratio'):.3f}"]
         print(f"| {p} | " + " | ".join(cells) + " |")
+    if all(p in pols for p in ORDER):
+        print()
+        for j in loads:
+            m = {s: {p: res[(j, p, s)]["mean_jct"] for p in pols} for s in seeds}
+            held = sum(all(m[s][x] > m[s][y] for x, y in zip(ORDER, ORDER[1:])) for s in seeds)
+            line = f"- JPS {j}: ablation order (mean JCT) held in {held}/{len(seeds)} seeds"
+            line += f"; continuum < continuum-static in {sum(m[s]['continuum'] < m[s]['continuum-static'] for s in seeds)}/{len(seeds)}"
+            if "oracle" in pols:
+                line += f"; oracle <= continuum in {sum(m[s]['oracle'] <= m[s]['continuum'] for s in seeds)}/{len(seeds)}"
+            print(line)
 
 
 if __name__ == "__main__":

@@ -193,6 +193,8 @@ class PolicyScheduler(Scheduler):
             request.num_computed_tokens + kw.get("num_new_computed_tokens", 0) + num_new_tokens)
         short = max(1, _cdiv(min(tokens, self.max_model_len), self.block_size) - len(hit) - free)
         if self.running:
+            if not self.policy.unpin_while_running:  # the paper's rule: only against a real deadlock
+                return False
             releasable = sum(sum(1 for b in blks if b.ref_cnt == 1) for p, blks in self.pinned.items() if p != pid)
             if releasable < short:
                 return False

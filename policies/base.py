@@ -26,7 +26,8 @@ Each scheduling step:
   expired_pins(now, waiting)      programs whose pins the engine must drop now
   order_key(req, now, view)       waiting order, smaller first; admit in order
   unpin_victims(need, view, exclude=head's program)
-                                  pins to drop so the queue head fits (no deadlock)
+                                  pins to drop so the queue head fits (no deadlock);
+                                  asked while calls run only if `unpin_while_running`
   preemption_victim(running, view)
   req.preempted is set by the engine when a call is preempted.
 Optional, for offload tiers and per-step retention (defaults change nothing; an engine
@@ -126,6 +127,11 @@ class Policy:
     # True when review_pins must run before every step (it reads `now` and the batch);
     # the engine then does not fast-forward decode stretches while pins are held.
     reviews_pins = False
+    # When the waiting queue's head cannot be allocated, the engine asks unpin_victims
+    # for pins to drop. True: also while calls are running, if dropping the pins lets
+    # the head in. False: only when nothing runs, i.e. in a true deadlock (Continuum
+    # §5.2's rule exists for that case; the authors' fork checks len(running) == 0).
+    unpin_while_running = True
 
     def __init__(self) -> None:
         self.pins: dict[str, Pin] = {}

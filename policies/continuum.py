@@ -94,8 +94,13 @@ class ContinuumPolicy(Policy):
         cold_tool_mean: float = 1.0,  # §4.2: T_default assumes tool time ~ Exp(1 s)
         eta_min_programs: int = 2,  # η needs this many finished programs, else 1.0 (ours)
         max_ttl: float | None = None,  # optional cap on τ* (ours; None = paper, no cap)
+        # §5.2 no-deadlock rule: drop pins for a blocked queue head only when nothing
+        # runs (False: the deadlock the rule exists for; the fork's len(running) == 0),
+        # or also while calls run if that lets the head in (True). See Policy.
+        unpin_while_running: bool = False,
     ) -> None:
         super().__init__()
+        self.unpin_while_running = bool(unpin_while_running)
         self.K = int(K)
         self.cold_tool_mean = float(cold_tool_mean)
         self.max_ttl = None if max_ttl in (None, "", "none", "None") else float(max_ttl)
@@ -183,6 +188,7 @@ class ContinuumPolicy(Policy):
         )
 
     # expired_pins (§5.2: expired and next turn not waiting), unpin_victims (§5.2:
-    # latest program arrival first until the head fits) and preemption_victim (the
-    # engine's own) are the base class defaults. The last step is never pinned
-    # (base on_finish) and on_program_end drops any leftover pin.
+    # latest program arrival first until the head fits; asked only in a deadlock, see
+    # unpin_while_running) and preemption_victim (the engine's own) are the base class
+    # defaults. The last step is never pinned (base on_finish) and on_program_end drops
+    # any leftover pin.

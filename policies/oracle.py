@@ -24,8 +24,9 @@ class OraclePolicy(ContinuumPolicy):
         cold_tool_mean: float = 1.0,
         eta_min_programs: int = 2,
         max_ttl: float | None = None,
+        unpin_while_running: bool = False,
     ) -> None:
-        super().__init__(K, T_window, T_init, cold_tool_mean, eta_min_programs, max_ttl)
+        super().__init__(K, T_window, T_init, cold_tool_mean, eta_min_programs, max_ttl, unpin_while_running)
         self.epsilon = float(epsilon)
 
     def retention(self, req: Request, now: float, view: EngineView) -> Retention:

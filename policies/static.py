@@ -20,8 +20,13 @@ class ContinuumStaticPolicy(Policy):
         self,
         threshold: float = 2.0,  # fork: FIXED_THRESHOLD_CONTINUUM = 2.0 s
         pin_seconds: float = 2.0,  # fork: the pin length is the same constant
+        # fork: a waiting request that cannot be allocated unpins only when nothing runs
+        # (`if len(self.running) == 0 and self.pinned_requests`); True: also while calls
+        # run if that lets the head in (the simulator's rule for other policies)
+        unpin_while_running: bool = False,
     ) -> None:
         super().__init__()
+        self.unpin_while_running = bool(unpin_while_running)
         self.threshold, self.pin_seconds = float(threshold), float(pin_seconds)
         self.total: dict[str | None, float] = defaultdict(float)
         self.count: dict[str | None, int] = defaultdict(int)
@@ -44,7 +49,8 @@ class ContinuumStaticPolicy(Policy):
         return (0 if req.program_id in self.pins else 1, req.program_arrival, req.turn, req.arrival, req.req_id)
 
     def unpin_victims(self, need_blocks: int, view: EngineView, exclude: str | None = None) -> list[str]:
-        """fork: when allocation fails it unpins the pin with the latest end time."""
+        """fork: when allocation fails with nothing running, it unpins the pin with the
+        latest end time (one a step, retrying; here until the head fits)."""
         victims, freed = [], 0
         for pid in sorted(self.pins, key=lambda p: self.pins[p].expiry, reverse=True):
             if freed >= need_blocks:

@@ -180,11 +180,14 @@ class Scheduler:
 
     def _unpin_for(self, call: Call, short: int, now: float) -> bool:
         """Continuum's no-deadlock rule: drop pins, the policy's victims, so the head fits.
-        While calls run, pins are dropped only if dropping them all would let the head in:
-        otherwise they would be lost for nothing, and the running calls free memory anyway
-        (no deadlock is possible while something runs)."""
+        While calls run no deadlock is possible (they free memory when they finish): a
+        policy with `unpin_while_running` False (Continuum's family, as the authors' fork)
+        then keeps its pins; otherwise pins are dropped only if dropping them all would
+        let the head in (else they would be lost for nothing)."""
         pid = call.req.program_id
         if self.running:
+            if not getattr(self.policy, "unpin_while_running", True):
+                return False
             releasable = sum(sum(1 for b in blks if self.pool.ref_cnt[b] == 1)
                              for p, blks in self.pins.items() if p != pid)
             if releasable < short:

@@ -42,7 +42,8 @@ class Workload:
             if ctx > max_model_len:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens exceeds max_model_len {max_model_len}; "
                                  f"use a profile/--max-model-len that fits or trim the trace")
-            if -(-ctx // self.block_size) > num_blocks - 1:  # vLLM keeps one block as its null block
+            # KV for all but the last sampled token; vLLM keeps one block as its null block
+            if -(-(ctx - 1) // self.block_size) > num_blocks - 1:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens needs more than the "
                                  f"{num_blocks - 1} usable KV blocks ({num_blocks} minus vLLM's null block); raise --num-blocks")
 

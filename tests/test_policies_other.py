@@ -180,3 +180,40 @@ def test_oracle_orders_like_continuum():
     p.on_finish(req(pid="pinned", turn=0, prog_arrival=5.0, true=1.0), 0.0, v)
     rs = [req(pid="old", prog_arrival=1.0), req(pid="pinned", prog_arrival=5.0)]
     assert [r.program_id for r in sorted(rs, key=lambda r: p.order_key(r, 0.5, v))] == ["pinned", "old"]
+
+
+# --- the no-deadlock rule in the simulator's scheduler ---------------------------------------
+def _blocked_head(policy, running: bool):
+    """20 usable blocks: program "p" pinned on 8, optionally a running call on 5, and a
+    waiting head that needs 13 (7 free while the call runs, 12 when it does not)."""
+    from policies.base import Pin
+    from sim.call import Call
+    from sim.scheduler import EngineConfig, Scheduler
+
+    s = Scheduler(EngineConfig(num_gpu_blocks=21, block_size=16), policy)
+    s.view = FakeView(blocks={"p": 8})
+    s.pin("p", s.pool.allocate(8), 0.0)
+    policy.pins["p"] = Pin(expiry=100.0, program_arrival=5.0, since=0.0, tool="t")  # arrived after the head
+    if running:
+        r = Call(req=req(pid="r", turn=0, prog_arrival=0.0, tokens=70), seq_no=0, prompt_len=70, max_output=50)
+        s.waiting.append(r)
+        s.complete(s.schedule(0.0), 0.1)
+        assert s.running == [r] and len(r.blocks) == 5
+    head = Call(req=req(pid="h", turn=0, arrival=1.0, prog_arrival=1.0, tokens=200), seq_no=1, prompt_len=200, max_output=5)
+    s.waiting.append(head)
+    s.schedule(1.0)
+    return s, head
+
+
+@pytest.mark.parametrize("name", ["continuum", "continuum-static", "oracle"])
+def test_continuum_family_unpins_for_the_queue_head_only_in_a_deadlock(name):
+    # §5.2's rule exists for deadlock (pins filling the pool, nothing running); the
+    # authors' fork unpins only when len(self.running) == 0. While a call runs the head
+    # waits and the pin stays (its TTL, not the queue, bounds it).
+    s, head = _blocked_head(make_policy(name), running=True)
+    assert "p" in s.pins and head in s.waiting and s.policy.pin_outcomes["victim"] == 0
+    s, head = _blocked_head(make_policy(name), running=False)  # deadlock: the pin goes
+    assert "p" not in s.pins and head in s.running and s.policy.pin_outcomes["victim"] == 1
+    # the other reading (drop pins while calls run if that lets the head in) on request
+    s, head = _blocked_head(make_policy(name, unpin_while_running="1"), running=True)
+    assert "p" not in s.pins and head in s.running and s.policy.pin_outcomes["victim"] == 1

@@ -1,6 +1,18 @@
-"""The paper's direction on a small slice of the bundled SWE-bench trace under memory
-pressure (default profile, 4,000 KV blocks, 80 programs, JPS 0.25): program-level FCFS
-beats vLLM's request FCFS, pinning beats no pinning, and Continuum beats vLLM."""
+"""The paper's directions on small slices of the bundled traces under memory pressure
+(default profile, 80 programs).
+
+SWE-bench (4,000 KV blocks, JPS 0.25): program-level FCFS beats vLLM's request FCFS,
+pinning beats no pinning, and Continuum beats vLLM. Continuum vs the fork's fixed 2 s
+pin is not asserted here: on this trace the fork's rule is as good or better (README,
+"Policy table"), because nearly all tool calls are far shorter than 2 s and the slow
+ones (pytest, pip) are the ones the fork frees.
+
+BFCL (12,000 KV blocks, JPS 0.2): the paper's whole ablation order, vLLM > program
+FCFS > fixed pin (continuum-static) > Continuum, and the oracle (Continuum's cost
+model told each tool's true duration) best. Tools of 1-5 s and long contexts are where
+a learned TTL pays over a fixed 2 s pin. The margins are 10-40% at this point and the
+order held for seeds 0-2 and JPS 0.15-0.2 when it was chosen.
+"""
 import pytest
 
 from policies.registry import make_policy
@@ -9,16 +21,24 @@ from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.schema import read_trace
 
 
-@pytest.fixture(scope="module")
-def mean_jct():
-    trace, _ = read_trace("swebench")
-    keep = trace["program_id"].drop_duplicates().iloc[:80]
+def _mean_jct(trace_name, programs, blocks, jps, policies):
+    trace, _ = read_trace(trace_name)
+    keep = trace["program_id"].drop_duplicates().iloc[:programs]
     trace = trace[trace["program_id"].isin(keep)]
     prof = load_profile()
-    cfg = engine_config(prof, num_gpu_blocks=4000)
-    arrivals = arrivals_for(trace, 0.25, 0)
-    return {p: run_simulation(trace, make_policy(p), prof, cfg, arrivals).summary["mean_jct"]
-            for p in ("vllm", "program-fcfs", "continuum-static", "continuum")}
+    cfg = engine_config(prof, num_gpu_blocks=blocks)
+    arrivals = arrivals_for(trace, jps, 0)
+    return {p: run_simulation(trace, make_policy(p), prof, cfg, arrivals).summary["mean_jct"] for p in policies}
+
+
+@pytest.fixture(scope="module")
+def mean_jct():
+    return _mean_jct("swebench", 80, 4000, 0.25, ("vllm", "program-fcfs", "continuum-static", "continuum"))
+
+
+@pytest.fixture(scope="module")
+def bfcl_jct():
+    return _mean_jct("bfcl", 80, 12000, 0.2, ("vllm", "program-fcfs", "continuum-static", "continuum", "oracle"))
 
 
 def test_continuum_beats_vllm(mean_jct):
@@ -29,3 +49,11 @@ def test_ablation_directions(mean_jct):
     assert mean_jct["program-fcfs"] < mean_jct["vllm"]
     assert mean_jct["continuum-static"] < mean_jct["program-fcfs"]
     assert mean_jct["continuum"] < mean_jct["program-fcfs"]
+
+
+def test_bfcl_paper_ablation_order(bfcl_jct):
+    j = bfcl_jct
+    assert j["program-fcfs"] < 0.9 * j["vllm"]
+    assert j["continuum-static"] < 0.9 * j["program-fcfs"]
+    assert j["continuum"] < 0.95 * j["continuum-static"]
+    assert j["oracle"] < j["continuum"]  # perfect duration prediction only helps here

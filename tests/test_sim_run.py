@@ -123,7 +123,7 @@ def test_a_context_needing_every_block_is_refused_not_deadlocked():
     # 60 blocks of 16 tokens: vLLM keeps one as its null block, so 59 (944 tokens) are usable
     from traces.errors import InputError
 
-    ok = make_trace([[(900, 44, None, None)]])  # 944 tokens
+    ok = make_trace([[(900, 45, None, None)]])  # 944 tokens of KV (the last sampled token has none)
     assert len(run(ok, [0.0], blocks=60).turns) == 1
     with pytest.raises(InputError, match="59 usable KV blocks"):
         run(make_trace([[(899, 60, None, None)]]), [0.0], blocks=60)
