@@ -93,9 +93,9 @@ class PolicyScheduler(Scheduler):
         self._blocks_sum = self._blocks_n = 0
         self._step_start = 0.0
         self._step_feat: tuple = ()
-        # (start, seconds, tokens, seqs, sum q*k, sum k, sum q*(k-q)) per step: what the
-        # validation report compares with the profile's step model
-        self.step_log: list[tuple] = []
+        # (start, seconds, tokens, seqs, sum q*k, sum k, sum q*(k-q)) per step, kept only
+        # when a caller sets it to a list (validation compares it with the step model)
+        self.step_log: list[tuple] | None = None
         self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
         self._kv_sum = self._kv_steps = 0
         self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
@@ -114,7 +114,8 @@ class PolicyScheduler(Scheduler):
                     blocks = allocate(request, num_new_tokens, *a, **kw)
             return blocks
 
-        self.kv_cache_manager.allocate_slots = allocate_slots
+        # installed on the KV manager only while pins exist (a wrapper costs every call)
+        self._allocate_with_unpin = allocate_slots
 
     # --- EngineView (what the policy may read) ---------------------------------------------
     @property
@@ -152,6 +153,11 @@ class PolicyScheduler(Scheduler):
         self._pins_changed(pid, now)
 
     def _pins_changed(self, pid: str, now: float) -> None:
+        manager = self.kv_cache_manager
+        if self.pinned:
+            manager.allocate_slots = self._allocate_with_unpin
+        else:
+            manager.__dict__.pop("allocate_slots", None)  # back to the class's own method
         self._next_expiry = min((p.expiry for p in self.policy.pins.values()), default=float("inf"))
         rid = self.inflight.get(pid)
         request = self.requests.get(rid) if rid is not None else None
@@ -249,17 +255,18 @@ class PolicyScheduler(Scheduler):
         if self._custom_victim and len(self.running) > 1:
             self._order_running_for_victims()
         out = super().schedule(*args, **kwargs)
-        used = self.num_blocks - self.free_blocks()
-        self.kv_peak = max(self.kv_peak, used)
-        self._kv_sum += used
-        self._kv_steps += 1
-        for rid in out.num_scheduled_tokens:
-            call = self.calls.get(rid)
+        for new in out.scheduled_new_reqs:  # a first admission is always a new request
+            call = self.calls.get(new.req_id)
             if call is not None and call.scheduled_at is None:
                 call.scheduled_at = now
                 self.policy.on_schedule(call.req, now)  # before the pin is consumed (protocol)
                 self._release_pin(call.req.program_id, now, "hit")
-        self._step_feat = self._features(out)
+        if self.step_log is not None:  # validation statistics, off by default (cost per step)
+            self._step_feat = self._features(out)
+            used = self.num_blocks - self.free_blocks()
+            self.kv_peak = max(self.kv_peak, used)
+            self._kv_sum += used
+            self._kv_steps += 1
         self._step_start = time.monotonic()
         return out
 
@@ -293,12 +300,15 @@ class PolicyScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output, model_runner_output):
         dt = time.monotonic() - self._step_start
-        if scheduler_output.num_scheduled_tokens:
+        scheduled = scheduler_output.num_scheduled_tokens
+        if self.step_log is not None and scheduled:
             self.step_log.append((self._step_start, dt, *self._step_feat))
-        for rid in scheduler_output.num_scheduled_tokens:
-            call = self.calls.get(rid)
-            if call is not None:
-                call.req.exec_time += dt
+        if self.policy.reads_exec_time:
+            calls = self.calls
+            for rid in scheduled:
+                call = calls.get(rid)
+                if call is not None:
+                    call.req.exec_time += dt
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _preempt_request(self, request, *args, **kwargs) -> None:
@@ -327,8 +337,7 @@ class PolicyScheduler(Scheduler):
         req.output_tokens = request.num_output_tokens
         if call.scheduled_at is not None and req.turn > 0:
             self._delays.append(call.scheduled_at - req.arrival)
-        blocks = sum(len(g) for g in self.kv_cache_manager.get_block_ids(request.request_id))
-        self._blocks_sum += blocks
+        self._blocks_sum += _cdiv(request.num_computed_tokens, self.block_size)
         self._blocks_n += 1
         retention = self.policy.on_finish(req, now, self)
         if retention.action == "pin" and self._request_blocks_can_be_freed(request):
@@ -350,8 +359,8 @@ class PolicyScheduler(Scheduler):
         self.policy.on_program_end(pid, turns, now)
 
     def reset_stats(self) -> None:
-        """Forget step and KV statistics (after a warm-up or calibration on this engine)."""
-        self.step_log.clear()
+        """Forget KV statistics and start logging steps (after a warm-up or calibration)."""
+        self.step_log = []
         self.kv_peak = self._kv_sum = self._kv_steps = 0
 
     def pin_report(self) -> dict:

@@ -25,6 +25,7 @@ from policies.base import EngineView, Policy, Request, Retention
 class AutellixPolicy(Policy):
     name = "autellix"
     order_depends_on_time = True  # anti-starvation moves waiting calls as time passes
+    reads_exec_time = True  # attained service is seconds of execution
 
     def __init__(
         self,

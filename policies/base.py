@@ -132,6 +132,9 @@ class Policy:
     # the head in. False: only when nothing runs, i.e. in a true deadlock (Continuum
     # §5.2's rule exists for that case; the authors' fork checks len(running) == 0).
     unpin_while_running = True
+    # True when the policy reads Request.exec_time; an engine may skip the per-step
+    # accounting otherwise (the vLLM adapter does, to stay cheap per step).
+    reads_exec_time = False
 
     def __init__(self) -> None:
         self.pins: dict[str, Pin] = {}
