@@ -13,11 +13,12 @@ so a policy makes the same decisions in both engines:
   the KV manager (`pop_blocks_for_free`) with their references held, so they cannot
   be evicted, yet stay in the prefix cache for the next turn to hit. Releasing a pin
   returns them to the block pool (`free_blocks`, tail block first).
-- Order: before each step the waiting queue (vLLM's FCFS deque) is sorted by the
-  policy's order_key; vLLM then admits from its head and stops at the first request
+- Order: the waiting queue (vLLM's FCFS deque) is kept in the policy's order_key
+  order (see _place); vLLM then admits from its head and stops at the first request
   that cannot be allocated (head-of-line), as the simulator does.
 - No deadlock: a waiting request's failed allocation drops the policy's victim pins
-  and retries once (while requests run, only if dropping them lets it in).
+  and retries once (while requests run, only for policies with unpin_while_running
+  and only if dropping them lets it in).
 - Expiry: checked at every step and at every arrival (the engine does not step while
   idle, and a pin that expired during the idle time must not count as a hit).
 Time is time.monotonic() seconds. Policies see plain records, never vLLM objects.
@@ -27,14 +28,13 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from calibrate.job_meta import parse_job_meta
-from policies.base import Policy, PolicyError, Request
+from policies.base import FinishStats, Policy, PolicyError, Request
 from policies.registry import make_policy
 from sim.profile import Profile, load_profile
 from traces.errors import InputError
@@ -89,8 +89,7 @@ class PolicyScheduler(Scheduler):
         self.pinned_block_seconds = 0.0
         self._seq = 0
         self._warned: set[str] = set()
-        self._delays: deque[float] = deque(maxlen=100)
-        self._blocks_sum = self._blocks_n = 0
+        self.stats = FinishStats()
         self._step_start = 0.0
         self._step_feat: tuple = ()
         # (start, seconds, tokens, seqs, sum q*k, sum k, sum q*(k-q)) per step, kept only
@@ -134,13 +133,13 @@ class PolicyScheduler(Scheduler):
         return sum(len(g) for g in self.kv_cache_manager.get_block_ids(rid))
 
     def avg_request_blocks(self) -> float:
-        return self._blocks_sum / self._blocks_n if self._blocks_n else 1.0
+        return self.stats.avg_request_blocks()
 
     def prefill_reload_time(self, tokens: int) -> float:
         return self.profile.prefill_time(tokens)
 
     def queue_delay(self) -> float:
-        return sum(self._delays) / len(self._delays) if self._delays else 0.0
+        return self.stats.queue_delay()
 
     # --- pins ------------------------------------------------------------------------------
     def _release_pin(self, pid: str, now: float, reason: str) -> None:
@@ -335,10 +334,8 @@ class PolicyScheduler(Scheduler):
             self._end_program(pid, now)
             return
         req.output_tokens = request.num_output_tokens
-        if call.scheduled_at is not None and req.turn > 0:
-            self._delays.append(call.scheduled_at - req.arrival)
-        self._blocks_sum += _cdiv(request.num_computed_tokens, self.block_size)
-        self._blocks_n += 1
+        delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
+        self.stats.record(req, delay, _cdiv(request.num_computed_tokens, self.block_size))
         retention = self.policy.on_finish(req, now, self)
         if retention.action == "pin" and self._request_blocks_can_be_freed(request):
             if pid in self.pinned:  # never two pins for one program

@@ -41,7 +41,7 @@ without them may ignore them):
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -115,6 +115,31 @@ class OffloadView(Protocol):
     def reload_time(self, tokens: int) -> float: ...  # seconds to reload a context from it
     def running_tokens(self) -> tuple[int, int]: ...  # (tokens per step, KV tokens) of running calls
     def linear_step(self) -> tuple[float, float]: ...  # (c0 s, c1 s/token): step ~ c0 + c1*tokens
+
+
+class FinishStats:
+    """The two running statistics an EngineView reports, kept one way for both engines
+    so that a policy reads the same numbers in the simulator and inside vLLM:
+    queue_delay() = mean queueing delay of the last `window` non-first calls (the
+    paper's T; a first call never had a cache to lose), avg_request_blocks() = mean
+    blocks a call held at its finish (the paper's M)."""
+
+    def __init__(self, window: int = 100) -> None:
+        self._delays: deque[float] = deque(maxlen=window)
+        self._blocks_sum = 0
+        self._blocks_n = 0
+
+    def record(self, req: Request, queue_delay: float | None, blocks: int) -> None:
+        if queue_delay is not None and req.turn > 0:
+            self._delays.append(queue_delay)
+        self._blocks_sum += blocks
+        self._blocks_n += 1
+
+    def queue_delay(self) -> float:
+        return sum(self._delays) / len(self._delays) if self._delays else 0.0
+
+    def avg_request_blocks(self) -> float:
+        return self._blocks_sum / self._blocks_n if self._blocks_n else 1.0
 
 
 class Policy:

@@ -17,11 +17,10 @@ review pins every step (`reviews_pins`, InferCept) get no stretches while pins e
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import simpy
 
-from policies.base import Policy
+from policies.base import FinishStats, Policy
 from sim.call import Call
 from sim.cpu_tier import KVOffload, Tier
 from sim.profile import Profile
@@ -45,9 +44,7 @@ class Engine:
         self.on_finish = on_finish  # callback(call, now) for metrics and program processes
         self.fast_forward = fast_forward
         self._wakeup = env.event()
-        self._delays: deque[float] = deque(maxlen=100)
-        self._blocks_sum = 0
-        self._blocks_n = 0
+        self.stats = FinishStats()
         self.steps = 0
         self.busy_time = 0.0
         self.kv_samples: list[tuple[float, int, int]] = []  # (t, used, pinned) at step starts
@@ -74,7 +71,7 @@ class Engine:
         return sum(len(c.blocks) for c in self.sched.running if c.req.program_id == program_id)
 
     def avg_request_blocks(self) -> float:
-        return self._blocks_sum / self._blocks_n if self._blocks_n else 1.0
+        return self.stats.avg_request_blocks()
 
     def prefill_reload_time(self, tokens: int) -> float:
         """Prefill, or with an offload tier the reload from it (the paper's Prefill-Reload)."""
@@ -97,7 +94,7 @@ class Engine:
         return self.profile.step[0] + self.profile.step[3], self.profile.step[1] + self.profile.step[4]
 
     def queue_delay(self) -> float:
-        return sum(self._delays) / len(self._delays) if self._delays else 0.0
+        return self.stats.queue_delay()
 
     # --- requests -------------------------------------------------------------------------
     def submit(self, call: Call) -> None:
@@ -230,11 +227,8 @@ class Engine:
         now = self.env.now
         req = call.req
         req.output_tokens = call.num_output
-        if call.scheduled_at is not None:
-            if req.turn > 0:
-                self._delays.append(call.scheduled_at - req.arrival)
-        self._blocks_sum += len(call.blocks)
-        self._blocks_n += 1
+        delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
+        self.stats.record(req, delay, len(call.blocks))
         retention = self.policy.on_finish(req, now, self)
         self.sched.retire(call, retention, now)
         if req.is_last_step:

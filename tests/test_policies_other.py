@@ -217,3 +217,21 @@ def test_continuum_family_unpins_for_the_queue_head_only_in_a_deadlock(name):
     # the other reading (drop pins while calls run if that lets the head in) on request
     s, head = _blocked_head(make_policy(name, unpin_while_running="1"), running=True)
     assert "p" not in s.pins and head in s.running and s.policy.pin_outcomes["victim"] == 1
+
+
+def test_finish_stats_are_the_papers_T_and_M():
+    from policies.base import FinishStats, Request
+
+    st = FinishStats(window=2)
+    assert st.queue_delay() == 0.0 and st.avg_request_blocks() == 1.0  # nothing seen yet
+
+    def req(turn):
+        return Request("r", "p", turn, 0.0, 0.0, 10)
+
+    st.record(req(0), 9.0, 4)  # a first call's delay is not T's (it had no cache to lose)
+    st.record(req(1), 1.0, 6)
+    st.record(req(2), None, 8)  # never scheduled: counts for M only
+    st.record(req(3), 3.0, 2)
+    st.record(req(4), 5.0, 10)  # window 2: T over the last two delays
+    assert st.queue_delay() == 4.0
+    assert st.avg_request_blocks() == 6.0

@@ -10,9 +10,10 @@ from sim.cli import main
 from sim.simulate import engine_config, run_simulation
 
 
-def run(trace, arrivals, policy="vllm", ff=True, **prof):
+def run(trace, arrivals, policy="vllm", ff=True, offload=None, **prof):
     p = linear_profile(**prof)
-    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float), fast_forward=ff)
+    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float), fast_forward=ff,
+                          offload=offload)
 
 
 def test_one_program_hand_computed():
@@ -60,17 +61,22 @@ def test_decode_stretches_match_step_by_step():
     assert (fast.turns["cached_tokens"] == slow.turns["cached_tokens"]).all()
 
 
+@pytest.mark.parametrize("offload", [None, "cpu:1MiB@0.05,ssd:2MiB@0.01"])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_no_leaks_on_random_traces_under_pressure(policy):
-    # run_simulation asserts itself that every block ends free or cached (BlockPool.check)
-    # and no pin outlives its program; here also that every call finished exactly once.
-    for seed in range(8):
+def test_no_leaks_on_random_traces_under_pressure(policy, offload):
+    # run_simulation asserts itself that every block ends free or cached (BlockPool.check),
+    # every tier within capacity, and no pin outlives its program; here also that every
+    # call finished exactly once. Tiny CPU and SSD tiers force LRU evictions in both.
+    for seed in range(8 if offload is None else 4):
         rng = np.random.default_rng(seed)
         tr = random_trace(rng, 15)
         arr = np.sort(rng.uniform(0, 5, 15))
-        res = run(tr, arr, policy=policy, blocks=int(rng.integers(130, 200)), budget=int(rng.integers(64, 512)), seqs=int(rng.integers(2, 16)))
+        res = run(tr, arr, policy=policy, offload=offload, blocks=int(rng.integers(130, 200)),
+                  budget=int(rng.integers(64, 512)), seqs=int(rng.integers(2, 16)))
         assert len(res.turns) == len(tr)
         assert not res.turns.duplicated(["program_id", "turn"]).any()
+        if offload:
+            assert res.summary["tiers"]["cpu"]["evicted"] > 0
 
 
 def test_cli_run_writes_results(tmp_path, capsys):
