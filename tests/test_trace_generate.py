@@ -105,7 +105,22 @@ def test_per_tool_long_tail():
     med = ms.median()
     assert med["pytest"] > 100 * med["cat"] and med["python"] > 100 * med["ls"]
     bf = gen.generate("bfcl")[0].dropna(subset=["tool_duration_s"]).groupby("tool")["tool_duration_s"]
-    assert bf.quantile(0.99).idxmax() == "fetch_url" and bf.median()["fetch_url"] > bf.median()["web_search"]
+    assert bf.quantile(0.99).idxmax() == "fetch_url"
+    assert (bf.quantile(0.99) / bf.median()).idxmax() == "fetch_url"
+
+
+def _top10_share(x):
+    x = np.sort(x.to_numpy())[::-1]
+    return x[:round(0.1 * len(x))].sum() / x.sum()
+
+
+def test_tails_match_paper_figure5():
+    """Paper Fig. 5: the slowest 10% of fetch_url (BFCL) carry 52.5% of its total time,
+    of cd (SWE-Bench) 94.1%. Seed 0 measures 52.5% and 93.4%; the old sigmas gave 27% and 85%."""
+    swe = gen.generate("swebench")[0]
+    bf = gen.generate("bfcl")[0]
+    assert _top10_share(bf.loc[bf["tool"] == "fetch_url", "tool_duration_s"]) == pytest.approx(0.525, abs=0.02)
+    assert _top10_share(swe.loc[swe["tool"] == "cd", "tool_duration_s"]) == pytest.approx(0.941, abs=0.02)
 
 
 @pytest.mark.parametrize("kind,default", [("swebench", 1000), ("bfcl", 800)])
