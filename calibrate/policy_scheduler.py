@@ -45,7 +45,7 @@ DEFAULT_PROFILE = "cpu-tiny-llama"
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     req: Request
     seq: int  # arrival order, the tie-breaker
@@ -98,6 +98,11 @@ class PolicyScheduler(Scheduler):
         self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
         self._kv_sum = self._kv_steps = 0
         self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
+        self._time_keys = self.policy.order_depends_on_time
+        # steps are timed only for a policy that reads exec_time or while validation logs them
+        self._timed_steps = False
+        if self.policy.reads_exec_time:
+            self._time_steps()
         # The waiting deque is kept in policy order incrementally: a request's key is
         # computed when it arrives and again only when its program's pin changes or it
         # is preempted (what policy keys depend on), so a step with hundreds waiting
@@ -171,13 +176,17 @@ class PolicyScheduler(Scheduler):
         """(Re)insert a waiting request at its policy position."""
         if request.request_id not in self.calls:
             return
-        queue = self.waiting
-        try:
-            queue.remove(request)
-        except ValueError:
-            return  # not in the plain waiting queue (e.g. vLLM holds it elsewhere)
-        key = self._keys[request.request_id] = self._key(request, now)
-        keys = self._keys
+        queue, keys = self.waiting, self._keys
+        key = keys[request.request_id] = self._key(request, now)
+        if queue and queue[-1] is request:  # just appended (an arrival): usually already in place
+            if len(queue) == 1 or keys.get(queue[-2].request_id, ()) <= key:
+                return
+            queue.pop()
+        else:
+            try:
+                queue.remove(request)
+            except ValueError:
+                return  # not in the plain waiting queue (e.g. vLLM holds it elsewhere)
         at = bisect.bisect_right(queue, key, key=lambda r: keys.get(r.request_id, ()))
         queue.insert(at, request)
 
@@ -245,7 +254,7 @@ class PolicyScheduler(Scheduler):
         now = time.monotonic()
         if now >= self._next_expiry:
             self._expire(now)
-        if self.policy.order_depends_on_time and len(self.waiting) > 1:
+        if self._time_keys and len(self.waiting) > 1:
             for r in self.waiting:
                 self._keys[r.request_id] = self._key(r, now)
             order = sorted(self.waiting, key=lambda r: self._keys[r.request_id])
@@ -266,7 +275,8 @@ class PolicyScheduler(Scheduler):
             self.kv_peak = max(self.kv_peak, used)
             self._kv_sum += used
             self._kv_steps += 1
-        self._step_start = time.monotonic()
+        if self._timed_steps:
+            self._step_start = time.monotonic()
         return out
 
     def _features(self, out) -> tuple:
@@ -297,9 +307,10 @@ class PolicyScheduler(Scheduler):
             tail.append(victim)
         self.running[:] = rest + tail[::-1]
 
-    def update_from_output(self, scheduler_output, model_runner_output):
-        dt = time.monotonic() - self._step_start
-        scheduled = scheduler_output.num_scheduled_tokens
+    def _timed_update_from_output(self, scheduler_output, model_runner_output):
+        """update_from_output, installed on the instance only when steps are timed (an
+        override would cost every step)."""
+        scheduled, dt = scheduler_output.num_scheduled_tokens, time.monotonic() - self._step_start
         if self.step_log is not None and scheduled:
             self.step_log.append((self._step_start, dt, *self._step_feat))
         if self.policy.reads_exec_time:
@@ -355,9 +366,14 @@ class PolicyScheduler(Scheduler):
         first, turns = self.programs.pop(pid, (now, 1))
         self.policy.on_program_end(pid, turns, now)
 
+    def _time_steps(self) -> None:
+        self._timed_steps = True
+        self.update_from_output = self._timed_update_from_output
+
     def reset_stats(self) -> None:
         """Forget KV statistics and start logging steps (after a warm-up or calibration)."""
         self.step_log = []
+        self._time_steps()
         self.kv_peak = self._kv_sum = self._kv_steps = 0
 
     def pin_report(self) -> dict:

@@ -192,3 +192,17 @@ class ContinuumPolicy(Policy):
     # unpin_while_running) and preemption_victim (the engine's own) are the base class
     # defaults. The last step is never pinned (base on_finish) and on_program_end drops
     # any leftover pin.
+
+
+class StaticTTLPolicy(ContinuumPolicy):
+    """The paper's ablation "Static TTL" (Fig. 16): program-level FCFS with pins whose
+    TTL is the cold-start T_default (§4.2: Eq. 2 with tool time ~ Exp(1 s), η = 1) for
+    every tool, i.e. Continuum that never learns a tool's CDF. T (the queueing delay of
+    evicted calls) is still measured, so the one TTL follows the load; the per-tool
+    CDF, η and the global CDF are never used."""
+
+    name = "static-ttl"
+
+    def __init__(self, cold_tool_mean: float = 1.0, T_window: int = 100, unpin_while_running: bool = False) -> None:
+        super().__init__(K=2**62, T_window=T_window, cold_tool_mean=cold_tool_mean,
+                         unpin_while_running=unpin_while_running)

@@ -5,7 +5,7 @@ import inspect
 
 from policies.autellix import AutellixPolicy
 from policies.base import Policy, PolicyError
-from policies.continuum import ContinuumPolicy
+from policies.continuum import ContinuumPolicy, StaticTTLPolicy
 from policies.continuum_offload import ContinuumOffloadPolicy
 from policies.infercept import InferceptPolicy
 from policies.oracle import OraclePolicy
@@ -24,6 +24,7 @@ POLICIES: dict[str, type[Policy]] = {
     "vllm": VLLMPolicy,
     "continuum": ContinuumPolicy,
     "continuum-static": ContinuumStaticPolicy,
+    "static-ttl": StaticTTLPolicy,
     "program-fcfs": ProgramFCFSPolicy,
     "autellix": AutellixPolicy,
     "oracle": OraclePolicy,

@@ -94,6 +94,26 @@ def test_concurrent_calls_of_one_job_are_served_apart(static_llm):
     assert not sched.pinned and not sched.calls and not sched.inflight
 
 
+def test_arrivals_take_their_policy_place_in_the_waiting_queue(static_llm):
+    """A pinned program's next turn goes ahead of programs that arrived after it, even
+    though it reaches the engine last (vLLM itself would append it to the tail)."""
+    from vllm import SamplingParams
+
+    llm, sched, rng = static_llm, _sched(static_llm), np.random.default_rng(1)
+    first = _gen(llm, [_ids(rng, 200)], [{"job_id": "early", "is_last_step": False, "tool": "unseen"}])[0]
+    assert "early" in sched.pinned  # an unseen tool pins (whatever the earlier tests timed for "ls")
+    order = [("late1", {"job_id": "late1", "is_last_step": True}), ("late2", {"job_id": "late2", "is_last_step": True}),
+             ("early1", {"job_id": "early", "is_last_step": True})]
+    for rid, xargs in order:  # no step in between: all three wait
+        params = SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False, extra_args=xargs)
+        prompt = first.prompt_token_ids + list(first.outputs[0].token_ids) if rid == "early1" else _ids(rng, 200)
+        llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+    waiting = [r.request_id for r in sched.waiting]
+    llm.llm_engine.abort_request([r for r, _ in order])
+    assert [w.split("-")[0] for w in waiting] == ["early1", "late1", "late2"]
+    assert not sched.pinned and not sched.calls  # aborting the turn ended its program and its pin
+
+
 def test_expired_pin_is_not_served(static_llm):
     """Last in this module: its own engine, started after the shared one is shut down
     (two in-process engines cannot live at once)."""
