@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from policies.base import FREE, Retention, Request
-from policies.continuum import ContinuumPolicy, Memoryfulness, best_ttl, default_ttl
+from policies.continuum import ContinuumPolicy, Memoryfulness, StaticTTLPolicy, best_ttl, default_ttl
 
 
 from conftest import FakeView  # noqa: E402
@@ -80,6 +80,20 @@ def test_cold_start_thresholds_K():
     assert p.calc_ttl(req(tool="b"), v) == pytest.approx(0.1)
     assert p.calc_ttl(req(tool="a"), v) == 1.0  # a: 100 samples -> global (1.2 vs 101/201*2.2-.1)
     assert p.ttl_source == {"default": 1, "global": 3, "tool": 1}
+
+
+def test_static_ttl_is_the_cold_start_ttl_for_every_tool():
+    """Fig. 16's "Static TTL": T_default (η = 1, Exp(1 s)) however many samples a tool has."""
+    v = FakeView()
+    p = StaticTTLPolicy()
+    for _ in range(500):
+        p.record_tool_time("a", 30.0)  # Continuum would learn that "a" never returns within B
+    assert p.calc_ttl(req(tool="a", tokens=2200), v) == pytest.approx(math.log(2.2))  # B = T + PR = 2.2
+    p.on_schedule(req(pid="q", turn=1, arrival=0.0), 7.8)  # T = 7.8 -> B = 10, still η = 1
+    assert p.on_finish(req(tool="b", tokens=2200), 20.0, v) == Retention("pin", pytest.approx(math.log(10.0)))
+    assert p.ttl_source == {"default": 2}
+    learned = pol_with([("a", 30.0)] * 500, K=100)
+    assert learned.calc_ttl(req(tool="a", tokens=2200), v) == 0.0
 
 
 def test_unknown_tool_uses_global_cdf_only():
