@@ -37,6 +37,8 @@ def register(sub) -> None:
                                    "the policies rank the same; write report.{md,json} and a plot to --out.")
     v.add_argument("--trace", default="swebench", help="bundled trace name or parquet path (default swebench)")
     v.add_argument("--policy", default="vllm,continuum", help="comma-separated policies (default vllm,continuum)")
+    v.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
+                   help="policy parameter (repeatable), given to each listed policy that has it, on both sides")
     v.add_argument("--profile", default=None, help="profile name or JSON; default: calibrate the engine first (quick)")
     v.add_argument("--out", required=True, metavar="DIR", help="report folder (report.md, report.json, plot, profile)")
     v.add_argument("--jps", type=float, default=2.0, help="program arrivals per second, seeded Poisson (default 2.0)")
@@ -91,14 +93,23 @@ def _run(args) -> int:
 
 def _validate(args) -> int:
     from calibrate.validate import fit_trace, render_markdown, run_validation
+    from policies.base import PolicyError
+    from policies.registry import policy_params
+    from sim.run_cmd import parse_policy_args
     from sim.simulate import arrivals_for
     from traces.schema import read_trace
 
     trace, _ = read_trace(args.trace)
     trace = fit_trace(trace, args.programs, args.max_turns, args.max_context, args.max_output, args.max_tool_s)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    given = parse_policy_args(args.policy_arg)
+    per_policy = {p: {k: v for k, v in given.items() if k in policy_params(p)} for p in policies}
+    unused = set(given) - {k for a in per_policy.values() for k in a}
+    if unused:
+        raise PolicyError(f"--policy-arg {', '.join(sorted(unused))}: none of {', '.join(policies)} has that parameter")
     rep = run_validation(trace, policies, arrivals_for(trace, args.jps, args.seed), args.profile, args.out, args.seed,
-                         args.model, args.device, num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len)
+                         args.model, args.device, policy_args=per_policy,
+                         num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len)
     print(render_markdown(rep))
     print(f"report: {Path(args.out) / 'report.md'} (+ report.json, jct_sim_vs_real.png)")
     return 0

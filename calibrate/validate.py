@@ -83,12 +83,13 @@ def _warm_up(llm, vocab: int, budget: int) -> None:
 
 
 def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref: str | None, limits: dict,
-             seed: int = 0, model=None, device: str = "cpu"):
+             seed: int = 0, model=None, device: str = "cpu", policy_args: dict | None = None):
     """One policy on a fresh engine: (turns, programs, info). With profile_ref None the
     engine is profiled first (quick probes); info['profile'] holds that profile, and the
     policy inside the engine uses it too."""
     llm = start_engine(model or TINY_MODEL, device, seed=seed, scheduler_cls=SCHEDULER_CLS,
-                       additional_config={"agentsim": {"policy": policy, "profile": profile_ref or "cpu-tiny-llama"}},
+                       additional_config={"agentsim": {"policy": policy, "policy_args": policy_args or {},
+                                                       "profile": profile_ref or "cpu-tiny-llama"}},
                        **{k: v for k, v in limits.items() if v is not None})
     try:
         info = {"limits": read_limits(llm)}
@@ -113,11 +114,12 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
         gc.collect()
 
 
-def sim_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile: Profile, engine: dict):
+def sim_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile: Profile, engine: dict,
+            policy_args: dict | None = None):
     cfg = engine_config(profile, **{k: engine[k] for k in LIMIT_KEYS},
                         enable_chunked_prefill=bool(engine["enable_chunked_prefill"]),
                         reserve_full_prompt=bool(engine.get("scheduler_reserve_full_isl", True)))
-    return run_simulation(trace, make_policy(policy), profile, cfg, arrivals)
+    return run_simulation(trace, make_policy(policy, **(policy_args or {})), profile, cfg, arrivals)
 
 
 def _side(progs: pd.DataFrame, turns: pd.DataFrame) -> dict:
@@ -212,13 +214,15 @@ def write_report(out: Path, rep: dict, real: dict, sim: dict) -> None:
 
 def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarray, profile: str | None = None,
                    out: str | Path | None = None, seed: int = 0, model=None, device: str = "cpu",
-                   log=print, **limits) -> dict:
+                   log=print, policy_args: dict[str, dict] | None = None, **limits) -> dict:
     """The whole comparison. `profile`: a profile name or path; None = calibrate on the
-    first engine (written to out/profile.json) and use it for the rest."""
+    first engine (written to out/profile.json) and use it for the rest. `policy_args`:
+    per policy name, its parameters (the same on both sides)."""
+    policy_args = {p: dict((policy_args or {}).get(p) or {}) for p in policies}
     if not policies or len(set(policies)) != len(policies):
         raise InputError(f"--policy {','.join(policies)}: give one or more distinct policies")
     for pol in policies:
-        make_policy(pol)  # unknown names fail here, before any engine starts
+        make_policy(pol, **policy_args[pol])  # unknown names and parameters fail here, before any engine starts
     if profile is not None:
         load_profile(profile)  # a bad profile fails here too
     elif out is None:
@@ -233,7 +237,8 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
         # each engine in a fresh process: two in-process engines cannot live at once, and
         # a fresh process starts each replay from the same state
         with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            real[pol] = pool.submit(real_run, trace, arrivals, pol, ref, limits, seed, model, device).result()
+            real[pol] = pool.submit(real_run, trace, arrivals, pol, ref, limits, seed, model, device,
+                                    policy_args[pol]).result()
         info = real[pol][2]
         if "profile" in info:
             calibrated = info.pop("profile")
@@ -250,8 +255,8 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
         scales[pol] = 1.0 / (1.0 + check["step_model_error"])
         engine = real[pol][2]["limits"]["engine"]
         sim[pol] = sim_run(trace, arrivals, pol, dataclasses.replace(prof, step=tuple(c * scales[pol] for c in prof.step)),
-                           engine)
-        unscaled = sim_run(trace, arrivals, pol, prof, engine)
+                           engine, policy_args[pol])
+        unscaled = sim_run(trace, arrivals, pol, prof, engine, policy_args[pol])
         real[pol][2]["sim_unscaled_mean_jct"] = float(unscaled.programs["jct"].mean())
     rep = compare(real, sim, prof)
     for pol in policies:
@@ -259,7 +264,8 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
         rep["policies"][pol]["sim_unscaled_mean_jct"] = real[pol][2]["sim_unscaled_mean_jct"]
     rep["setup"] = {"programs": int(trace["program_id"].nunique()), "calls": int(len(trace)), "seed": seed,
                     "engine": real[policies[0]][2]["limits"]["engine"], "profile": prof.name,
-                    "profile_device": prof.raw.get("device")}
+                    "profile_device": prof.raw.get("device"),
+                    "policy_args": {p: a for p, a in policy_args.items() if a}}
     if out:
         write_report(Path(out), rep, real, sim)
     return rep
