@@ -98,7 +98,6 @@ class PolicyScheduler(Scheduler):
         self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
         self._kv_sum = self._kv_steps = 0
         self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
-        self._time_keys = self.policy.order_depends_on_time
         # steps are timed only for a policy that reads exec_time or while validation logs them
         self._timed_steps = False
         if self.policy.reads_exec_time:
@@ -254,7 +253,7 @@ class PolicyScheduler(Scheduler):
         now = time.monotonic()
         if now >= self._next_expiry:
             self._expire(now)
-        if self._time_keys and len(self.waiting) > 1:
+        if self.policy.order_depends_on_time and len(self.waiting) > 1:
             for r in self.waiting:
                 self._keys[r.request_id] = self._key(r, now)
             order = sorted(self.waiting, key=lambda r: self._keys[r.request_id])

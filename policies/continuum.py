@@ -198,11 +198,16 @@ class StaticTTLPolicy(ContinuumPolicy):
     """The paper's ablation "Static TTL" (Fig. 16): program-level FCFS with pins whose
     TTL is the cold-start T_default (§4.2: Eq. 2 with tool time ~ Exp(1 s), η = 1) for
     every tool, i.e. Continuum that never learns a tool's CDF. T (the queueing delay of
-    evicted calls) is still measured, so the one TTL follows the load; the per-tool
-    CDF, η and the global CDF are never used."""
+    evicted calls) is still measured, so the one TTL follows the load."""
 
     name = "static-ttl"
 
     def __init__(self, cold_tool_mean: float = 1.0, T_window: int = 100, unpin_while_running: bool = False) -> None:
-        super().__init__(K=2**62, T_window=T_window, cold_tool_mean=cold_tool_mean,
-                         unpin_while_running=unpin_while_running)
+        super().__init__(T_window=T_window, cold_tool_mean=cold_tool_mean, unpin_while_running=unpin_while_running)
+
+    def record_tool_time(self, tool: str | None, seconds: float) -> None:
+        """No CDFs: the TTL never reads tool times."""
+
+    def calc_ttl(self, req: Request, view: EngineView) -> float:
+        self.ttl_source["default"] += 1
+        return default_ttl(self.benefit(req, view, eta=1.0), self.cold_tool_mean)
