@@ -76,3 +76,117 @@ def fit_quadratic(rows: list[dict]) -> dict:
         return round(mape(quad_features([r["new"] for r in sel]) @ [a, b, c], [r["seconds"] for r in sel]), 2)
 
     return {"coef": {"a": float(a), "b": float(b), "c": float(c)}, "train_mape": err(train), "heldout_mape": err(held)}
+
+
+# --- the GPU step model (sim/profile.py: w, launch, p) -------------------------------------
+# On a GPU a step's resources overlap instead of adding up: the weights streamed once per
+# step overlap the GEMM work of its tokens (time ~ max(w, c1*tokens), so efficiency rises
+# with the tokens of a step), and for a step that is not a pure-decode batch (vLLM runs
+# those without a full CUDA graph) the CPU's kernel launches overlap the GPU's work (time ~
+# max(launch, gpu)). Overlap is imperfect near the balance point, so max is the smooth
+# p-norm max (a^p + b^p)^(1/p) with one fitted p. The rest stays linear (sim/profile.py).
+GPU_TERMS = ("w", "launch", "p")
+
+
+def _smax(a, b, p):
+    """(a^p + b^p)^(1/p) and its derivatives in a, b, p; b where a == 0 (exactly)."""
+    m = np.maximum(a, b)
+    safe = np.where(m > 0, m, 1.0)
+    A, B = a / safe, b / safe
+    s = safe * (A ** p + B ** p) ** (1.0 / p)
+    A, B = a / np.where(m > 0, s, 1.0), b / np.where(m > 0, s, 1.0)
+    xlnx = lambda z: np.where(z > 0, z ** p * np.log(np.where(z > 0, z, 1.0)), 0.0)
+    s = np.where(a > 0, s, b)
+    return s, A ** (p - 1), B ** (p - 1), s / p * (xlnx(A) + xlnx(B))
+
+
+def smooth_max(a, b, p):
+    """(a^p + b^p)^(1/p) without overflow; b when a == 0."""
+    return _smax(np.asarray(a, float), np.asarray(b, float), float(p))[0]
+
+
+def _gpu_time_grad(theta, X):
+    """Step times of rows X (FEATURES, one step each) for theta = c0..c5, w, launch, p, and
+    d time / d theta (an analytic Jacobian: finite differences leave the flat direction
+    of p unresolved at 1e-8, and the committed profile must be reproducible)."""
+    c, w, launch, p = theta[:6], theta[6], theta[7], theta[8]
+    steps, tokens, sum_qk, seqs, sum_k, sum_qc = X.T
+    g, dg_w, dg_b, dg_p = _smax(np.full(len(X), w), c[1] * tokens, p)
+    t = c[0] * steps + g + c[2] * sum_qk + c[3] * seqs + c[4] * sum_k + c[5] * sum_qc
+    J = np.stack([steps, dg_b * tokens, sum_qk, seqs, sum_k, sum_qc, dg_w, np.zeros(len(X)), dg_p], axis=1)
+    s, ds_l, ds_t, ds_p = _smax(np.full(len(X), launch), t, p)
+    mixed = tokens > seqs  # not a pure-decode batch: the launch floor applies
+    Jm = J * ds_t[:, None]
+    Jm[:, 7] = ds_l
+    Jm[:, 8] += ds_p
+    return np.where(mixed, s, t), np.where(mixed[:, None], Jm, J)
+
+
+def gpu_step_time(coef: dict, X) -> np.ndarray:
+    """Vectorised sim/profile.py Profile.step_time; X: rows of FEATURES (one step each)."""
+    theta = np.array([coef[f"c{i}"] for i in range(6)] + [coef[k] for k in GPU_TERMS], float)
+    return _gpu_time_grad(theta, np.atleast_2d(np.asarray(X, float)))[0]
+
+
+def fit_gpu_step_model(rows: list[dict], starts: int = 4) -> dict:
+    """Least squares on relative error of the GPU step model over the training rows; the
+    result has fit_step_model's form, coef with c0..c5, w, launch, p. Each row must be one
+    engine step (a prefill probe unchunked; a decode probe's mean step, whose tokens and
+    seqs do not change), since a max of sums is not a sum of maxes."""
+    from scipy.optimize import least_squares
+
+    train, held = _split(rows)
+    if any(r["features"]["steps"] != 1 for r in rows):
+        raise ValueError("the GPU step model is fitted on one-step rows (unchunked prefills, decode step means)")
+    X = np.array([_x(r) for r in train])
+    y = np.array([r["seconds"] for r in train])
+    decode = X[:, 1] == X[:, 3]
+    # scaled unknowns ~ O(1): six linear coefficients, w, launch, p
+    colmax = (X / y[:, None]).max(axis=0)
+    # a feature no row has (no cached prefills, say) gets coefficient 0: scale 0
+    scale = np.concatenate([np.where(colmax > 0, 1.0 / np.where(colmax > 0, colmax, 1.0), 0.0), [y.min(), y.min(), 1.0]])
+    lin = fit_step_model(rows)["coef"]
+    guess = np.array([lin[f"c{i}"] for i in range(6)] + [y[decode].min() if decode.any() else y.min(),
+                                                          y[~decode].min() if (~decode).any() else 0.0, 4.0])
+    guess = guess / np.where(scale > 0, scale, 1.0)
+    lo, hi = np.zeros(9), np.full(9, np.inf)
+    lo[8], hi[8] = 1.0, 64.0  # p: 1 adds the two up, 64 is a hard max to within 1%
+
+    def resid(x):
+        return _gpu_time_grad(x * scale, X)[0] / y - 1.0
+
+    def jac(x):
+        return _gpu_time_grad(x * scale, X)[1] * scale / y[:, None]
+
+    rng = np.random.default_rng(0)
+    best = None
+    for s in range(starts):  # a few fixed starts: the smooth max makes the problem non-convex
+        x0 = guess * (np.exp(rng.normal(0, 0.7, 9)) if s else 1.0)
+        x0 = np.clip(x0, lo + 1e-6, np.minimum(hi, 1e6) - 1e-6)
+        r = least_squares(resid, x0, jac=jac, bounds=(lo, hi), x_scale="jac", ftol=1e-15, xtol=1e-15, gtol=1e-15,
+                          max_nfev=2000)
+        if best is None or r.cost < best.cost * (1 - 1e-9):
+            best = r
+    # Gauss-Newton polish of the free unknowns: the optimiser stops when the cost stops
+    # changing in float, with p still loose at 1e-8; the polish pins x down to ~1e-12, so
+    # the committed profile is reproducible.
+    x = np.where(best.x < 1e-9, 0.0, best.x)  # a term at its bound is off, not 1e-30
+    free = (x > lo) & (x < hi) & (scale > 0)
+    x0 = x.copy()
+    for _ in range(20):
+        dx = np.linalg.lstsq(jac(x)[:, free], -resid(x), rcond=None)[0]
+        x[free] += dx
+        if np.all(np.abs(dx) <= 1e-14 * np.abs(x[free])):
+            break
+    if np.any(x < lo) or np.any(x > hi) or not np.all(np.isfinite(x)):
+        x = x0  # the polish left the bounds (it ignores them): keep the optimiser's point
+    coef = {k: float(v) for k, v in zip([f"c{i}" for i in range(6)] + list(GPU_TERMS), x * scale)}
+
+    def err(sel):
+        return round(mape(gpu_step_time(coef, [_x(r) for r in sel]), [r["seconds"] for r in sel]), 2) if sel else float("nan")
+
+    out = {"coef": coef, "train_mape": err(train), "heldout_mape": err(held)}
+    for kind in sorted({r["kind"] for r in rows}):
+        out[f"heldout_mape_{kind}"] = err([r for r in held if r["kind"] == kind])
+        out[f"train_mape_{kind}"] = err([r for r in train if r["kind"] == kind])
+    return out

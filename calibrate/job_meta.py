@@ -9,6 +9,8 @@ never raises: it returns what it could read and a list of problems to log once.
     is_last_step  the program's last call (bool, 0/1, "true"/"false"). Default False.
     tool          the tool the program runs after this call (a client hint); also
                   read from `tool_hint`. Default None.
+    tool_duration_s  how long that tool will run, s: only a trace replay knows it (for the
+                  oracle and InferCept's public-code form, as in the simulator). Default None.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class JobMeta:
     tool: str | None
     anonymous: bool  # no usable job_id: a one-turn program
     problems: list[str] = field(default_factory=list)
+    tool_duration_s: float | None = None
 
 
 def _flag(value, problems: list[str]) -> bool:
@@ -56,4 +59,13 @@ def parse_job_meta(extra_args, request_id: str) -> JobMeta:
     if tool is not None and not isinstance(tool, str):
         problems.append(f"tool={tool!r} is not a string; ignored")
         tool = None
-    return JobMeta(str(job).strip(), last, tool or None, False, problems)
+    duration = extra_args.get("tool_duration_s")
+    if duration is not None:
+        try:
+            duration = float(duration)
+            if not duration >= 0 or duration == float("inf"):
+                raise ValueError
+        except (TypeError, ValueError):
+            problems.append(f"tool_duration_s={extra_args['tool_duration_s']!r} is not a finite number >= 0; ignored")
+            duration = None
+    return JobMeta(str(job).strip(), last, tool or None, False, problems, tool_duration_s=duration)

@@ -1,6 +1,6 @@
 """oracle: Continuum's cost model with the true next tool duration (simulator only).
 
-Pins for exactly the tool's duration (+ `epsilon`) iff pinning pays off with
+Pins for the tool's duration + `epsilon` iff pinning pays off with
 certainty: T·η + Prefill-Reload(r) > duration (Eq. 2 with P = 1 at τ = duration, vs
 τ = 0). Same T and η estimators, waiting order, expiry and deadlock rules as
 continuum; without a true duration (req.true_tool_duration None) it is continuum.
@@ -17,7 +17,10 @@ class OraclePolicy(ContinuumPolicy):
 
     def __init__(
         self,
-        epsilon: float = 1e-6,  # ours: the pin must outlive the exact arrival instant
+        # ours: the pin must outlive the next call's arrival, which reaches the scheduler
+        # only when the step in progress ends (vLLM takes requests between steps). The pin
+        # is released when that call is admitted, so the slack is never held beyond that lag.
+        epsilon: float = 1.0,
         K: int = 100,  # continuum's parameters, same defaults (used when no true duration)
         T_window: int = 100,
         T_init: float = 0.0,

@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sim", description="Simulate and calibrate LLM serving of multi-turn agent programs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    from sim import run_cmd, sweep_cmd
+    from sim import profile_cmd, run_cmd, sweep_cmd
     import traces.cli
     import calibrate.cli
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cmd.register(sub)
     traces.cli.register(sub)
     calibrate.cli.register(sub)
+    profile_cmd.register(sub)
     return parser
 
 

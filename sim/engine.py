@@ -41,6 +41,7 @@ class Engine:
         self.sched.tier = self.tier
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
+        self._arrivals: list[Call] = []  # calls that arrived mid-step, delivered at its end
         self.on_finish = on_finish  # callback(call, now) for metrics and program processes
         self.fast_forward = fast_forward
         self._wakeup = env.event()
@@ -59,7 +60,7 @@ class Engine:
 
     @property
     def num_blocks(self) -> int:
-        return self.cfg.num_gpu_blocks
+        return self.cfg.num_gpu_blocks - 1  # usable: vLLM keeps one as its null block
 
     def free_blocks(self) -> int:
         return self.sched.pool.num_free
@@ -91,14 +92,24 @@ class Engine:
                 sum(len(c.blocks) for c in self.sched.running) * bs)
 
     def linear_step(self) -> tuple[float, float]:
-        return self.profile.step[0] + self.profile.step[3], self.profile.step[1] + self.profile.step[4]
+        return self.profile.linear_step()
 
     def queue_delay(self) -> float:
         return self.stats.queue_delay()
 
     # --- requests -------------------------------------------------------------------------
     def submit(self, call: Call) -> None:
+        """vLLM's engine core takes new requests only between steps: a call that arrives
+        mid-step reaches the scheduler (and the policy) when the step ends, after the
+        step's finished calls were retired and after pins that ran out meanwhile expired
+        (a pin whose TTL ends inside the step is not a hit)."""
         call.replica = self.index
+        if self._in_step:
+            self._arrivals.append(call)
+            return
+        self._deliver(call)
+
+    def _deliver(self, call: Call) -> None:
         self.policy.on_arrival(call.req, self.env.now)
         self.sched.waiting.append(call)
         if not self._wakeup.triggered:
@@ -181,6 +192,11 @@ class Engine:
                 call.req.exec_time += dt
             for call in sched.complete(scheduled, env.now, steps=n):
                 self._finish(call)
+            if self._arrivals:
+                sched.expire_pins(env.now)
+                for call in self._arrivals:
+                    self._deliver(call)
+                self._arrivals.clear()
 
     def _steady(self, scheduled) -> bool:
         """Would the next steps schedule the same batch? True when nothing waits, or the
@@ -198,7 +214,9 @@ class Engine:
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
         gap = self._next_event() - now
-        b = (c[2] + c[4] + c[5]) * r  # each step every context is one token longer
+        # each step every context is one token longer; the profile's nonlinear terms (w,
+        # launch: sim/profile.py) depend on tokens and seqs only, which a stretch keeps
+        b = (c[2] + c[4] + c[5]) * r
         if not math.isinf(gap):
             # smallest n with n*dt0 + b*n(n-1)/2 >= gap: the step in which the event lands
             if b > 0:

@@ -11,7 +11,7 @@ from policies.base import PolicyError
 from policies.registry import POLICIES, make_policy
 from sim.cpu_tier import build_tiers, parse_offload
 from sim.metrics import write_results
-from sim.profile import Profile, load_profile
+from sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.router import ROUTERS, make_router
 from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.errors import InputError
@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--jps", type=float, default=None, help="program arrivals per second (Poisson); default: the trace's arrivals, else 0.2")
     p.add_argument("--programs", type=int, default=None, help="use only the first N programs")
     p.add_argument("--seed", type=int, default=0, help="arrival seed")
-    p.add_argument("--profile", default=None, help="hardware profile JSON or bundled name (default llama3.1-8b-a100-80gb)")
+    p.add_argument("--profile", default=None, help=f"hardware profile JSON or bundled name (default {DEFAULT_PROFILE})")
     p.add_argument("--out", default=None, help="directory for turns/programs/kv_usage parquet and summary.json")
     g = p.add_argument_group("engine knobs (default: the profile's)")
     g.add_argument("--num-blocks", type=int, default=None, help="GPU KV blocks (at most the profile's)")

@@ -104,11 +104,15 @@ class Scheduler:
         self.waiting.append(victim)
 
     # --- one step ---------------------------------------------------------------------
+    def expire_pins(self, now: float) -> None:
+        """Drop pins whose TTL ran out, except those whose program's next call waits."""
+        waiting_pids = {c.req.program_id for c in self.waiting}
+        for pid in self.policy.expired_pins(now, waiting_pids):
+            self.release_pin(pid, now, "expired")
+
     def schedule(self, now: float) -> list[tuple[Call, int]]:
         cfg, policy = self.cfg, self.policy
-        waiting_pids = {c.req.program_id for c in self.waiting}
-        for pid in policy.expired_pins(now, waiting_pids):
-            self.release_pin(pid, now, "expired")
+        self.expire_pins(now)
 
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Call, int]] = []

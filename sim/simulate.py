@@ -130,7 +130,7 @@ def check_end(cluster: Cluster, rec: Recorder, trace: pd.DataFrame) -> None:
 
 def replica_stats(e, turns: pd.DataFrame, span: float) -> dict:
     t = turns[turns["replica"] == e.index]
-    blocks = e.cfg.num_gpu_blocks
+    blocks = e.num_blocks  # usable blocks, as the vLLM adapter divides by
     out = {
         "replica": e.index, "calls": int(len(t)), "steps": e.steps, "busy_s": e.busy_time,
         "mean_kv_usage": e.mean_used_blocks(span) / blocks, "peak_kv_usage": e.peak_used / blocks,

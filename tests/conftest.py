@@ -7,13 +7,14 @@ from traces.schema import validate
 
 
 def linear_profile(c0=0.01, c1=0.001, c2=0.0, c3=0.0, c4=0.0, c5=0.0, blocks=1000, block_size=16,
-                   budget=8192, seqs=256, max_len=100_000):
-    """A hand-computable profile: step time = c0 + c1*tokens (+ optional terms)."""
+                   budget=8192, seqs=256, max_len=100_000, **gpu):
+    """A hand-computable profile: step time = c0 + c1*tokens (+ optional terms; `gpu`: the
+    GPU step model's w, launch, p, sim/profile.py)."""
     return parse_profile({
         "model": {"name": "test", "num_layers": 1, "num_kv_heads": 1, "head_dim": 64, "dtype_bytes": 2},
         "engine": {"block_size": block_size, "num_gpu_blocks": blocks, "max_num_batched_tokens": budget,
                    "max_num_seqs": seqs, "enable_chunked_prefill": True, "max_model_len": max_len},
-        "step_time": {"c0": c0, "c1": c1, "c2": c2, "c3": c3, "c4": c4, "c5": c5},
+        "step_time": {"c0": c0, "c1": c1, "c2": c2, "c3": c3, "c4": c4, "c5": c5, **gpu},
     }, "test-linear")
 
 

@@ -161,3 +161,65 @@ def test_cli_bad_input_is_one_line(capsys, tmp_path, argv, words):
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err
     assert not (tmp_path / "p.json").exists()
+
+
+# --- engine limits computed as vLLM 0.32 would (calibrate/vllm_limits.py) ----------------
+LLAMA8B = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+           "intermediate_size": 14336, "vocab_size": 128256, "dtype_bytes": 2, "num_params": 8.03e9,
+           "max_position_embeddings": 131072}
+
+
+def test_gpu_engine_limits_follow_vllm_defaults_and_memory_arithmetic():
+    from calibrate.vllm_limits import GiB, NON_TORCH_BYTES, activation_bytes, gpu_engine_limits
+
+    h100 = gpu_engine_limits(LLAMA8B, 85.0e9, gpu_name="NVIDIA H100 80GB HBM3")
+    assert (h100["max_num_batched_tokens"], h100["max_num_seqs"], h100["max_model_len"]) == (16384, 1024, 131072)
+    assert h100["enable_chunked_prefill"] and h100["enable_prefix_caching"] and "computed" in h100["computed"]
+    kv = 85.0e9 * 0.9 - 16.06e9 - activation_bytes(LLAMA8B, 16384, 1024) - NON_TORCH_BYTES
+    assert h100["num_gpu_blocks"] == int(kv // (2 * 32 * 8 * 128 * 2 * 16))
+    # an A100 keeps the smaller defaults (vLLM PR #17885); so does the API server on an H100
+    assert gpu_engine_limits(LLAMA8B, 85.0e9, gpu_name="A100-SXM4-80GB")["max_num_batched_tokens"] == 8192
+    assert gpu_engine_limits(LLAMA8B, 85.0e9, usage_context="serve")["max_num_batched_tokens"] == 8192
+    assert gpu_engine_limits(LLAMA8B, 48 * GiB)["max_num_seqs"] == 256
+    assert gpu_engine_limits(LLAMA8B, 192 * GiB)["max_num_batched_tokens"] == 16384
+    # tp=2: half the weights and KV heads per GPU -> more than twice the blocks of one GPU
+    tp2 = gpu_engine_limits(LLAMA8B, 85.0e9, tp=2)
+    assert tp2["num_gpu_blocks"] > 2 * h100["num_gpu_blocks"]
+    explicit = gpu_engine_limits(LLAMA8B, 85.0e9, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=8192, block_size=32)
+    assert (explicit["max_num_batched_tokens"], explicit["max_num_seqs"], explicit["max_model_len"], explicit["block_size"]) == (2048, 64, 8192, 32)
+
+
+def test_gpu_engine_limits_bad_input_is_one_line():
+    from calibrate.vllm_limits import gpu_engine_limits
+
+    for kwargs, needle in [({"gpu_mem_bytes": 24e9}, "does not fit"), ({"gpu_mem_bytes": 85e9, "tp": 3}, "tp=3"),
+                           ({"gpu_mem_bytes": 85e9, "gpu_memory_utilization": 1.5}, "gpu_memory_utilization")]:
+        with pytest.raises(InputError, match=needle) as e:
+            gpu_engine_limits(LLAMA8B, **kwargs)
+        assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="vocab_size"):
+        gpu_engine_limits({k: v for k, v in LLAMA8B.items() if k != "vocab_size"}, 85e9)
+
+
+# --- the GPU step model (calibrate/fit.py fit_gpu_step_model) -----------------------------
+def test_gpu_step_fit_recovers_known_coefficients_and_needs_one_step_rows():
+    from calibrate.fit import fit_gpu_step_model, gpu_step_time
+    from calibrate.probes import _step_row
+
+    true = {"c0": 2e-4, "c1": 2.4e-5, "c2": 4e-10, "c3": 5e-6, "c4": 4e-8, "c5": 5e-10, "w": 0.0065, "launch": 0.0125, "p": 5.0}
+    shapes = [("prefill", [(n, n)]) for n in (128, 256, 512, 1000, 2000, 4000, 8000, 16000, 32000)]
+    shapes += [("cached_prefill", [(n, n + k)]) for n, k in ((512, 4000), (512, 16000), (2000, 8000), (4000, 12000), (1000, 60000), (8000, 24000))]
+    shapes += [("decode", [(1, c)] * b) for b in (1, 4, 16, 64, 256) for c in (512, 2048, 8192)]
+    seen, rows = {}, []
+    for kind, seqs in shapes:
+        x = _step_row(seqs)
+        i = seen[kind] = seen.get(kind, -1) + 1
+        rows.append({"kind": kind, "heldout": i % 3 == 2, "seconds": float(gpu_step_time(true, [x])[0]),
+                     "features": dict(zip(FEATURES, map(float, x)))})
+    fit = fit_gpu_step_model(rows)
+    for k, v in true.items():
+        assert fit["coef"][k] == pytest.approx(v, rel=1e-5), k
+    assert fit["heldout_mape"] < 1e-4
+    chunked = [dict(rows[0], features=dict(rows[0]["features"], steps=2.0))] + rows[1:]
+    with pytest.raises(ValueError, match="one-step rows"):
+        fit_gpu_step_model(chunked)

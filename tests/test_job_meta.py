@@ -35,3 +35,15 @@ def test_job_id_tool_and_hint():
     assert parse_job_meta({"job_id": "a", "tool_hint": "ls"}, "r").tool == "ls"
     bad = parse_job_meta({"job_id": "a", "tool": 3}, "r")
     assert bad.tool is None and bad.problems
+
+
+@pytest.mark.parametrize("value,want", [(1.5, 1.5), ("2", 2.0), (0, 0.0)])
+def test_tool_duration_hint(value, want):
+    m = parse_job_meta({"job_id": "a", "tool_duration_s": value}, "r")
+    assert m.tool_duration_s == want and not m.problems
+
+
+@pytest.mark.parametrize("value", [-1, "soon", float("nan"), float("inf"), [3]])
+def test_odd_tool_duration_is_ignored_with_a_problem(value):
+    m = parse_job_meta({"job_id": "a", "tool_duration_s": value}, "r")
+    assert m.tool_duration_s is None and m.problems and m.program_id == "a"

@@ -161,13 +161,14 @@ def test_autellix_should_demote():
 # --- oracle ------------------------------------------------------------------------------
 def test_oracle_pin_decisions():
     p = OraclePolicy()
+    assert p.epsilon == 1.0  # outlives the arrival's delivery at the end of the step in progress
     v = FakeView()  # T = 0 -> benefit = prefill 2.2 s
-    assert p.on_finish(req(pid="a", true=1.0), 0.0, v) == Retention("pin", 1.0 + 1e-6)
+    assert p.on_finish(req(pid="a", true=1.0), 0.0, v) == Retention("pin", 1.0 + p.epsilon)
     assert p.on_finish(req(pid="b", true=3.0), 0.0, v) == FREE
     assert p.on_finish(req(pid="c", true=2.2), 0.0, v) == FREE  # benefit must exceed the cost
     # with T = 5 s (η = 1) the benefit is 7.2 -> 3 s pays
     p.on_schedule(req(pid="z", turn=1, arrival=0.0), 5.0)
-    assert p.on_finish(req(pid="d", true=3.0), 0.0, v) == Retention("pin", 3.0 + 1e-6)
+    assert p.on_finish(req(pid="d", true=3.0), 0.0, v) == Retention("pin", 3.0 + p.epsilon)
     # no true duration: continuum's cold start, ln(T + PR) = ln 7.2
     r = p.on_finish(req(pid="e", true=None), 0.0, v)
     assert r.action == "pin" and r.ttl == pytest.approx(math.log(7.2))

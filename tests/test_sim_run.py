@@ -50,11 +50,16 @@ def test_deterministic_same_seed_same_summary():
     assert a == b
 
 
-def test_decode_stretches_match_step_by_step():
+# the GPU step model (sim/profile.py): weights floor, launch floor of prefill steps, smooth max
+GPU_TERMS = {"w": 0.012, "launch": 0.03, "p": 5.7}
+
+
+@pytest.mark.parametrize("gpu", [{}, GPU_TERMS], ids=["linear", "gpu-terms"])
+def test_decode_stretches_match_step_by_step(gpu):
     tr = random_trace(np.random.default_rng(3), 25)
     arr = np.sort(np.random.default_rng(4).uniform(0, 10, 25))
-    fast = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, c5=2e-6)
-    slow = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, c5=2e-6, ff=False)
+    fast = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, c5=2e-6, **gpu)
+    slow = run(tr, arr, blocks=150, c2=1e-6, c4=1e-5, c5=2e-6, ff=False, **gpu)
     assert fast.summary["steps"] == slow.summary["steps"]
     assert fast.summary["preemptions"] == slow.summary["preemptions"]
     np.testing.assert_allclose(fast.turns["finish"], slow.turns["finish"], rtol=1e-9)

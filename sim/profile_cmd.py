@@ -1,0 +1,93 @@
+"""`sim profile`: hardware profiles without a run on the hardware.
+
+  sim profile roofline --gpu H100 --model llama3.1-8b [--tp N] [--out FILE]
+  sim profile fit-roofline [--measurements FILE]   (refits sim/specs/roofline_fit.json)
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from pathlib import Path
+
+from sim import roofline
+from traces.files import atomic_write
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="hardware profiles from public specs (roofline estimates)",
+                       description="Profiles for GPUs and models nobody measured here, labelled as estimates.")
+    ps = p.add_subparsers(dest="profile_command", required=True)
+    gpus = ", ".join(roofline._table("gpus.json")["gpus"])
+    models = ", ".join(roofline._table("models.json")["models"])
+    r = ps.add_parser("roofline", help="a roofline-estimate profile for a GPU and a model",
+                      description=f"GPUs: {gpus}. Models: {models}. Efficiency constants are fitted on the H100 "
+                                  "probes; the command prints their error there (the only measurement).")
+    r.add_argument("--gpu", required=True, help=f"one of {gpus}")
+    r.add_argument("--model", required=True, help=f"one of {models}")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1-8, dividing the attention heads)")
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    r.add_argument("--max-model-len", type=int, default=None,
+                   help="default: the model's, capped to what the KV cache holds")
+    r.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
+    r.add_argument("--measurements", default=str(roofline.DEFAULT_MEASUREMENTS),
+                   help="H100 probe file to print the error on (default ../shared/measurements/h100/...)")
+    r.set_defaults(func=run_roofline)
+    f = ps.add_parser("fit-roofline", help="refit the roofline efficiency constants on the H100 probes",
+                      description=f"Writes {roofline.FIT_FILE.relative_to(roofline.REPO_ROOT)} (commit it).")
+    f.add_argument("--measurements", default=str(roofline.DEFAULT_MEASUREMENTS))
+    f.add_argument("--out", default=str(roofline.FIT_FILE))
+    f.set_defaults(func=run_fit)
+
+
+def _fmt(m: dict) -> str:
+    names = {"fresh_prefill": "fresh prefill", "cached_prefill": "cached prefill", "decode": "decode", "all": "all"}
+    return ", ".join(f"{names[k]} {m[k]:.1f}%" for k in names if k in m)
+
+
+def _source(path: str) -> str:
+    p = Path(path).resolve()
+    try:
+        return str(Path("..") / p.relative_to(roofline.REPO_ROOT.parent))
+    except ValueError:
+        return str(p)
+
+
+def run_roofline(args) -> int:
+    profile, notes = roofline.roofline_profile(args.gpu, args.model, args.tp, args.gpu_memory_utilization, args.max_model_len)
+    text = json.dumps(profile, indent=1) + "\n"
+    report = sys.stdout if args.out else sys.stderr  # keep stdout pure JSON when it carries the profile
+    if args.out:
+        atomic_write(args.out, lambda p: Path(p).write_text(text))
+        print(f"wrote {args.out}: {profile['device']}, {profile['model']['name']}", file=report)
+    else:
+        sys.stdout.write(text)
+    for n in notes:
+        print(f"note: {n}", file=report)
+    own = profile["model"]["name"].startswith("meta-llama/Llama-3.1-8B") and profile["device"].startswith("NVIDIA H100") \
+        and args.tp == 1
+    if not Path(args.measurements).exists():
+        fit = roofline.load_fit()
+        print(f"H100 measurement not available ({args.measurements}); the committed fit of {fit['date']} "
+              f"had MAPE {_fmt(fit['fit_mape'])}", file=report)
+        return 0
+    err = roofline.h100_errors(roofline.read_measurements(args.measurements), profile["step_time"] if own else None)
+    if own:
+        print(f"MAPE of this profile on the H100 probes: {_fmt(err['profile'])}", file=report)
+    else:
+        print(f"MAPE of the same constants on the H100 probes (H100, Llama-3.1-8B shape, tp=1): {_fmt(err['constants'])}; "
+              f"no measurement of this GPU/model/tp exists, that is the only anchor", file=report)
+    print(f"  for comparison, the hand-made A100 profile's method on the H100 specs: {_fmt(err['handmade'])}", file=report)
+    return 0
+
+
+def run_fit(args) -> int:
+    meas = roofline.read_measurements(args.measurements)
+    rep = roofline.fit_report(meas, _source(args.measurements), _dt.date.today().isoformat())
+    atomic_write(args.out, lambda p: Path(p).write_text(json.dumps(rep, indent=1) + "\n"))
+    print(f"wrote {args.out}: " + ", ".join(f"{k}={v:.4g}" for k, v in rep["constants"].items()))
+    print(f"fit MAPE {_fmt(rep['fit_mape'])}; held-out (every third probe) {_fmt(rep['heldout_mape'])}")
+    if rep["at_bound"]:
+        print(f"at a bound: {', '.join(rep['at_bound'])}")
+    print(f"hand-made A100 method on the H100 specs: {_fmt(rep['handmade_a100_method_on_h100_mape'])}")
+    return 0
