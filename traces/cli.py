@@ -1,13 +1,14 @@
-"""`sim trace ...` subcommands: gen, stats (traces.generate / traces.stats) and import
-(traces.importers)."""
+"""`sim trace ...` subcommands: gen, stats (traces.generate / traces.stats), import
+(traces.importers) and resample (traces.resample)."""
 from __future__ import annotations
 
 
 def register(sub) -> None:
     p = sub.add_parser("trace", help="generate, import and describe traces")
     tsub = p.add_subparsers(dest="trace_cmd", required=True, parser_class=type(p))
-    from traces import generate, stats, importers
+    from traces import generate, stats, importers, resample
 
     generate.register(tsub)
     stats.register(tsub)
     importers.register(tsub)
+    resample.register(tsub)
