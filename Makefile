@@ -2,7 +2,7 @@
 PY ?= python3
 PIP = $(PY) -m pip
 
-.PHONY: install engine demo test test-fast
+.PHONY: install engine demo test test-fast fuzz
 
 install:            ## the simulator and the test tools
 	$(PIP) install -q -e '.[test]'
@@ -20,3 +20,6 @@ test: engine        ## everything, real-engine tests included
 
 test-fast: install  ## skip the tests that start a real vLLM
 	$(PY) -m pytest -q -m "not engine"
+
+fuzz: install       ## the property and input-fuzz tests with 10,000 examples each (tests/test_properties.py)
+	AGENTSIM_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q tests/test_properties.py

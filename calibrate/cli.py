@@ -28,6 +28,15 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true", help="fewer probes (about half the time; used by the engine tests)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="engine device (default: cuda if present)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
+    p.add_argument("--from-probes", default=None, metavar="FILE",
+                   help="fit a kernel-timing file instead of running an engine (calibrate/measured.py), e.g. "
+                        "../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json")
+    p.add_argument("--backend", default="vllm", choices=("vllm", "torch"),
+                   help="vllm: time a real vLLM engine (default); torch: time the same steps on a pure-torch "
+                        "Llama-family forward pass with random weights (calibrate/torch_backend.py; no vLLM needed, "
+                        "engine limits computed as vLLM 0.32 would)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="fraction of GPU memory for weights + KV cache (CUDA only; default 0.9, vLLM's)")
     p.set_defaults(func=_run)
 
     v = sub.add_parser("validate", help="replay a trace on a real vLLM and in the simulator, and compare JCT",
@@ -35,8 +44,13 @@ def register(sub) -> None:
                                    "scheduler_cls) and in the simulator on the same trace, arrivals and engine "
                                    "limits; print mean/p90 JCT, per-program JCT MAPE, cache hit ratios and whether "
                                    "the policies rank the same; write report.{md,json} and a plot to --out.")
+    v.add_argument("--shape", default=None, metavar="NAME[,NAME]",
+                   help="run the built-in workload shapes (calibrate/validate.py SHAPES: swebench, bfcl) instead of "
+                        "--trace and its cut options; writes DIR/<shape>/ and a report over all shapes")
     v.add_argument("--trace", default="swebench", help="bundled trace name or parquet path (default swebench)")
-    v.add_argument("--policy", default="vllm,continuum", help="comma-separated policies (default vllm,continuum)")
+    v.add_argument("--policy", default="vllm,continuum",
+                   help="comma-separated policies, or 'all' (every policy that runs inside vLLM); default vllm,continuum")
+    v.add_argument("--repeats", type=int, default=1, help="real runs per policy, for the run-to-run spread (default 1)")
     v.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
                    help="policy parameter (repeatable), given to each listed policy that has it, on both sides")
     v.add_argument("--profile", default=None, help="profile name or JSON; default: calibrate the engine first (quick)")
@@ -79,36 +93,71 @@ def _run(args) -> int:
         raise InputError(f"--out {args.out!r} must end in .json")
     if out.exists() and out.is_dir():
         raise InputError(f"--out {args.out!r} is a directory; give a file name ending in .json")
+    if args.from_probes:
+        return _from_probes(args, out)
     from calibrate.run import run_calibration
 
     t0 = time.perf_counter()
     limits = {k: getattr(args, k) for k in ("num_gpu_blocks", "block_size", "max_num_batched_tokens",
                                             "max_num_seqs", "max_model_len")}
-    profile = run_calibration(args.model, out, args.device, args.quick, seed=args.seed, **limits)
+    if args.backend == "torch":
+        from calibrate.torch_backend import calibrate_torch
+
+        profile = calibrate_torch(args.model, out, args.device, args.quick, seed=args.seed,
+                                  gpu_memory_utilization=args.gpu_memory_utilization or 0.9, **limits)
+    else:
+        if args.gpu_memory_utilization is not None:
+            limits["gpu_memory_utilization"] = args.gpu_memory_utilization
+        profile = run_calibration(args.model, out, args.device, args.quick, seed=args.seed, **limits)
     print(_summary(profile))
+    if "heldout_mape_mixed" in profile["fit_error"]:
+        print(f"held-out MAPE of mixed prefill + decode steps: {profile['fit_error']['heldout_mape_mixed']:.1f}%")
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s total "
           f"(engine start {profile['provenance']['engine_start_s']:.1f} s)")
     return 0
 
 
+def _from_probes(args, out: Path) -> int:
+    from calibrate.measured import build_measured_profile
+    from calibrate.run import write_profile
+
+    profile = build_measured_profile(args.from_probes,
+                                     gpu_memory_utilization=getattr(args, "gpu_memory_utilization", None) or 0.9)
+    write_profile(profile, out)
+    print(_summary(profile))
+    lin = profile["fit_error"]["linear_step_model"]
+    print(f"linear model c0..c5 on the same probes, held-out MAPE: prefill {lin['heldout_mape_prefill']:.1f}%, "
+          f"cached {lin['heldout_mape_cached_prefill']:.1f}%, decode {lin['heldout_mape_decode']:.1f}%")
+    print(f"wrote {out} from {args.from_probes} ({profile['provenance']['source']})")
+    return 0
+
+
 def _validate(args) -> int:
-    from calibrate.validate import fit_trace, render_markdown, run_validation
+    from calibrate.validate import RUNNABLE, fit_trace, render_markdown, run_matrix, run_validation
     from policies.base import PolicyError
     from policies.registry import policy_params
     from sim.run_cmd import parse_policy_args
     from sim.simulate import arrivals_for
     from traces.schema import read_trace
 
+    policies = list(RUNNABLE) if args.policy.strip() == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
+    if args.shape:
+        if args.policy_arg:
+            raise InputError("--policy-arg applies to --trace runs; the shapes carry their own policy parameters")
+        run_matrix([s.strip() for s in args.shape.split(",")], policies, args.repeats, args.out, args.profile,
+                         args.seed, args.model, args.device)
+        print((Path(args.out) / "report.md").read_text())
+        print(f"report: {Path(args.out) / 'report.md'} (+ report.json, mean_jct_sim_vs_real.png, one folder per shape)")
+        return 0
     trace, _ = read_trace(args.trace)
     trace = fit_trace(trace, args.programs, args.max_turns, args.max_context, args.max_output, args.max_tool_s)
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     given = parse_policy_args(args.policy_arg)
     per_policy = {p: {k: v for k, v in given.items() if k in policy_params(p)} for p in policies}
     unused = set(given) - {k for a in per_policy.values() for k in a}
     if unused:
         raise PolicyError(f"--policy-arg {', '.join(sorted(unused))}: none of {', '.join(policies)} has that parameter")
     rep = run_validation(trace, policies, arrivals_for(trace, args.jps, args.seed), args.profile, args.out, args.seed,
-                         args.model, args.device, policy_args=per_policy,
+                         args.model, args.device, policy_args=per_policy, repeats=args.repeats,
                          num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len)
     print(render_markdown(rep))
     print(f"report: {Path(args.out) / 'report.md'} (+ report.json, jct_sim_vs_real.png)")

@@ -85,8 +85,8 @@ class PolicyScheduler(Scheduler):
         self.inflight: dict[str, str] = {}  # program -> its request in the engine
         self.programs: dict[str, tuple[float, int]] = {}  # program -> (first arrival, turns seen)
         self.pinned: dict[str, list] = {}  # program -> the KVCacheBlocks its pin holds
-        self.pin_since: dict[str, float] = {}
         self.pinned_block_seconds = 0.0
+        self._pinned_distinct, self._pin_t = 0, 0.0
         self._seq = 0
         self._warned: set[str] = set()
         self.stats = FinishStats()
@@ -96,6 +96,9 @@ class PolicyScheduler(Scheduler):
         # when a caller sets it to a list (validation compares it with the step model)
         self.step_log: list[tuple] | None = None
         self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
+        self.preemptions = 0
+        # request id -> time.monotonic() when it reached the scheduler (validation: late arrivals)
+        self.arrival_log: dict[str, float] = {}
         self._kv_sum = self._kv_steps = 0
         self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
         # steps are timed only for a policy that reads exec_time or while validation logs them
@@ -139,6 +142,14 @@ class PolicyScheduler(Scheduler):
     def avg_request_blocks(self) -> float:
         return self.stats.avg_request_blocks()
 
+    def linear_step(self) -> tuple[float, float]:
+        return self.profile.linear_step()
+
+    def running_tokens(self) -> tuple[int, int]:
+        """(tokens the running requests put in a step, KV tokens they hold)."""
+        return (sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running),
+                sum(r.num_computed_tokens for r in self.running))
+
     def prefill_reload_time(self, tokens: int) -> float:
         return self.profile.prefill_time(tokens)
 
@@ -147,13 +158,23 @@ class PolicyScheduler(Scheduler):
 
     # --- pins ------------------------------------------------------------------------------
     def _release_pin(self, pid: str, now: float, reason: str) -> None:
-        blocks = self.pinned.pop(pid, None)
-        if blocks is None:
+        if pid not in self.pinned:
             return
-        self.pinned_block_seconds += len(blocks) * (now - self.pin_since.pop(pid))
+        self._pin_area(now)
+        blocks = self.pinned.pop(pid)
+        self._pinned_distinct = self._distinct_pinned()
         self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))  # tail block evicted first
         self.policy.pin_released(pid, now, reason)
         self._pins_changed(pid, now)
+
+    def _distinct_pinned(self) -> int:
+        """Blocks held by pins, each once (pins share the system prompt's blocks)."""
+        return len({b.block_id for blocks in self.pinned.values() for b in blocks})
+
+    def _pin_area(self, now: float) -> None:
+        """pinned_block_seconds: the time integral of the distinct pinned blocks."""
+        self.pinned_block_seconds += self._pinned_distinct * (now - self._pin_t)
+        self._pin_t = now
 
     def _pins_changed(self, pid: str, now: float) -> None:
         manager = self.kv_cache_manager
@@ -239,13 +260,16 @@ class PolicyScheduler(Scheduler):
             first, turns = self.programs.get(pid, (now, 0))
             self.programs[pid] = (first, turns + 1)
             req = Request(req_id=rid, program_id=pid, turn=turns, arrival=now, program_arrival=first,
-                          prompt_tokens=request.num_prompt_tokens, is_last_step=meta.is_last_step, tool=meta.tool)
+                          prompt_tokens=request.num_prompt_tokens, is_last_step=meta.is_last_step, tool=meta.tool,
+                          true_tool_duration=None if meta.is_last_step else meta.tool_duration_s)
             if now >= self._next_expiry:  # pins that ran out while the engine idled go before this arrival
                 self._expire(now)
             self.policy.on_arrival(req, now)
             self._seq += 1
             self.calls[rid] = _Call(req, self._seq)
             self.inflight[pid] = rid
+            if self.step_log is not None:
+                self.arrival_log[rid] = now
         super().add_request(request)
         self._place(request, now)
 
@@ -253,6 +277,9 @@ class PolicyScheduler(Scheduler):
         now = time.monotonic()
         if now >= self._next_expiry:
             self._expire(now)
+        if self.policy.reviews_pins and self.pinned:  # InferCept re-judges its pins before each step
+            for pid in self.policy.review_pins(now, self):
+                self._release_pin(pid, now, "discard")
         if self.policy.order_depends_on_time and len(self.waiting) > 1:
             for r in self.waiting:
                 self._keys[r.request_id] = self._key(r, now)
@@ -324,6 +351,7 @@ class PolicyScheduler(Scheduler):
         call = self.calls.get(request.request_id)
         if call is not None:
             call.req.preempted = True
+        self.preemptions += 1
         super()._preempt_request(request, *args, **kwargs)
         self._place(request, time.monotonic())
 
@@ -350,8 +378,9 @@ class PolicyScheduler(Scheduler):
         if retention.action == "pin" and self._request_blocks_can_be_freed(request):
             if pid in self.pinned:  # never two pins for one program
                 self._release_pin(pid, now, "expired")
+            self._pin_area(now)
             self.pinned[pid] = self.kv_cache_manager.pop_blocks_for_free(request)
-            self.pin_since[pid] = now
+            self._pinned_distinct = self._distinct_pinned()
             self._pins_changed(pid, now)
         else:
             if retention.action == "pin":  # the engine could not hold it: tell the policy
@@ -373,13 +402,15 @@ class PolicyScheduler(Scheduler):
         """Forget KV statistics and start logging steps (after a warm-up or calibration)."""
         self.step_log = []
         self._time_steps()
-        self.kv_peak = self._kv_sum = self._kv_steps = 0
+        self.kv_peak = self._kv_sum = self._kv_steps = self.preemptions = 0
+        self.arrival_log = {}
 
     def pin_report(self) -> dict:
         """Pin counters for the replay report (same names as `sim run`)."""
         o = self.policy.pin_outcomes
         return {"pins": sum(o.values()), "pins_hit": o.get("hit", 0), "pins_expired": o.get("expired", 0),
-                "pins_victim": o.get("victim", 0), "pinned_block_seconds": self.pinned_block_seconds,
-                "pinned_blocks_now": sum(len(b) for b in self.pinned.values()),
+                "pins_victim": o.get("victim", 0), "pins_discarded": o.get("discard", 0),
+                "preemptions": self.preemptions, "pinned_block_seconds": self.pinned_block_seconds,
+                "pinned_blocks_now": self._pinned_distinct,
                 "peak_kv_usage": self.kv_peak / self.num_blocks,
                 "mean_kv_usage_per_step": self._kv_sum / max(self._kv_steps, 1) / self.num_blocks}

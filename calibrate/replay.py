@@ -57,6 +57,7 @@ class TraceReplay:
         heapq.heapify(self.due)
         self.records: list[dict] = []
         self.open = len(self.programs)
+        self.t0 = 0.0  # time.monotonic() of the replay's start, set by the driver
 
     def _ids(self, rng, n: int) -> list[int]:
         return rng.integers(self.vocab[0], self.vocab[1], size=int(n)).tolist()
@@ -79,8 +80,11 @@ class TraceReplay:
                 p.tokens = p.tokens + self._ids(self.rng, new)
             last = p.turn == len(p.rows) - 1
             xargs = {"job_id": pid, "is_last_step": last}
-            if not last and isinstance(row.get("tool"), str):
-                xargs["tool"] = row["tool"]
+            if not last:
+                if isinstance(row.get("tool"), str):
+                    xargs["tool"] = row["tool"]
+                # the trace's true duration: only the oracle and InferCept's public-code form read it
+                xargs["tool_duration_s"] = float(row["tool_duration_s"])
             out.append((f"{pid}#{p.turn}", list(p.tokens), int(row["output_tokens"]), xargs, t))
         return out
 
@@ -121,7 +125,7 @@ def _sampling(max_tokens: int, xargs: dict):
 def replay_in_process(llm, replay: TraceReplay, timeout_s: float = 1800.0) -> float:
     """Drive an in-process `vllm.LLM` through the trace in real time; returns the wall span."""
     engine = llm.llm_engine
-    t0 = time.monotonic()
+    t0 = replay.t0 = time.monotonic()  # the scheduler's clock too: late arrivals are measured on it
     submitted: dict[str, float] = {}
     while replay.open:
         now = time.monotonic() - t0

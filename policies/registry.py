@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import inspect
+import typing
+from functools import cache
+
+from pydantic import AfterValidator, Field, create_model
 
 from policies.autellix import AutellixPolicy
 from policies.base import Policy, PolicyError
@@ -12,6 +16,7 @@ from policies.oracle import OraclePolicy
 from policies.program_fcfs import ProgramFCFSPolicy
 from policies.static import ContinuumStaticPolicy
 from policies.thunderagent import ThunderAgentPolicy
+from traces.validation import Model, validated
 
 
 class VLLMPolicy(Policy):
@@ -34,6 +39,43 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
+def _bounds(v: str) -> str:
+    b = [float(x) for x in v.split(",")]  # a ValueError here is reported as the field's problem
+    if not all(0 <= x < float("inf") for x in b) or b != sorted(b):
+        raise ValueError("should be ascending finite seconds >= 0, comma-separated")
+    return v
+
+
+# Ranges of policy parameters, by name (a name means the same in every policy that has
+# it); the types come from the constructors' annotations. Every numeric parameter
+# must be listed (tests/test_issue17.py checks), so none is accepted unchecked.
+RANGES: dict[str, object] = {
+    "K": Field(ge=0), "T_window": Field(ge=1), "T_init": Field(ge=0), "cold_tool_mean": Field(gt=0),
+    "eta_min_programs": Field(ge=0), "max_ttl": Field(ge=0), "epsilon": Field(ge=0),
+    "threshold": Field(ge=0), "pin_seconds": Field(ge=0), "beta": Field(ge=0),
+    "S": Field(ge=1), "a_ms": Field(ge=0), "c_ms": Field(ge=0), "swap_budget_blocks": Field(ge=-1),
+    "interval": Field(gt=0), "acting_weight": Field(ge=0), "reserve_tokens": Field(ge=0),
+    "force_resume_s": Field(ge=0),
+}
+VALIDATORS: dict[str, object] = {"bounds": AfterValidator(_bounds)}
+_NONE_WORDS = ("", "none", "null")
+
+
+@cache
+def params_model(name: str) -> type[Model]:
+    """A pydantic model of the policy's constructor parameters: declared types
+    (strings from --policy-arg are converted; 'maybe' is no bool), ranges from RANGES."""
+    cls = _cls(name)
+    hints = typing.get_type_hints(cls.__init__)
+    fields = {}
+    for k, p in inspect.signature(cls.__init__).parameters.items():
+        if k == "self":
+            continue
+        extra = [x for x in (RANGES.get(k), VALIDATORS.get(k)) if x is not None]
+        fields[k] = (typing.Annotated[(hints[k], *extra)] if extra else hints[k], p.default)
+    return create_model(f"{cls.__name__}Params", __base__=Model, **fields)
+
+
 def policy_params(name: str) -> dict[str, object]:
     """Parameter names and defaults of a policy (for --help and sweeps)."""
     sig = inspect.signature(_cls(name).__init__)
@@ -47,18 +89,14 @@ def _cls(name: str) -> type[Policy]:
 
 
 def make_policy(name: str, **params) -> Policy:
-    """Build a policy; string values (from `--policy-arg k=v`) are converted to the default's type."""
+    """Build a policy from checked parameters (strings from `--policy-arg k=v` are
+    converted to the declared type; out-of-range values are refused: PolicyError)."""
     cls = _cls(name)
     known = policy_params(name)
-    kwargs = {}
     for k, v in params.items():
         if k not in known:
             raise PolicyError(f"policy {name!r} has no parameter {k!r}; known: {', '.join(known) or 'none'}")
-        default = known[k]
-        if isinstance(v, str) and isinstance(default, (bool, int, float)):
-            try:
-                v = v.lower() in ("1", "true", "yes") if isinstance(default, bool) else type(default)(v)
-            except ValueError:
-                raise PolicyError(f"policy {name!r} parameter {k!r}={v!r} is not a {type(default).__name__}") from None
-        kwargs[k] = v
-    return cls(**kwargs)
+        if known[k] is None and isinstance(v, str) and v.strip().lower() in _NONE_WORDS:
+            params[k] = None  # 'none' for a parameter whose default is None
+    m = validated(params_model(name), params, f"policy {name!r} (--policy-arg)", error=PolicyError)
+    return cls(**{k: getattr(m, k) for k in params})

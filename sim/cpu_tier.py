@@ -162,6 +162,9 @@ def build_tiers(specs: tuple[TierSpec, ...], profile, block_size: int, chunk_tok
             ssd = profile.raw.get("ssd") if isinstance(profile.raw.get("ssd"), dict) else {}
             gbps = t.bandwidth_GBps or float(ssd.get("bandwidth_GBps") or SSD_DEFAULT_GBPS)
             bw, lat = gbps * 1e9, float(ssd.get("latency_s") or SSD_DEFAULT_LATENCY)
+        if t.capacity_bytes < chunk_bytes:  # it would hold nothing: a typo, not a tier
+            raise InputError(f"--offload: tier {t.name} of {t.capacity_bytes} bytes is smaller than one chunk of "
+                             f"{chunk_tokens} tokens ({chunk_bytes} bytes with profile {profile.name!r}); {_HELP}")
         tiers.append(Tier(t.name, t.capacity_bytes // chunk_bytes, chunk_bytes, bw, lat))
     return tiers
 

@@ -149,10 +149,10 @@ class Engine:
             if self.policy.reviews_pins and sched.pins:
                 for pid in self.policy.review_pins(now, self):
                     sched.release_pin(pid, now, "discard")
-            pinned = sched.pinned_blocks
+            pins = len(sched.pins)
             scheduled = sched.schedule(now)
             if not scheduled:
-                if not sched.running and sched.pinned_blocks < pinned:
+                if not sched.running and len(sched.pins) < pins:
                     # Pins were dropped for the blocked head but it still does not fit
                     # (a victim's blocks shared with other holders free less than the
                     # policy counted): drop more now rather than idle (ours).

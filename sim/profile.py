@@ -42,7 +42,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import Field
+
 from traces.errors import InputError
+from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofline stays as llama3.1-8b-a100-80gb
@@ -103,14 +106,50 @@ def _smax(a: float, b: float, p: float) -> float:
     return m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
 
 
-def _need(d: dict, key: str, where: str, name: str, kind=float):
-    if not isinstance(d, dict) or key not in d:
-        raise InputError(f"profile {name!r}: missing '{where}.{key}'; add it (see sim/profile.py for the format)")
-    try:
-        v = kind(d[key])
-    except (TypeError, ValueError):
-        raise InputError(f"profile {name!r}: '{where}.{key}' is {d[key]!r}, not a {kind.__name__}; fix the value") from None
-    return v
+MAX_BLOCKS = 10**7  # the pool keeps per-block state: 1e12 blocks would exhaust memory, not simulate
+
+
+class _Shape(Model):  # needed only to derive kv_bytes_per_block
+    num_layers: JSONInt | None = Field(None, gt=0)
+    num_kv_heads: JSONInt | None = Field(None, gt=0)
+    head_dim: JSONInt | None = Field(None, gt=0)
+    dtype_bytes: JSONInt | None = Field(None, gt=0)
+
+
+class _Engine(Model):
+    block_size: JSONInt = Field(gt=0)
+    num_gpu_blocks: JSONInt = Field(gt=1, le=MAX_BLOCKS)  # one is vLLM's null block
+    max_num_batched_tokens: JSONInt = Field(gt=0)
+    max_num_seqs: JSONInt = Field(gt=0)
+    max_model_len: JSONInt = Field(gt=0)
+    enable_chunked_prefill: JSONBool = True
+    scheduler_reserve_full_isl: JSONBool = True
+
+
+class _Step(Model):
+    c0: JSONFloat = Field(ge=0)
+    c1: JSONFloat = Field(ge=0)
+    c2: JSONFloat = Field(ge=0)
+    c3: JSONFloat = Field(ge=0)
+    c4: JSONFloat = Field(ge=0)
+    c5: JSONFloat = Field(0.0, ge=0)
+    w: JSONFloat = Field(0.0, ge=0)
+    launch: JSONFloat = Field(0.0, ge=0)
+    p: JSONFloat | None = Field(None, ge=1)
+
+
+class _Link(Model):  # pcie, ssd
+    bandwidth_GBps: JSONFloat | None = Field(None, gt=0)
+    latency_s: JSONFloat | None = Field(None, ge=0)
+
+
+class _ProfileModel(Model):
+    model: _Shape
+    engine: _Engine
+    step_time: _Step
+    pcie: _Link | None = None
+    ssd: _Link | None = None
+    kv_bytes_per_block: JSONInt | None = Field(None, gt=0)
 
 
 def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
@@ -119,32 +158,24 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
     for sec in ("model", "engine", "step_time"):
         if not isinstance(raw.get(sec), dict):
             raise InputError(f"profile {name!r}: missing section '{sec}'; add it (see sim/profile.py for the format)")
-    eng = raw["engine"]
-    for key in ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-        if _need(eng, key, "engine", name, int) <= 0:
-            raise InputError(f"profile {name!r}: 'engine.{key}' must be > 0")
-    st = {"c5": 0.0, **raw["step_time"]}
-    step = tuple(_need(st, c, "step_time", name) for c in ("c0", "c1", "c2", "c3", "c4", "c5"))
-    if any(c < 0 for c in step) or step[0] + step[1] <= 0:
+    m = validated(_ProfileModel, raw, f"profile {name!r}", "fix the value (see sim/profile.py for the format)")
+    st = m.step_time
+    step = (st.c0, st.c1, st.c2, st.c3, st.c4, st.c5)
+    if step[0] + step[1] <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
-    w, launch = (_need(st, k, "step_time", name) if k in st else 0.0 for k in ("w", "launch"))
-    p = _need(st, "p", "step_time", name) if st.get("p") is not None else math.inf
-    if w < 0 or launch < 0 or not p >= 1:
-        raise InputError(f"profile {name!r}: step_time w and launch must be >= 0 and p >= 1; refit with `sim calibrate`")
-    pcie = raw.get("pcie") or {}
-    bw = pcie.get("bandwidth_GBps") if isinstance(pcie, dict) else None
-    if bw is not None and (not isinstance(bw, (int, float)) or bw <= 0):
-        raise InputError(f"profile {name!r}: 'pcie.bandwidth_GBps' must be a positive number or null")
-    model = raw["model"]
-    kv = raw.get("kv_bytes_per_block")
+    kv = m.kv_bytes_per_block
     if kv is None:
-        kv = 2 * _need(model, "num_layers", "model", name, int) * _need(model, "num_kv_heads", "model", name, int) \
-            * _need(model, "head_dim", "model", name, int) * _need(model, "dtype_bytes", "model", name, int) * int(eng["block_size"])
+        shape = m.model
+        missing = [k for k in ("num_layers", "num_kv_heads", "head_dim", "dtype_bytes") if getattr(shape, k) is None]
+        if missing:
+            raise InputError(f"profile {name!r}: missing 'model.{missing[0]}'; add it (see sim/profile.py for the format)")
+        kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes * m.engine.block_size
+    pcie = m.pcie or _Link()
     return Profile(
-        name=name, model=model, engine=dict(eng), step=step,  # type: ignore[arg-type]
-        pcie_bandwidth=None if bw is None else float(bw) * 1e9,
-        pcie_latency=float(pcie.get("latency_s") or 0.0) if isinstance(pcie, dict) else 0.0,
-        kv_bytes_per_block=int(kv), w=w, launch=launch, p=p, raw=raw,
+        name=name, model=raw["model"], engine=dict(raw["engine"]), step=step,
+        pcie_bandwidth=None if pcie.bandwidth_GBps is None else pcie.bandwidth_GBps * 1e9,
+        pcie_latency=pcie.latency_s or 0.0,
+        kv_bytes_per_block=int(kv), w=st.w, launch=st.launch, p=math.inf if st.p is None else st.p, raw=raw,
     )
 
 

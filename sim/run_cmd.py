@@ -4,7 +4,9 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
+from pydantic import AfterValidator, Field
 from tqdm import tqdm
 
 from policies.base import PolicyError
@@ -16,6 +18,7 @@ from sim.router import ROUTERS, make_router
 from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.errors import InputError
 from traces.schema import read_trace
+from traces.validation import Model, validated
 
 
 def register(sub) -> None:
@@ -54,8 +57,33 @@ def parse_policy_args(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _not_a_file(out: str | None) -> str | None:
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError("names an existing file; give a directory for the results")
+    return out
+
+
+Count = Annotated[int | None, Field(ge=1)]
+
+
+class RunFlags(Model):
+    """`sim run`'s numeric and path flags (None = not given); sweeps check theirs here too."""
+
+    seed: Annotated[int | None, Field(ge=0, lt=2**63, alias="--seed")] = None  # numpy seeds are >= 0
+    programs: Annotated[Count, Field(alias="--programs")] = None
+    num_blocks: Annotated[Count, Field(alias="--num-blocks")] = None
+    block_size: Annotated[Count, Field(alias="--block-size")] = None
+    max_num_batched_tokens: Annotated[Count, Field(alias="--max-num-batched-tokens")] = None
+    max_num_seqs: Annotated[Count, Field(alias="--max-num-seqs")] = None
+    max_model_len: Annotated[Count, Field(alias="--max-model-len")] = None
+    replicas: Annotated[Count, Field(alias="--replicas")] = None
+    out: Annotated[str | None, AfterValidator(_not_a_file), Field(alias="--out")] = None
+
+
 def check_knobs(profile: Profile, args) -> None:
-    """Refuse flags that contradict what the profile measured."""
+    """Refuse bad flags, and flags that contradict what the profile measured."""
+    validated(RunFlags, {f.alias: getattr(args, k, None) for k, f in RunFlags.model_fields.items()}, "sim run",
+              "see `sim run --help`")
     e = profile.engine
     if args.block_size is not None and args.block_size != int(e["block_size"]):
         raise InputError(f"--block-size {args.block_size} contradicts profile {profile.name!r} (measured with block_size {e['block_size']}); "
@@ -65,10 +93,26 @@ def check_knobs(profile: Profile, args) -> None:
                          f"allocated; give at most that many")
     if args.max_model_len is not None and args.max_model_len > int(e["max_model_len"]):
         raise InputError(f"--max-model-len {args.max_model_len} exceeds profile {profile.name!r}'s max_model_len {e['max_model_len']}")
-    for name in ("num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "programs", "replicas"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be >= 1 (got {v})")
+
+
+# Policies that key decisions on the tool name, and what they do when no call has one.
+# (oracle and infercept read the true duration; static-ttl never reads the tool.)
+_NO_TOOL = {
+    "continuum-static": "it pins only after a named tool, so it pins nothing and equals program-fcfs",
+    "continuum": "it learns no per-tool CDF; every TTL comes from the global CDF of all tool times",
+    "continuum-offload": "it learns no per-tool CDF; every TTL comes from the global CDF of all tool times",
+}
+
+
+def tool_name_warning(trace, policy) -> str | None:
+    """One line when the trace names no tool and the policy would key on tool names."""
+    calls = trace["tool_duration_s"].notna()  # rows followed by a tool call
+    if not calls.any() or trace.loc[calls, "tool"].notna().any():
+        return None
+    what = _NO_TOOL.get(policy.name)
+    if policy.name == "infercept" and not getattr(policy, "true_tool_time", True):
+        what = "with true_tool_time off it estimates every tool time by the mean over all tools"
+    return f"the trace has no tool names; {policy.name}: {what}" if what else None
 
 
 def run(args) -> int:
@@ -81,6 +125,9 @@ def run(args) -> int:
     if args.programs is not None:
         keep = trace["program_id"].drop_duplicates().iloc[: args.programs]
         trace = trace[trace["program_id"].isin(keep)]
+    warn = tool_name_warning(trace, policy)
+    if warn:
+        print(f"warning: {warn}", file=sys.stderr)
     cfg = engine_config(profile, num_gpu_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         enable_chunked_prefill=False if args.no_chunked_prefill else None)

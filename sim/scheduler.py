@@ -43,22 +43,36 @@ class Scheduler:
         self.waiting: list[Call] = []
         self.running: list[Call] = []
         self.pins: dict[str, list[int]] = {}  # program -> blocks held by its pin
-        self.pin_since: dict[str, float] = {}
+        # Pins share blocks (the shared system prompt), so pinned memory is the number of
+        # *distinct* pinned blocks: block -> pins holding it, integrated over time.
+        self._pin_refs: dict[int, int] = {}
+        self._pin_area_t = 0.0
         self.pinned_block_seconds = 0.0
         self.preemptions = 0
         self.view = None  # EngineView, set by the engine
         self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
 
     # --- pins -----------------------------------------------------------------------
+    def _pin_area(self, now: float) -> None:
+        self.pinned_block_seconds += len(self._pin_refs) * (now - self._pin_area_t)
+        self._pin_area_t = now
+
     def pin(self, pid: str, blocks: list[int], now: float) -> None:
+        self._pin_area(now)
         self.pins[pid] = blocks
-        self.pin_since[pid] = now
+        for b in blocks:
+            self._pin_refs[b] = self._pin_refs.get(b, 0) + 1
 
     def release_pin(self, pid: str, now: float, reason: str) -> None:
         blocks = self.pins.pop(pid, None)
         if blocks is None:
             return
-        self.pinned_block_seconds += len(blocks) * (now - self.pin_since.pop(pid))
+        self._pin_area(now)
+        for b in blocks:
+            if self._pin_refs[b] == 1:
+                del self._pin_refs[b]
+            else:
+                self._pin_refs[b] -= 1
         if self.tier is not None:
             self.tier.release(pid, blocks, reason, now)  # offload first if the policy says so
         self.pool.free(blocks)
@@ -66,7 +80,8 @@ class Scheduler:
 
     @property
     def pinned_blocks(self) -> int:
-        return sum(len(b) for b in self.pins.values())
+        """Distinct blocks held by pins (a block shared by several pins counts once)."""
+        return len(self._pin_refs)
 
     # --- allocation ---------------------------------------------------------------------
     def _try_allocate(self, call: Call, num_new: int, hit: list[int] | None = None) -> bool:
@@ -135,7 +150,10 @@ class Scheduler:
                 budget -= num_new
                 i += 1
 
-        if not preempted and self.waiting:
+        # vLLM admits no waiting call in a step that preempted; but when every running
+        # call was preempted that step is empty and vLLM's next step, at the same instant,
+        # admits them: do it now (else the engine would idle, or report a deadlock).
+        if (not preempted or not scheduled) and self.waiting:
             self.waiting.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 call = self.waiting[0]

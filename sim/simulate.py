@@ -56,7 +56,8 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
     tiers = offload if isinstance(offload, tuple) else parse_offload(offload)
     env = simpy.Environment()
     rec = Recorder()
-    work = Workload(env, trace, arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks)
+    work = Workload(env, trace, arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks,
+                    None if cfg.enable_chunked_prefill else cfg.max_num_batched_tokens)
 
     def on_finish(call, now):
         rec.record(call, now)

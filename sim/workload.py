@@ -15,8 +15,8 @@ from traces.errors import InputError
 
 
 def poisson_arrivals(n: int, jps: float, seed: int) -> np.ndarray:
-    if not jps > 0:
-        raise InputError(f"--jps must be > 0 (got {jps}); give programs per second, e.g. 0.2")
+    if not 0 < jps < float("inf"):
+        raise InputError(f"--jps must be > 0 and finite (got {jps}); give programs per second, e.g. 0.2")
     gaps = np.random.default_rng(seed).exponential(1.0 / jps, size=n)
     return np.concatenate([[0.0], np.cumsum(gaps[1:])]) if n else gaps
 
@@ -24,7 +24,8 @@ def poisson_arrivals(n: int, jps: float, seed: int) -> np.ndarray:
 class Workload:
     """Builds the program processes for one run and tells the engine's finishes back to them."""
 
-    def __init__(self, env, trace: pd.DataFrame, arrivals: np.ndarray, block_size: int, max_model_len: int, num_blocks: int):
+    def __init__(self, env, trace: pd.DataFrame, arrivals: np.ndarray, block_size: int, max_model_len: int, num_blocks: int,
+                 whole_prompt_budget: int | None = None):
         self.env = env
         self.block_size = block_size
         self.programs: list[tuple[str, list[dict], float]] = []
@@ -32,13 +33,20 @@ class Workload:
         self._seq = 0
         for (pid, g), arr in zip(trace.groupby("program_id", sort=False), arrivals):
             rows = g.to_dict("records")
-            self._check_fits(pid, rows, max_model_len, num_blocks)
+            self._check_fits(pid, rows, max_model_len, num_blocks, whole_prompt_budget)
             self.programs.append((str(pid), rows, float(arr)))
 
-    def _check_fits(self, pid, rows, max_model_len: int, num_blocks: int) -> None:
+    def _check_fits(self, pid, rows, max_model_len: int, num_blocks: int, budget: int | None) -> None:
         ctx = 0
         for r in rows:
             ctx += int(r["new_input_tokens"]) + int(r["output_tokens"])
+            # Without chunked prefill a call is admitted only whole, so one longer than the
+            # token budget would wait forever; a preempted call recomputes up to ctx - 1
+            # tokens. (vLLM refuses max_num_batched_tokens < max_model_len in that mode.)
+            if budget is not None and ctx - 1 > budget:
+                raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens cannot be prefilled whole within "
+                                 f"max_num_batched_tokens {budget} (chunked prefill is off); raise --max-num-batched-tokens "
+                                 f"to at least {ctx - 1} or drop --no-chunked-prefill")
             if ctx > max_model_len:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens exceeds max_model_len {max_model_len}; "
                                  f"use a profile/--max-model-len that fits or trim the trace")

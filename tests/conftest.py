@@ -70,3 +70,20 @@ class FakeView:
 
     def queue_delay(self):
         return 0.0
+
+
+@pytest.fixture
+def engine_log(request):
+    """Print a progress line to the terminal past pytest's capture: the engine tests run
+    for minutes, and `pytest -q` would otherwise show nothing while they wait."""
+    import time
+
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"  [{request.node.name} +{time.perf_counter() - t0:.0f}s] {msg}")
+
+    return log

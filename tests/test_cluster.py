@@ -108,7 +108,7 @@ def test_bad_router_and_replicas():
 @pytest.mark.parametrize("argv, fragment", [
     (["--offload", "cpu:abc"], "size 'abc' is not a size"),
     (["--router", "nope"], "is not a router"),
-    (["--replicas", "0"], "--replicas must be >= 1"),
+    (["--replicas", "0"], "'--replicas' is 0"),
 ])
 def test_cli_bad_cluster_flags_are_one_line(argv, fragment, capsys):
     code = main(["run", "--programs", "2", "--no-progress"] + argv)

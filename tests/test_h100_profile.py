@@ -151,7 +151,7 @@ def test_gpu_terms_by_hand():
     assert smooth.linear_step() == (0.01, 1e-3)
 
 
-@pytest.mark.parametrize("st, words", [({"w": -1.0}, "w and launch must be >= 0"), ({"p": 0.5}, "p >= 1"),
+@pytest.mark.parametrize("st, words", [({"w": -1.0}, "'step_time.w' is -1.0"), ({"p": 0.5}, "'step_time.p' is 0.5"),
                                        ({"launch": "x"}, "'step_time.launch' is 'x'")])
 def test_bad_gpu_terms_are_input_errors(st, words):
     with pytest.raises(InputError, match=words):

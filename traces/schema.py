@@ -30,14 +30,17 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import Json, TypeAdapter
 
 from traces.errors import InputError
 from traces.files import atomic_write
+from traces.validation import validated
 
 REQUIRED = ["program_id", "turn", "new_input_tokens", "output_tokens", "tool", "tool_duration_s"]
 OPTIONAL = ["arrival_s", "shared_prefix_tokens"]
 META_KEY = b"agentsim"
 DATA_DIR = Path(__file__).parent / "data"
+_META = TypeAdapter(Json[dict])  # the metadata must be a JSON object
 
 
 def _fail(df: pd.DataFrame, i: int, field: str, problem: str, fix: str) -> None:
@@ -60,6 +63,10 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
     if len(df) == 0:
         raise InputError("trace has no rows; give at least one program with one turn")
     df = df.copy()
+    pid_missing = df["program_id"].isna().to_numpy()
+    if pid_missing.any():  # astype(str) would merge them into one program "None" (or drop them)
+        i = int(np.flatnonzero(pid_missing)[0])
+        raise InputError(f"trace row {i} (turn {df['turn'].iloc[i]}): field 'program_id' is missing; give every row its program's id")
     df["program_id"] = df["program_id"].astype(str)
     for col in ("turn", "new_input_tokens", "output_tokens") + (
         ("shared_prefix_tokens",) if "shared_prefix_tokens" in df.columns else ()
@@ -145,7 +152,8 @@ def read_trace(name_or_path: str) -> tuple[pd.DataFrame, dict]:
     except Exception as e:  # pyarrow raises several types for a non-parquet file
         raise InputError(f"trace {str(path)!r} is not a readable parquet file ({type(e).__name__}); write it with `sim trace gen` or an importer") from None
     raw = (table.schema.metadata or {}).get(META_KEY)
-    meta = json.loads(raw) if raw else {}
+    meta = validated(_META, raw or b"{}", f"trace {str(path)!r}: parquet metadata '{META_KEY.decode()}'",
+                     "rewrite it as a JSON object (or drop the key)")
     return validate(table.to_pandas()), meta
 
 

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import json
 
-from traces.importers.common import Call, Notes, Program, fail, fill_gap_durations, get_int, labels, parse_time, read_jsonl
+from pydantic import StrictStr
+
+from traces.importers.common import (Call, Notes, Program, check_record, fail, fill_gap_durations, get_int, labels, parse_time,
+                                     read_jsonl)
+from traces.validation import Model
 
 PATTERNS = ("*.jsonl",)
 GENERIC_NAMES = ("trace.jsonl",)
@@ -33,7 +37,34 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
     return progs
 
 
+class _Block(Model):  # a content block: ids key dicts, so they must be strings
+    id: StrictStr | None = None
+    tool_use_id: StrictStr | None = None
+
+
+class _Message(Model):
+    id: StrictStr | None = None
+    content: StrictStr | list | None = None
+
+
+class _Record(Model):
+    uuid: StrictStr | None = None
+    parentUuid: StrictStr | None = None
+
+
+def _check(path, line: int, r: dict) -> None:
+    check_record(_Record, r, path, f"line {line}")
+    msg = r.get("message")
+    if isinstance(msg, dict):
+        check_record(_Message, msg, path, f"line {line} message")
+        for i, b in enumerate(msg["content"] if isinstance(msg.get("content"), list) else []):
+            if isinstance(b, dict):
+                check_record(_Block, b, path, f"line {line} message.content[{i}]")
+
+
 def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
+    for line, r in records:
+        _check(path, line, r)
     by_uuid = {r.get("uuid"): r for _, r in records if r.get("uuid")}
     if not any(r.get("type") in ("user", "assistant") and isinstance(r.get("message"), dict) for _, r in records):
         raise fail(path, "", "type", "has no Claude Code user/assistant records", "is this the right format? (see `sim trace import --help`)")

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from traces.errors import InputError
+from traces.validation import validated
 
 PLACEHOLDER_MAX = 4  # Claude Code 2.0.0 logs output_tokens of 1-4 from the stream start
 
@@ -22,6 +23,12 @@ def fail(path, where: str, fld: str, problem: str, fix: str) -> InputError:
     """The one-line error: file, record, field, what is wrong, how to fix it."""
     loc = f"{path}" + (f" {where}" if where else "")
     return InputError(f"{loc}: field '{fld}' {problem}; {fix}" if fld else f"{loc}: {problem}; {fix}")
+
+
+def check_record(model, obj, path, where: str) -> None:
+    """The record's shape against the importer's pydantic model (traces/validation.py):
+    a field of the wrong type is one line naming file, record and field."""
+    validated(model, obj, f"{path}" + (f" {where}" if where else ""), "fix the record (wrong format?)")
 
 
 @dataclass

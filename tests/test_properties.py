@@ -1,0 +1,128 @@
+"""Property-based tests (hypothesis): random small traces x every policy x pool sizes,
+token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off; and
+random wrong values in profiles and importer records. `make test` runs a bounded number
+of examples; `make fuzz` sets AGENTSIM_FUZZ_EXAMPLES=10000."""
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from conftest import linear_profile, make_trace
+from policies.registry import POLICIES, make_policy
+from sim.router import ROUTERS
+from sim.simulate import engine_config, run_simulation
+from traces.errors import InputError
+
+EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+turns = st.tuples(st.integers(1, 300), st.integers(1, 40), st.sampled_from(["ls", "cat", "pytest", None]),
+                  st.floats(0, 3, allow_nan=False))
+programs = st.lists(st.lists(turns, min_size=1, max_size=4), min_size=1, max_size=6)
+
+
+@st.composite
+def configs(draw):
+    progs = draw(programs)
+    trace = make_trace([[(i, o, None if t == len(p) - 1 else tool, None if t == len(p) - 1 else d)
+                         for t, (i, o, tool, d) in enumerate(p)] for p in progs],
+                       shared_prefix=draw(st.sampled_from([0, 16, 32])) if min(p[0][0] for p in progs) >= 32 else 0)
+    return dict(
+        trace=trace, arrivals=np.sort(np.asarray(draw(st.lists(st.floats(0, 5, allow_nan=False),
+                                                               min_size=len(progs), max_size=len(progs))))),
+        policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(st.integers(30, 200)),
+        budget=draw(st.sampled_from([16, 64, 256, 8192])), seqs=draw(st.integers(1, 16)),
+        chunked=draw(st.booleans()), replicas=draw(st.integers(1, 3)), router=draw(st.sampled_from(ROUTERS)),
+        offload=draw(st.sampled_from([None, "cpu:1MiB@0.05", "cpu:1MiB@0.05,ssd:2MiB@0.01"])),
+    )
+
+
+def _simulate(c, policy, ff=True):
+    prof = linear_profile(blocks=c["blocks"], budget=c["budget"], seqs=c["seqs"], c2=1e-6, c4=1e-5)
+    cfg = engine_config(prof, enable_chunked_prefill=c["chunked"])
+    return run_simulation(c["trace"], make_policy(policy), prof, cfg, c["arrivals"], fast_forward=ff,
+                          replicas=c["replicas"], router=c["router"], offload=c["offload"])
+
+
+@SETTINGS
+@given(configs())
+def test_invariants_under_random_configurations(c):
+    try:
+        base = _simulate(c, "vllm")  # an input the simulator refuses is refused for every policy
+    except InputError:
+        assume(False)
+    assert len(base.turns) == len(c["trace"])
+    # run_simulation checks itself: every call finished exactly once, nothing waits or
+    # runs at the end, no pin outlives its program, no block or tier leak (check_end).
+    # A policy deadlock raises RuntimeError: none may where plain vLLM finishes.
+    res = _simulate(c, c["policy"])
+    t, s = res.turns, res.summary
+    assert len(t) == len(c["trace"]) and not t.duplicated(["program_id", "turn"]).any()
+    assert (t["arrival"] <= t["scheduled"] + 1e-12).all()
+    assert (t["scheduled"] <= t["first_token"] + 1e-12).all() and (t["first_token"] <= t["finish"] + 1e-12).all()
+    tool = c["trace"].groupby("program_id")["tool_duration_s"].sum()
+    jct = res.programs.set_index("program_id")["jct"]
+    assert (jct >= tool.reindex(jct.index) - 1e-9).all()
+    kv = res.kv_usage
+    assert (kv["pinned_blocks"] <= kv["used_blocks"]).all() and (kv["used_blocks"] <= c["blocks"] - 1).all()
+    for k in ("cache_hit_ratio", "cpu_hit_ratio", "mean_kv_usage", "peak_kv_usage"):
+        assert 0.0 <= s[k] <= 1.0 + 1e-12, k
+    assert s["pinned_block_seconds"] >= 0
+    # decode stretches are exact: the same run step by step gives the same times
+    slow = _simulate(c, c["policy"], ff=False)
+    np.testing.assert_allclose(res.turns["finish"], slow.turns["finish"], rtol=1e-9, atol=1e-12)
+    assert res.summary["steps"] == slow.summary["steps"]
+
+
+# --- wrong types and shapes in input files: a result or one error line, never a traceback ---
+
+junk = st.one_of(st.none(), st.booleans(), st.integers(-10**13, 10**13), st.floats(), st.text(max_size=5),
+                 st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+def _one_line(e: Exception) -> None:
+    assert "\n" not in str(e)
+
+
+@SETTINGS
+@given(section=st.sampled_from(["engine", "step_time", "model", "pcie"]), key=st.sampled_from(
+    ["block_size", "num_gpu_blocks", "max_num_batched_tokens", "enable_chunked_prefill", "c0", "c1", "c5", "w", "p",
+     "num_layers", "dtype_bytes", "bandwidth_GBps", "latency_s"]), value=junk)
+def test_profile_fuzz(section, key, value):
+    from sim.profile import load_profile, parse_profile
+
+    raw = json.loads(json.dumps(load_profile("llama3.1-8b-a100-80gb").raw))
+    raw[section][key] = value
+    try:
+        parse_profile(raw, "fuzz")
+    except InputError as e:
+        _one_line(e)
+
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "importers")
+RECORDS = {  # format -> (fixture, fields to replace in its records)
+    "claude-code": ("claude_code_session.jsonl", ["uuid", "parentUuid", "timestamp", "type", "message", "isSidechain"]),
+    "tracelab": ("tracelab_good.jsonl", ["session_id", "round_index", "input_tokens_total", "output_tokens",
+                                         "timing_events", "tools"]),
+    "llmservingsim": ("llmservingsim_sessions.jsonl", ["session_id", "sub_requests", "input_toks", "output_toks"]),
+}
+
+
+@SETTINGS
+@given(fmt=st.sampled_from(sorted(RECORDS)), line=st.integers(0, 3), field=st.integers(0, 5), value=junk)
+def test_importer_fuzz(fmt, line, field, value, tmp_path_factory):
+    from traces.importers import import_trace
+
+    name, fields = RECORDS[fmt]
+    recs = [json.loads(x) for x in open(os.path.join(FIX, name)).read().splitlines() if x.strip()]
+    recs[line % len(recs)][fields[field % len(fields)]] = value
+    path = tmp_path_factory.mktemp("imp") / name
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    try:
+        import_trace(fmt, [path])
+    except InputError as e:
+        _one_line(e)

