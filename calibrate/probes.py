@@ -118,11 +118,12 @@ class Runner:
         p.samples.append(float(t))
         return t
 
-    def warm_up(self, max_batch: int, max_s: float = 30.0) -> None:
-        """Until two prefills in a row agree within 10%: the first seconds after start
-        run several times slower on these CPUs."""
+    def warm_up(self, decode: Probe, max_s: float = 30.0) -> None:
+        """A decode probe of the plan (one that fits the pool), then prefills until two in
+        a row agree within 10%: the first seconds after start run several times slower on
+        these CPUs."""
         end, last = time.perf_counter() + max_s, None
-        self.decode_seconds(max_batch, 256, 4)
+        self.decode_seconds(decode.batch, decode.prefix, 4)
         while time.perf_counter() < end:
             t = self.prefill_seconds(min(self.budget, 2048))
             if last is not None and abs(t - last) < 0.1 * last:

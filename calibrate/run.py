@@ -64,7 +64,7 @@ def calibrate_engine(llm, device: str, quick: bool = False, reps: int | None = N
     reps = reps or 3
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     runner = Runner(llm, vocab, budget, seed)
-    runner.warm_up(max(p.batch for p in probes))
+    runner.warm_up(max((p for p in probes if p.kind == "decode"), key=lambda p: (p.batch, -p.prefix)))
     with tqdm(total=reps * len(probes), desc="calibrate", unit="probe", disable=not progress) as bar:
         for _ in range(reps):
             for p in probes:
