@@ -2,9 +2,9 @@
 
     python benchmarks/policy_table.py [--trace swebench|bfcl|PATH] [--programs 300]
                                       [--num-blocks 6000] [--loads 0.15,0.25] [--seeds 0,1,2]
-                                      [--policies vllm,program-fcfs,...] [--workers 2]
+                                      [--policies vllm,program-fcfs,...] [--profile NAME] [--workers 2]
 
-Profile: the bundled default (llama3.1-8b-a100-80gb, a roofline estimate) with its
+Profile: --profile (default: the bundled default, llama3.1-8b-h100) with its
 GPU KV pool cut to --num-blocks to create memory pressure. Arrivals are Poisson at
 each JPS, one run per seed; every cell is the mean over the seeds. Prints a Markdown
 table, then per load in how many seeds the paper's ablation order held for mean JCT
@@ -28,11 +28,11 @@ ORDER = ("vllm", "program-fcfs", "static-ttl", "continuum")  # the paper's Fig. 
 
 
 def one(args):
-    trace_name, programs, num_blocks, jps, policy, seed = args
+    trace_name, programs, num_blocks, jps, policy, seed, profile = args
     trace, _ = read_trace(trace_name)
     keep = trace["program_id"].drop_duplicates().iloc[:programs]
     trace = trace[trace["program_id"].isin(keep)]
-    prof = load_profile()
+    prof = load_profile(profile)
     res = run_simulation(trace, make_policy(policy), prof, engine_config(prof, num_gpu_blocks=num_blocks),
                          arrivals_for(trace, jps, seed))
     return (jps, policy, seed), res.summary
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--trace", default="swebench")
     ap.add_argument("--programs", type=int, default=300)
     ap.add_argument("--num-blocks", type=int, default=6000)
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
     ap.add_argument("--loads", default="0.15,0.25")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
     ap.add_argument("--seeds", default="0", help="arrival seeds, comma-separated; cells are means over them")
@@ -52,7 +53,7 @@ def main() -> None:
     loads = [float(x) for x in a.loads.split(",")]
     pols = a.policies.split(",")
     seeds = [a.seed] if a.seed is not None else [int(x) for x in a.seeds.split(",")]
-    jobs = [(a.trace, a.programs, a.num_blocks, j, p, s) for j in loads for p in pols for s in seeds]
+    jobs = [(a.trace, a.programs, a.num_blocks, j, p, s, a.profile) for j in loads for p in pols for s in seeds]
     with ProcessPoolExecutor(a.workers) as ex:
         res = dict(ex.map(one, jobs))
 
@@ -60,7 +61,7 @@ def main() -> None:
         return float(np.mean([res[(j, p, s)][key] for s in seeds]))
 
     seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
-    print(f"{a.trace}, {a.programs} programs, profile {DEFAULT_PROFILE} with {a.num_blocks} KV blocks "
+    print(f"{a.trace}, {a.programs} programs, profile {a.profile} with {a.num_blocks} KV blocks "
           f"({a.num_blocks * 16} tokens), Poisson arrivals, {seed_txt}\n")
     head = "| policy | " + " | ".join(f"JPS {j}: mean JCT (s) | p95 (s) | hit ratio" for j in loads) + " |"
     print(head)

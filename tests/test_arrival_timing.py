@@ -30,3 +30,16 @@ def test_a_pin_that_outlives_the_step_is_hit():
     res, a1 = _run(pin_seconds=3.0)
     assert res.summary["pins_hit"] == 1 and res.summary["pins_expired"] == 0
     assert a1["cached_tokens"] == 32 and a1["scheduled"] == pytest.approx(2.11)
+
+
+def test_usage_divides_by_the_usable_blocks_as_the_vllm_adapter_does():
+    """One block total on both sides: vLLM's pool keeps one of num_gpu_blocks as its null
+    block, and calibrate/policy_scheduler.py divides by num_gpu_blocks - 1; so does the
+    simulator, and a full pool reads 100%, not (n-1)/n."""
+    from sim.engine import Engine
+
+    trace = make_trace([[(16 * 9 - 1, 2, None, None)]])  # 143 + 1 tokens: 9 blocks of 16
+    prof = linear_profile(blocks=10)
+    res = run_simulation(trace, make_policy("vllm"), prof, engine_config(prof), np.array([0.0]))
+    assert res.summary["peak_kv_usage"] == pytest.approx(1.0)
+    assert Engine.num_blocks.fget(type("E", (), {"cfg": engine_config(prof)})()) == 9

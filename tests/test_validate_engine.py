@@ -4,7 +4,7 @@ The reduced matrix of `sim validate --shape swebench --policy vllm,continuum-sta
 --repeats 2`: calibrate the engine (quick probes), replay the SWE-bench shape twice per
 policy with the policy inside vLLM, simulate each replay on the profile scaled by the clock
 probes timed around it (never by the replay itself), compare. The full matrix (every
-policy, two shapes) is benchmarks/ranking_fidelity.py; its last figures are in README.
+policy, two shapes) is benchmarks/ranking_fidelity.py; its last figures are in docs/validation.md.
 """
 import json
 
