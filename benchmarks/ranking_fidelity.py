@@ -25,11 +25,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--policies", default="all")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--profile", default=None, help="profile to judge on (default: calibrate on the first engine)")
+    ap.add_argument("--merge", action="store_true",
+                    help="re-run only --policies and keep the other rows of OUT's reports (give --profile)")
     ap.add_argument("--figure", default=None, help="also copy the figure here (e.g. docs/figures/ranking_fidelity.png)")
     a = ap.parse_args()
     policies = list(RUNNABLE) if a.policies == "all" else a.policies.split(",")
     t0 = time.perf_counter()
-    run_matrix(a.shapes.split(","), policies, a.repeats, a.out, log=lambda m: print(f"[{time.perf_counter() - t0:6.0f}s] {m}", flush=True))
+    run_matrix(a.shapes.split(","), policies, a.repeats, a.out, a.profile, merge=a.merge,
+               log=lambda m: print(f"[{time.perf_counter() - t0:6.0f}s] {m}", flush=True))
     print((Path(a.out) / "report.md").read_text())
     print(f"matrix wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if a.figure:

@@ -51,6 +51,9 @@ def register(sub) -> None:
     v.add_argument("--policy", default="vllm,continuum",
                    help="comma-separated policies, or 'all' (every policy that runs inside vLLM); default vllm,continuum")
     v.add_argument("--repeats", type=int, default=1, help="real runs per policy, for the run-to-run spread (default 1)")
+    v.add_argument("--merge", action="store_true",
+                   help="with --shape: run only --policy and keep the other policies' rows of DIR/<shape>/report.json "
+                        "(rankings recomputed over all; give the --profile those rows were judged on)")
     v.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
                    help="policy parameter (repeatable), given to each listed policy that has it, on both sides")
     v.add_argument("--profile", default=None, help="profile name or JSON; default: calibrate the engine first (quick)")
@@ -145,10 +148,12 @@ def _validate(args) -> int:
         if args.policy_arg:
             raise InputError("--policy-arg applies to --trace runs; the shapes carry their own policy parameters")
         run_matrix([s.strip() for s in args.shape.split(",")], policies, args.repeats, args.out, args.profile,
-                         args.seed, args.model, args.device)
+                   args.seed, args.model, args.device, merge=args.merge)
         print((Path(args.out) / "report.md").read_text())
         print(f"report: {Path(args.out) / 'report.md'} (+ report.json, mean_jct_sim_vs_real.png, one folder per shape)")
         return 0
+    if args.merge:
+        raise InputError("--merge needs --shape")
     trace, _ = read_trace(args.trace)
     trace = fit_trace(trace, args.programs, args.max_turns, args.max_context, args.max_output, args.max_tool_s)
     given = parse_policy_args(args.policy_arg)

@@ -73,7 +73,8 @@ class PolicyScheduler(Scheduler):
         super().__init__(vllm_config, *args, **kwargs)
         conf = dict((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
         try:
-            self.policy: Policy = make_policy(str(conf.get("policy", "vllm")), **dict(conf.get("policy_args") or {}))
+            self._policy_conf = (str(conf.get("policy", "vllm")), dict(conf.get("policy_args") or {}))
+            self.policy: Policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
             self.profile = load_profile(conf.get("profile", DEFAULT_PROFILE))
             check_profile_matches(self.profile, vllm_config.model_config, vllm_config.parallel_config)
         except (PolicyError, InputError) as err:  # vLLM shows this at start-up
@@ -399,7 +400,17 @@ class PolicyScheduler(Scheduler):
         self.update_from_output = self._timed_update_from_output
 
     def reset_stats(self) -> None:
-        """Forget KV statistics and start logging steps (after a warm-up or calibration)."""
+        """Start a measured run (after a warm-up, calibration or clock probes): a fresh
+        policy and fresh statistics, as a simulation starts, then log steps. The earlier
+        requests were one-turn programs without job ids; a policy that learned from them
+        would carry that into the run (Continuum's eta went negative from the probes'
+        one-turn programs and it pinned half as often as in the simulator)."""
+        if self.pinned or self.calls:
+            raise RuntimeError("reset_stats with requests or pins in the engine")
+        self.policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
+        self.stats = FinishStats()
+        self.programs.clear()
+        self._next_expiry = float("inf")
         self.step_log = []
         self._time_steps()
         self.kv_peak = self._kv_sum = self._kv_steps = self.preemptions = 0

@@ -444,11 +444,14 @@ def _one_engine(args: tuple):
 
 def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarray, profile: str | None = None,
                    out: str | Path | None = None, seed: int = 0, model=None, device: str = "cpu",
-                   log=print, policy_args: dict[str, dict] | None = None, repeats: int = 1, **limits) -> dict:
+                   log=print, policy_args: dict[str, dict] | None = None, repeats: int = 1,
+                   merge_from: str | Path | None = None, **limits) -> dict:
     """One workload, each policy `repeats` times on a fresh engine and once per repeat in
     the simulator (on that repeat's clock). `profile`: a profile name or path; None =
     calibrate on the first engine (written to out/profile.json) and use it for the rest.
-    `policy_args`: per policy name, its parameters (the same on both sides)."""
+    `policy_args`: per policy name, its parameters (the same on both sides). `merge_from`:
+    an earlier report.json of the same workload whose other policies' rows are kept (the
+    ranking is recomputed over all): re-run some policies after a fix without the rest."""
     policy_args = {p: dict((policy_args or {}).get(p) or {}) for p in policies}
     check_policies(policies, policy_args)
     if repeats < 1:
@@ -486,6 +489,8 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
         rows[pol]["p90_jct_error"] = (rows[pol]["sim"]["p90_jct"] - rows[pol]["real"]["p90_jct"]) / rows[pol]["real"]["p90_jct"]
         if pol in NOTES:
             rows[pol]["note"] = NOTES[pol]
+    if merge_from is not None:
+        rows = {**json.loads(Path(merge_from).read_text())["policies"], **rows}
     rep = {"policies": rows, **rank(rows)}
     first = real[policies[0]][0][2]
     rep["setup"] = {"programs": int(trace["program_id"].nunique()), "calls": int(len(trace)), "seed": seed,
@@ -493,17 +498,20 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
                     "engine_cpu_core": first["cpu_core"],
                     "profile": prof.name, "profile_device": prof.raw.get("device"),
                     "clock_probes": [dict(zip(("kind", "new", "prefix", "batch"), c)) for c in CLOCK],
-                    "policy_args": {p: a for p, a in policy_args.items() if a}}
+                    "policy_args": {p: a for p, a in policy_args.items() if a},
+                    "merged_into": str(merge_from) if merge_from is not None else None, "run_now": policies}
     if out:
         _write_shape(Path(out), rep, real, sim)
     return rep
 
 
 def run_matrix(shapes: list[str], policies: list[str], repeats: int = 2, out: str | Path = "val",
-               profile: str | None = None, seed: int = 0, model=None, device: str = "cpu", log=print) -> dict:
+               profile: str | None = None, seed: int = 0, model=None, device: str = "cpu", log=print,
+               merge: bool = False) -> dict:
     """Every policy on every shape (SHAPES), `repeats` real runs each; one calibration
     shared by all. Writes out/<shape>/ per shape, then out/report.{md,json} and
-    out/mean_jct_sim_vs_real.png (written last)."""
+    out/mean_jct_sim_vs_real.png (written last). `merge`: keep the rows of policies not
+    run now from out/<shape>/report.json (give the profile those were judged on)."""
     from traces.schema import read_trace
 
     unknown = [s for s in shapes if s not in SHAPES]
@@ -520,8 +528,11 @@ def run_matrix(shapes: list[str], policies: list[str], repeats: int = 2, out: st
         args = {p: a for p, a in shape.policy_args.items() if p in policies}
         log(f"shape {s}: {trace['program_id'].nunique()} programs, {len(trace)} calls, JPS {shape.jps}, "
             f"{shape.num_gpu_blocks} KV blocks")
+        old = out / s / "report.json"
+        if merge and not old.exists():
+            raise InputError(f"--merge: {old} does not exist; run the full matrix into {out} first")
         reports[s] = run_validation(trace, policies, arrivals_for(trace, shape.jps, seed), profile, out / s, seed,
-                                    model, device, log, args, repeats, **shape.limits)
+                                    model, device, log, args, repeats, old if merge else None, **shape.limits)
         reports[s]["shape"] = dataclasses.asdict(shape)
         profile = profile or str(out / s / "profile.json")  # calibrate once
     rep = {"shapes": reports, "not_runnable": {p: r for p, r in NOT_RUNNABLE.items()}, "wall_s": time.perf_counter() - t0}

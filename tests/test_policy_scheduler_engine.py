@@ -127,3 +127,17 @@ def test_expired_pin_is_not_served(static_llm):
         assert not sched.pinned
     finally:
         del llm
+
+
+def test_reset_stats_starts_the_run_with_a_fresh_policy(static_llm):
+    """Warm-up and clock-probe requests are anonymous one-turn programs; a policy that
+    learned from them (Continuum's eta) would carry that into the measured replay."""
+    sched = _sched(static_llm)
+    _gen(static_llm, [_ids(np.random.default_rng(5), 1000)], [None])  # 8 blocks
+    assert sched.stats.avg_request_blocks() != 1.0  # the anonymous request was counted
+    before = sched.policy
+    sched.reset_stats()
+    assert sched.policy is not before and type(sched.policy) is type(before)
+    assert sched.policy.pin_seconds == before.pin_seconds  # same arguments
+    assert not sched.programs and sched.stats.avg_request_blocks() == 1.0
+    sched.step_log = None
