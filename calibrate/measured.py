@@ -36,7 +36,7 @@ from calibrate.vllm_limits import gpu_engine_limits
 from traces.errors import InputError
 
 NEED = {"prefill": ("n", "k", "median_s", "min_s"), "decode": ("B", "ctx", "median_s", "min_s")}
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(os.path.normpath(Path(__file__).absolute().parent.parent))
 # Model shapes by the file's `model` prefix (the file names the shape, its README gives it).
 SHAPES = {"llama3.1-8b": {
     "name": "meta-llama/Llama-3.1-8B-Instruct", "architecture": "LlamaForCausalLM", "num_layers": 32,
@@ -124,7 +124,9 @@ def _shape(data: dict) -> dict:
 
 def _display(path: Path) -> str:
     """The file's path relative to the repository (profiles are committed), else absolute."""
-    return os.path.relpath(path.resolve(), REPO) if path.resolve().anchor == REPO.anchor else str(path.resolve())
+    # lexical, not resolved: a ../shared that is a symlink must read the same as a folder
+    path = Path(os.path.normpath(path.absolute()))
+    return os.path.relpath(path, REPO) if path.anchor == REPO.anchor else str(path)
 
 
 def build_measured_profile(path: str | Path, stat: str = "min_s", gpu_memory_utilization: float = 0.9) -> dict:

@@ -405,8 +405,11 @@ class PolicyScheduler(Scheduler):
         requests were one-turn programs without job ids; a policy that learned from them
         would carry that into the run (Continuum's eta went negative from the probes'
         one-turn programs and it pinned half as often as in the simulator)."""
-        if self.pinned or self.calls:
-            raise RuntimeError("reset_stats with requests or pins in the engine")
+        if self.calls:
+            raise RuntimeError("reset_stats with requests in the engine")
+        for pid in list(self.pinned):  # programs of the earlier phase are over
+            self._release_pin(pid, time.monotonic(), "last")
+        self.pinned_block_seconds, self._pin_t = 0.0, time.monotonic()
         self.policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
         self.stats = FinishStats()
         self.programs.clear()
