@@ -114,6 +114,20 @@ def test_arrivals_take_their_policy_place_in_the_waiting_queue(static_llm):
     assert not sched.pinned and not sched.calls  # aborting the turn ended its program and its pin
 
 
+def test_reset_stats_starts_the_run_with_a_fresh_policy(static_llm):
+    """Warm-up and clock-probe requests are anonymous one-turn programs; a policy that
+    learned from them (Continuum's eta) would carry that into the measured replay."""
+    sched = _sched(static_llm)
+    _gen(static_llm, [_ids(np.random.default_rng(5), 1000)], [None])  # 8 blocks
+    assert sched.stats.avg_request_blocks() != 1.0  # the anonymous request was counted
+    before = sched.policy
+    sched.reset_stats()
+    assert sched.policy is not before and type(sched.policy) is type(before)
+    assert sched.policy.pin_seconds == before.pin_seconds  # same arguments
+    assert not sched.programs and sched.stats.avg_request_blocks() == 1.0
+    sched.step_log = None
+
+
 def test_expired_pin_is_not_served(static_llm):
     """Last in this module: its own engine, started after the shared one is shut down
     (two in-process engines cannot live at once)."""
@@ -128,16 +142,3 @@ def test_expired_pin_is_not_served(static_llm):
     finally:
         del llm
 
-
-def test_reset_stats_starts_the_run_with_a_fresh_policy(static_llm):
-    """Warm-up and clock-probe requests are anonymous one-turn programs; a policy that
-    learned from them (Continuum's eta) would carry that into the measured replay."""
-    sched = _sched(static_llm)
-    _gen(static_llm, [_ids(np.random.default_rng(5), 1000)], [None])  # 8 blocks
-    assert sched.stats.avg_request_blocks() != 1.0  # the anonymous request was counted
-    before = sched.policy
-    sched.reset_stats()
-    assert sched.policy is not before and type(sched.policy) is type(before)
-    assert sched.policy.pin_seconds == before.pin_seconds  # same arguments
-    assert not sched.programs and sched.stats.avg_request_blocks() == 1.0
-    sched.step_log = None
