@@ -369,36 +369,42 @@ def render_markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _plot_programs(path: Path, real: dict, sim: dict) -> None:
+def _axes(size: tuple[float, float]):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 5))
-    hi = 0.0
-    for pol in real:
-        both = real[pol][0][1].merge(sim[pol][0].programs[["program_id", "jct"]], on="program_id", suffixes=("_real", "_sim"))
-        ax.scatter(both["jct_real"], both["jct_sim"], label=pol, s=14)
-        hi = max(hi, float(both[["jct_real", "jct_sim"]].max().max()))
+    return plt.subplots(figsize=size)
+
+
+def _finish(fig, ax, path: Path, hi: float, xlabel: str, ylabel: str, title: str, legend_size: int) -> None:
+    """The y = x line, labels, and an atomic PNG."""
+    import matplotlib.pyplot as plt
+
     ax.plot([0, hi], [0, hi], "k--", lw=0.8, label="sim = real")
-    ax.set_xlabel("real JCT (s)")
-    ax.set_ylabel("simulated JCT (s), probe-scaled")
-    ax.set_title("per-program JCT, first repeat")
-    ax.legend(fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
 
 
+def _plot_programs(path: Path, real: dict, sim: dict) -> None:
+    fig, ax = _axes((5, 5))
+    hi = 0.0
+    for pol in real:
+        both = real[pol][0][1].merge(sim[pol][0].programs[["program_id", "jct"]], on="program_id", suffixes=("_real", "_sim"))
+        ax.scatter(both["jct_real"], both["jct_sim"], label=pol, s=14)
+        hi = max(hi, float(both[["jct_real", "jct_sim"]].max().max()))
+    _finish(fig, ax, path, hi, "real JCT (s)", "simulated JCT (s), probe-scaled", "per-program JCT, first repeat", 7)
+
+
 def plot_means(path: Path, shapes: dict[str, dict]) -> None:
     """Simulated against real mean JCT: a point per policy and shape, the y = x line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = _axes((5.5, 5))
     hi = 0.0
     for (shape, rep), marker in zip(shapes.items(), "os^v"):
         for pol, r in rep["policies"].items():
@@ -407,14 +413,8 @@ def plot_means(path: Path, shapes: dict[str, dict]) -> None:
             ax.annotate(pol, (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
             hi = max(hi, x, y)
         ax.plot([], [], marker, color="gray", label=shape)
-    ax.plot([0, hi * 1.05], [0, hi * 1.05], "k--", lw=0.8, label="sim = real")
-    ax.set_xlabel("real vLLM mean JCT (s)  (bar: run-to-run spread)")
-    ax.set_ylabel("simulated mean JCT (s), probe-scaled")
-    ax.set_title("ranking fidelity: every policy, two shapes")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    _finish(fig, ax, path, hi * 1.05, "real vLLM mean JCT (s)  (bar: run-to-run spread)",
+            "simulated mean JCT (s), probe-scaled", "ranking fidelity: every policy, two shapes", 8)
 
 
 def _write_shape(out: Path, rep: dict, real: dict, sim: dict) -> None:

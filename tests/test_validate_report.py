@@ -1,0 +1,64 @@
+"""The validation report's arithmetic, without an engine: rankings over separable pairs,
+the clock scale, late arrivals, refusals."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.validate import SHAPES, _late_arrivals, check_policies, clock_scale, fit_trace, rank
+from tests.conftest import linear_profile
+from traces.errors import InputError
+from traces.schema import read_trace
+
+
+def _row(real, spread, sim):
+    return {"real": {"mean_jct": real, "spread": spread}, "sim": {"mean_jct": sim}}
+
+
+def test_rank_counts_only_pairs_beyond_twice_the_noise():
+    rows = {"a": _row(10.0, 0.02, 9.0), "b": _row(20.0, 0.02, 21.0), "c": _row(20.5, 0.02, 19.0)}
+    r = rank(rows)
+    pairs = {tuple(p["pair"]): p["sim_agrees"] for p in r["separable_pairs"]}
+    assert pairs == {("a", "b"): True, ("a", "c"): True}  # b vs c: 0.5 s gap < 2 x 0.41 s noise
+    assert r["kendall_tau"] == 1.0 and r["ranking_real"] == ["a", "b", "c"] and not r["ranking_agrees"]
+    rows["a"] = _row(10.0, 0.02, 25.0)  # the simulator now puts a last
+    assert rank(rows)["kendall_tau"] == -1.0
+
+
+def test_clock_scale_is_measured_over_predicted():
+    prof = linear_profile(c0=0.01, c1=0.001)
+    rows = [{"seconds": 2 * (0.01 + 0.001 * n), "features": {"tokens": n, "seqs": 1, "sum_qk": n * n, "sum_k": n,
+                                                             "sum_q_cached": 0}} for n in (100, 500)]
+    assert clock_scale(rows, prof) == pytest.approx(2.0)
+
+
+def test_late_arrival_splits_the_step_in_progress_from_the_rest():
+    t0 = 100.0
+    steps = pd.DataFrame({"start": [t0 + 0.0, t0 + 1.0], "seconds": [0.5, 0.5]})
+    turns = pd.DataFrame({"program_id": ["p", "p"], "turn": [0, 1], "arrival": [0.2, 0.9]})
+    arrived = {"p#0-abcd1234": t0 + 0.502, "p#1-ffff0000": t0 + 0.901}  # vLLM's id suffix
+    out = _late_arrivals(turns, arrived, t0, steps)
+    np.testing.assert_allclose(out["late_step_s"], [0.3, 0.0])  # due mid-step / between steps
+    np.testing.assert_allclose(out["late_rest_s"], [0.002, 0.001], atol=1e-9)
+
+
+def test_non_runnable_and_unknown_policies_are_refused_with_a_reason():
+    with pytest.raises(InputError, match="thunderagent.*cannot run inside vLLM: a proxy"):
+        check_policies(["vllm", "thunderagent"], {})
+    with pytest.raises(Exception, match="unknown policy"):
+        check_policies(["nope"], {})
+    with pytest.raises(InputError, match="distinct"):
+        check_policies(["vllm", "vllm"], {})
+
+
+def test_shapes_cut_as_documented():
+    bfcl = SHAPES["bfcl"]
+    full, cut = read_trace("bfcl")[0], bfcl.cut(read_trace("bfcl")[0])
+    assert cut["program_id"].nunique() == bfcl.programs and cut["turn"].max() < bfcl.max_turns
+    ctx = (cut["new_input_tokens"] + cut["output_tokens"]).groupby(cut["program_id"]).sum()
+    assert ctx.max() <= bfcl.max_context
+    first = full[full["program_id"] == cut["program_id"].iloc[0]].set_index("turn")["tool_duration_s"]
+    scaled = cut[cut["program_id"] == cut["program_id"].iloc[0]].set_index("turn")["tool_duration_s"]
+    t = scaled.index[0]
+    assert scaled[t] == pytest.approx(min(first[t] * 0.15, bfcl.max_tool_s))
+    assert fit_trace(full, programs=2, tool_scale=0.5)["tool_duration_s"].sum() < \
+        fit_trace(full, programs=2)["tool_duration_s"].sum()
