@@ -4,30 +4,35 @@ and a sweep over GPU memory size: where does offload without pinning overtake pi
     python benchmarks/offload_table.py [--programs 300] [--traces swebench,bfcl] [--jps 0.25,0.12]
         [--num-blocks 6000] [--offload cpu:100GB] [--policies vllm,autellix,infercept,continuum,...]
         [--sweep-trace swebench] [--sweep-blocks 2000,3000,4000,6000,9000,12000,18000,24766]
+        [--profile NAME] [--seeds 0,1,2] [--workers 2]
 
---jps is one rate per trace (BFCL's contexts are ~2.5x SWE-bench's, so it saturates
-at a lower rate).
-Profile: the bundled default (llama3.1-8b-a100-80gb: a roofline estimate, PCIe 25 GB/s
-assumed), its GPU KV pool cut to --num-blocks; 100 GB of CPU DRAM per GPU as the paper
-gives its A100 runs. Prints two Markdown tables.
+--traces are bundled names or trace parquet paths; --jps is one rate per trace (BFCL's
+contexts are ~2.5x SWE-bench's, so it saturates at a lower rate). --sweep-blocks ""
+skips the memory sweep.
+Profile: --profile (default: the bundled default, llama3.1-8b-h100), its GPU KV pool
+cut to --num-blocks; 100 GB of CPU DRAM per GPU as the paper gives its A100 runs.
+Cells are means over --seeds (Poisson arrival seeds; default --seed 0).
+Prints two Markdown tables.
 """
 from __future__ import annotations
 
 import argparse
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
+
 from policies.registry import make_policy
-from sim.profile import load_profile
+from sim.profile import DEFAULT_PROFILE, load_profile
 from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.schema import read_trace
 
 
 def one(job):
-    trace_name, programs, blocks, jps, policy, offload, seed = job
+    trace_name, programs, blocks, jps, policy, offload, seed, profile = job
     trace, _ = read_trace(trace_name)
     keep = trace["program_id"].drop_duplicates().iloc[:programs]
     trace = trace[trace["program_id"].isin(keep)]
-    prof = load_profile()
+    prof = load_profile(profile)
     res = run_simulation(trace, make_policy(policy), prof, engine_config(prof, num_gpu_blocks=blocks),
                          arrivals_for(trace, jps, seed), offload=offload)
     return job, res.summary
@@ -43,7 +48,9 @@ def main() -> None:
     ap.add_argument("--policies", default="vllm,autellix,infercept,continuum,continuum-offload,thunderagent")
     ap.add_argument("--sweep-trace", default="swebench")
     ap.add_argument("--sweep-blocks", default="2000,3000,4000,6000,9000,12000,18000,24766")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="one arrival seed (default 0)")
+    ap.add_argument("--seeds", default=None, help="arrival seeds, comma-separated; cells are means over them")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     traces, pols = a.traces.split(","), a.policies.split(",")
@@ -52,17 +59,22 @@ def main() -> None:
     jps.setdefault(a.sweep_trace, rates[0])
     sweep = [int(b) for b in a.sweep_blocks.split(",")] if a.sweep_blocks else []
     sweep_cfgs = [("vllm", a.offload), ("continuum", None), ("continuum", a.offload), ("vllm", None)]
-    jobs = [(t, a.programs, a.num_blocks, jps[t], p, off, a.seed) for t in traces for p in pols for off in (None, a.offload)]
-    jobs += [(a.sweep_trace, a.programs, b, jps[a.sweep_trace], p, off, a.seed) for b in sweep for p, off in sweep_cfgs]
+    seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [a.seed]
+    jobs = [(t, a.programs, a.num_blocks, jps[t], p, off, sd, a.profile)
+            for t in traces for p in pols for off in (None, a.offload) for sd in seeds]
+    jobs += [(a.sweep_trace, a.programs, b, jps[a.sweep_trace], p, off, sd, a.profile)
+             for b in sweep for p, off in sweep_cfgs for sd in seeds]
     jobs = list(dict.fromkeys(jobs))
     with ProcessPoolExecutor(a.workers) as ex:
         res = dict(ex.map(one, jobs))
 
     def s(t, b, p, off):
-        return res[(t, a.programs, b, jps[t], p, off, a.seed)]
+        runs = [res[(t, a.programs, b, jps[t], p, off, sd, a.profile)] for sd in seeds]
+        return {k: float(np.mean([r[k] for r in runs])) for k in ("mean_jct", "p95_jct", "cpu_hit_ratio")}
 
-    print(f"{a.programs} programs per trace, JPS " + ", ".join(f"{t} {jps[t]}" for t in traces) + f", seed {a.seed}; "
-          f"default profile with {a.num_blocks} GPU KV blocks ({a.num_blocks * 16} tokens); offload {a.offload}, 1 replica\n")
+    seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
+    print(f"{a.programs} programs per trace, JPS " + ", ".join(f"{t} {jps[t]}" for t in traces) + f", {seed_txt}; "
+          f"profile {a.profile} with {a.num_blocks} GPU KV blocks ({a.num_blocks * 16} tokens); offload {a.offload}, 1 replica\n")
     head = "| policy | " + " | ".join(f"{t}: mean JCT, offload (s) | p95 (s) | CPU hit | no offload (s)" for t in traces) + " |"
     print(head)
     print("|" + "---|" * (1 + 4 * len(traces)))

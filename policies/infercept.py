@@ -20,6 +20,12 @@ call's KV by comparing memory-waste estimates, in the form of its public code (t
   tool's mean observed duration (ours; the paper's estimator is not in the code).
 - Resume order: preserved programs first, then swapped ones, then returning
   (discarded or preempted) calls, then new programs; program arrival within each.
+- Ablation switches (ours; defaults are the code's form above, benchmarks/infercept_ablation.py
+  turns them off one at a time): `true_tool_time` (the oracle remaining time),
+  `preserve` ("until-return", or "continuum-ttl": pin only for Continuum's Eq. 2 TTL),
+  `discard` (the W_d < W_p re-judgement), `unpin_while_running` (swap targets dropped
+  for the queue head while calls run) and `resume_order` ("infercept", or "continuum":
+  preempted, pinned, program arrival). All off is exactly `continuum`.
 - Ours: S, a, c and the swap budget come from the simulated engine: a, c from the
   profile's step model (the code hard-codes a = 0.0279 ms, c = 15.4 ms for a 13B model
   on its GPU: used when the view cannot tell); the swap budget is the blocks one
@@ -36,9 +42,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from policies.base import FREE, EngineView, Pin, Policy, Request, Retention
+from policies.base import FREE, EngineView, Pin, Policy, PolicyError, Request, Retention
+from policies.continuum import ContinuumPolicy
 
 CODE_A_MS, CODE_C_MS = 0.0279, 15.4  # scheduler_v2.discard_waste (13B model)
+PRESERVE = ("until-return", "continuum-ttl")  # values of `preserve`
+RESUME_ORDERS = ("infercept", "continuum")  # values of `resume_order`
 
 
 def discard_waste(C: int, c_h: int, R: int, a: float, c: float, S: int) -> float:
@@ -60,11 +69,33 @@ class InferceptPolicy(Policy):
         c_ms: float = 0.0,  # ms fixed per step; 0 = from the engine's profile
         swap_budget_blocks: int = -1,  # per step; -1 = what one saturated step can move over PCIe
         true_tool_time: bool = True,  # code: remaining time from the true tool duration
+        # code: a pause is preserved until its program resumes; "continuum-ttl" (ablation):
+        # pinned only for Continuum's Eq. 2 TTL (freed at the finish when it is 0)
+        preserve: str = "until-return",
+        discard: bool = True,  # code: discard when W_d < W_p; False (ablation): never, pins end by return, expiry or deadlock
+        # code: swap targets are dropped for a blocked queue head while calls run;
+        # False (ablation): only when nothing runs, Continuum's no-deadlock rule
+        unpin_while_running: bool = True,
+        # code: preserved, swapped, returning, new; "continuum" (ablation): Continuum's
+        # preempted, pinned, program arrival
+        resume_order: str = "infercept",
     ) -> None:
         super().__init__()
         self.S, self.a_ms, self.c_ms = int(S), float(a_ms), float(c_ms)
         self.swap_budget_blocks = int(swap_budget_blocks)
         self.true_tool_time = bool(true_tool_time)
+        if preserve not in PRESERVE or resume_order not in RESUME_ORDERS:
+            raise PolicyError(f"preserve in {PRESERVE}, resume_order in {RESUME_ORDERS}")
+        self.preserve, self.resume_order = preserve, resume_order
+        self.discard = bool(discard)
+        self.reviews_pins = self.discard  # nothing to re-judge without discards
+        self.unpin_while_running = bool(unpin_while_running)
+        # Continuum's TTL estimator (its tool CDFs, T, eta), sharing our pins so that its
+        # T counts the calls not served from a pin
+        self.ttl_model: ContinuumPolicy | None = None
+        if preserve == "continuum-ttl":
+            self.ttl_model = ContinuumPolicy()
+            self.ttl_model.pins = self.pins
         self.tool_end: dict[str, float] = {}  # pid -> when its tool returns (estimate)
         self.blocks: dict[str, int] = {}  # pid -> GPU blocks at the last review
         self.swap_targets: list[str] = []
@@ -79,6 +110,8 @@ class InferceptPolicy(Policy):
     def record_tool_time(self, tool: str | None, seconds: float) -> None:
         self._tool_sum[tool] += seconds
         self._tool_n[tool] += 1
+        if self.ttl_model is not None:
+            self.ttl_model.record_tool_time(tool, seconds)
 
     def expected_tool_time(self, req: Request) -> float:
         if self.true_tool_time and req.true_tool_duration is not None:
@@ -113,12 +146,20 @@ class InferceptPolicy(Policy):
         pid = req.program_id
         self.last_finish[pid] = (now, req.tool)
         self.tool_end[pid] = now + self.expected_tool_time(req)
-        self.pins[pid] = Pin(math.inf, req.program_arrival, now, req.tool)  # preserved until resumed
+        ttl = math.inf  # preserved until resumed
+        if self.ttl_model is not None:
+            ttl = self.ttl_model.calc_ttl(req, view)
+            if ttl <= 0.0:
+                return FREE
+            self.ttls[req.tool or "<unknown>"].append(ttl)
+        self.pins[pid] = Pin(now + ttl, req.program_arrival, now, req.tool)
         self.decisions["preserve"] += 1
-        return Retention("pin", math.inf)
+        return Retention("pin", ttl)
 
     def on_schedule(self, req: Request, now: float) -> None:
         self.swapped.discard(req.program_id)
+        if self.ttl_model is not None:
+            self.ttl_model.on_schedule(req, now)  # before the engine releases the pin: T
 
     def pin_released(self, program_id: str, now: float, reason: str) -> None:
         super().pin_released(program_id, now, reason)
@@ -130,6 +171,8 @@ class InferceptPolicy(Policy):
         super().on_program_end(program_id, num_turns, now)
         self.tool_end.pop(program_id, None)
         self.swapped.discard(program_id)
+        if self.ttl_model is not None:
+            self.ttl_model.memory.add(num_turns)  # eta
 
     # --- decisions ----------------------------------------------------------------------
     def review_pins(self, now: float, view: EngineView) -> list[str]:
@@ -139,6 +182,9 @@ class InferceptPolicy(Policy):
         self.swap_left = self.budget(view, a, c)
         rt = getattr(view, "running_tokens", None)
         batch, R = rt() if rt is not None else (0, 0)
+        if not self.discard:
+            self.swap_targets = []
+            return []
         c_h = max(self.S - batch, 1)
         bs = view.block_size
         cands: dict[str, float] = {}
@@ -193,6 +239,9 @@ class InferceptPolicy(Policy):
 
     def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
         pid = req.program_id
+        if self.resume_order == "continuum":  # ContinuumPolicy.order_key
+            return (0 if req.preempted else 1, 0 if pid in self.pins else 1,
+                    req.program_arrival, req.turn, req.arrival, req.req_id)
         if pid in self.pins:
             group = 0  # preserved: resumes straight into the running batch
         elif pid in self.swapped:

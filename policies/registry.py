@@ -11,7 +11,7 @@ from policies.autellix import AutellixPolicy
 from policies.base import Policy, PolicyError
 from policies.continuum import ContinuumPolicy, StaticTTLPolicy
 from policies.continuum_offload import ContinuumOffloadPolicy
-from policies.infercept import InferceptPolicy
+from policies.infercept import PRESERVE, RESUME_ORDERS, InferceptPolicy
 from policies.oracle import OraclePolicy
 from policies.program_fcfs import ProgramFCFSPolicy
 from policies.static import ContinuumStaticPolicy
@@ -57,7 +57,21 @@ RANGES: dict[str, object] = {
     "interval": Field(gt=0), "acting_weight": Field(ge=0), "reserve_tokens": Field(ge=0),
     "force_resume_s": Field(ge=0),
 }
-VALIDATORS: dict[str, object] = {"bounds": AfterValidator(_bounds)}
+
+
+def _choice(*options: str):
+    def check(v: str) -> str:
+        if v not in options:
+            raise ValueError(f"should be one of {', '.join(options)}")
+        return v
+    return AfterValidator(check)
+
+
+# Text parameters that name one of a few choices (InferCept's ablation switches).
+CHOICES: dict[str, object] = {
+    "preserve": _choice(*PRESERVE), "resume_order": _choice(*RESUME_ORDERS),
+}
+VALIDATORS: dict[str, object] = {"bounds": AfterValidator(_bounds), **CHOICES}
 _NONE_WORDS = ("", "none", "null")
 
 
