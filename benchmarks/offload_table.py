@@ -21,20 +21,16 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from policies.registry import make_policy
-from sim.profile import DEFAULT_PROFILE, load_profile
-from sim.simulate import arrivals_for, engine_config, run_simulation
-from traces.schema import read_trace
+from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.profile import DEFAULT_PROFILE
 
 
 def one(job):
     trace_name, programs, blocks, jps, policy, offload, seed, profile = job
-    trace, _ = read_trace(trace_name)
-    keep = trace["program_id"].drop_duplicates().iloc[:programs]
-    trace = trace[trace["program_id"].isin(keep)]
-    prof = load_profile(profile)
-    res = run_simulation(trace, make_policy(policy), prof, engine_config(prof, num_gpu_blocks=blocks),
-                         arrivals_for(trace, jps, seed), offload=offload)
+    res = execute(build_run(SimConfig(
+        workload=WorkloadConfig(trace=trace_name, programs=programs, jps=jps, seed=seed),
+        policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_blocks=blocks),
+        cluster=ClusterConfig(offload=offload))))
     return job, res.summary
 
 

@@ -18,10 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from policies.registry import make_policy
-from sim.profile import DEFAULT_PROFILE, load_profile
-from sim.simulate import arrivals_for, engine_config, run_simulation
-from traces.schema import read_trace
+from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.profile import DEFAULT_PROFILE
 
 DEFAULT_POLICIES = "vllm,program-fcfs,static-ttl,continuum-static,continuum,autellix,oracle"
 ORDER = ("vllm", "program-fcfs", "static-ttl", "continuum")  # the paper's Fig. 16 ablation, worst first
@@ -29,12 +27,9 @@ ORDER = ("vllm", "program-fcfs", "static-ttl", "continuum")  # the paper's Fig. 
 
 def one(args):
     trace_name, programs, num_blocks, jps, policy, seed, profile = args
-    trace, _ = read_trace(trace_name)
-    keep = trace["program_id"].drop_duplicates().iloc[:programs]
-    trace = trace[trace["program_id"].isin(keep)]
-    prof = load_profile(profile)
-    res = run_simulation(trace, make_policy(policy), prof, engine_config(prof, num_gpu_blocks=num_blocks),
-                         arrivals_for(trace, jps, seed))
+    res = execute(build_run(SimConfig(
+        workload=WorkloadConfig(trace=trace_name, programs=programs, jps=jps, seed=seed),
+        policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_blocks=num_blocks))))
     return (jps, policy, seed), res.summary
 
 

@@ -20,10 +20,18 @@ CPU_KV_CACHE_BYTES = 1 << 30  # KV cache reserved on CPU unless --num-gpu-blocks
 
 
 def resolve_device(device: str = "auto") -> str:
+    """`--device` checked before torch is imported: torch is the optional engine extra,
+    so a bad flag (or `auto` on a machine without torch, which has no CUDA to use) must
+    not need it."""
     if device not in ("auto", "cpu", "cuda"):
         raise InputError(f"--device {device!r} is not one of auto, cpu, cuda")
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        if device == "cuda":
+            raise InputError("--device cuda needs torch, which is not installed; pip install -e '.[engine]' "
+                             "(vllm==0.32.* on a GPU machine), or use --device cpu") from None
+        return "cpu"
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
         raise InputError("--device cuda but torch sees no CUDA GPU; use --device cpu or auto")
@@ -83,7 +91,11 @@ def start_engine(model: str | Path | None = None, device: str = "auto", *, block
                enable_chunked_prefill=enable_chunked_prefill)
     kw.update({k: v for k, v in opt.items() if v is not None})
     kw.update(extra)
-    from vllm import LLM
+    try:
+        from vllm import LLM
+    except ImportError as err:  # no vLLM here, or one broken against this torch
+        raise InputError(f"vLLM cannot be imported ({err}); install it with `make engine`, or use "
+                         "`sim calibrate --backend torch` / `--from-probes`") from None
 
     try:
         return LLM(**kw)

@@ -34,7 +34,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from calibrate.job_meta import parse_job_meta
-from policies.base import FinishStats, Policy, PolicyError, Request
+from policies.base import Action, FinishStats, Policy, PolicyError, Release, Request
+from policies.pins import PinTable, pin_counts
 from policies.registry import make_policy
 from sim.profile import Profile, load_profile
 from traces.errors import InputError
@@ -50,6 +51,10 @@ class _Call:
     req: Request
     seq: int  # arrival order, the tie-breaker
     scheduled_at: float | None = None
+
+
+def _block_id(block) -> int:
+    return block.block_id
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -85,9 +90,7 @@ class PolicyScheduler(Scheduler):
         self.calls: dict[str, _Call] = {}  # request id -> call, while in the engine
         self.inflight: dict[str, str] = {}  # program -> its request in the engine
         self.programs: dict[str, tuple[float, int]] = {}  # program -> (first arrival, turns seen)
-        self.pinned: dict[str, list] = {}  # program -> the KVCacheBlocks its pin holds
-        self.pinned_block_seconds = 0.0
-        self._pinned_distinct, self._pin_t = 0, 0.0
+        self.pinned = PinTable(block_id=_block_id)  # program -> the KVCacheBlocks its pin holds
         self._seq = 0
         self._warned: set[str] = set()
         self.stats = FinishStats()
@@ -134,7 +137,7 @@ class PolicyScheduler(Scheduler):
 
     def blocks_of(self, program_id: str) -> int:
         if program_id in self.pinned:
-            return len(self.pinned[program_id])
+            return len(self.pinned.get(program_id))
         rid = self.inflight.get(program_id)
         if rid is None or rid not in self.requests:
             return 0
@@ -158,24 +161,17 @@ class PolicyScheduler(Scheduler):
         return self.stats.queue_delay()
 
     # --- pins ------------------------------------------------------------------------------
-    def _release_pin(self, pid: str, now: float, reason: str) -> None:
-        if pid not in self.pinned:
+    @property
+    def pinned_block_seconds(self) -> float:
+        return self.pinned.block_seconds
+
+    def _release_pin(self, pid: str, now: float, reason: Release) -> None:
+        blocks = self.pinned.pop(pid, now)
+        if blocks is None:
             return
-        self._pin_area(now)
-        blocks = self.pinned.pop(pid)
-        self._pinned_distinct = self._distinct_pinned()
         self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))  # tail block evicted first
         self.policy.pin_released(pid, now, reason)
         self._pins_changed(pid, now)
-
-    def _distinct_pinned(self) -> int:
-        """Blocks held by pins, each once (pins share the system prompt's blocks)."""
-        return len({b.block_id for blocks in self.pinned.values() for b in blocks})
-
-    def _pin_area(self, now: float) -> None:
-        """pinned_block_seconds: the time integral of the distinct pinned blocks."""
-        self.pinned_block_seconds += self._pinned_distinct * (now - self._pin_t)
-        self._pin_t = now
 
     def _pins_changed(self, pid: str, now: float) -> None:
         manager = self.kv_cache_manager
@@ -215,7 +211,7 @@ class PolicyScheduler(Scheduler):
         if self.pinned:
             waiting = {self.calls[r.request_id].req.program_id for r in self.waiting if r.request_id in self.calls}
             for pid in self.policy.expired_pins(now, waiting):
-                self._release_pin(pid, now, "expired")
+                self._release_pin(pid, now, Release.EXPIRED)
 
     def _unpin_for(self, request, num_new_tokens: int, kw: dict) -> bool:
         """Continuum's no-deadlock rule, as sim/scheduler.py applies it."""
@@ -236,7 +232,7 @@ class PolicyScheduler(Scheduler):
         now = time.monotonic()
         victims = self.policy.unpin_victims(short, self, exclude=pid)
         for victim in victims:
-            self._release_pin(victim, now, "victim")
+            self._release_pin(victim, now, Release.VICTIM)
         return bool(victims)
 
     # --- requests --------------------------------------------------------------------------
@@ -280,7 +276,7 @@ class PolicyScheduler(Scheduler):
             self._expire(now)
         if self.policy.reviews_pins and self.pinned:  # InferCept re-judges its pins before each step
             for pid in self.policy.review_pins(now, self):
-                self._release_pin(pid, now, "discard")
+                self._release_pin(pid, now, Release.DISCARD)
         if self.policy.order_depends_on_time and len(self.waiting) > 1:
             for r in self.waiting:
                 self._keys[r.request_id] = self._key(r, now)
@@ -295,7 +291,7 @@ class PolicyScheduler(Scheduler):
             if call is not None and call.scheduled_at is None:
                 call.scheduled_at = now
                 self.policy.on_schedule(call.req, now)  # before the pin is consumed (protocol)
-                self._release_pin(call.req.program_id, now, "hit")
+                self._release_pin(call.req.program_id, now, Release.HIT)
         if self.step_log is not None:  # validation statistics, off by default (cost per step)
             self._step_feat = self._features(out)
             used = self.num_blocks - self.free_blocks()
@@ -376,22 +372,20 @@ class PolicyScheduler(Scheduler):
         delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
         self.stats.record(req, delay, _cdiv(request.num_computed_tokens, self.block_size))
         retention = self.policy.on_finish(req, now, self)
-        if retention.action == "pin" and self._request_blocks_can_be_freed(request):
+        if retention.action == Action.PIN and self._request_blocks_can_be_freed(request):
             if pid in self.pinned:  # never two pins for one program
-                self._release_pin(pid, now, "expired")
-            self._pin_area(now)
-            self.pinned[pid] = self.kv_cache_manager.pop_blocks_for_free(request)
-            self._pinned_distinct = self._distinct_pinned()
+                self._release_pin(pid, now, Release.EXPIRED)
+            self.pinned.add(pid, self.kv_cache_manager.pop_blocks_for_free(request), now)
             self._pins_changed(pid, now)
         else:
-            if retention.action == "pin":  # the engine could not hold it: tell the policy
-                self.policy.pin_released(pid, now, "victim")
+            if retention.action == Action.PIN:  # the engine could not hold it: tell the policy
+                self.policy.pin_released(pid, now, Release.VICTIM)
             super()._free_request_blocks(request)
         if req.is_last_step:
             self._end_program(pid, now)
 
     def _end_program(self, pid: str, now: float) -> None:
-        self._release_pin(pid, now, "last")
+        self._release_pin(pid, now, Release.LAST)
         first, turns = self.programs.pop(pid, (now, 1))
         self.policy.on_program_end(pid, turns, now)
 
@@ -408,8 +402,8 @@ class PolicyScheduler(Scheduler):
         if self.calls:
             raise RuntimeError("reset_stats with requests in the engine")
         for pid in list(self.pinned):  # programs of the earlier phase are over
-            self._release_pin(pid, time.monotonic(), "last")
-        self.pinned_block_seconds, self._pin_t = 0.0, time.monotonic()
+            self._release_pin(pid, time.monotonic(), Release.LAST)
+        self.pinned.restart(time.monotonic())
         self.policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
         self.stats = FinishStats()
         self.programs.clear()
@@ -421,10 +415,8 @@ class PolicyScheduler(Scheduler):
 
     def pin_report(self) -> dict:
         """Pin counters for the replay report (same names as `sim run`)."""
-        o = self.policy.pin_outcomes
-        return {"pins": sum(o.values()), "pins_hit": o.get("hit", 0), "pins_expired": o.get("expired", 0),
-                "pins_victim": o.get("victim", 0), "pins_discarded": o.get("discard", 0),
+        return {**pin_counts(self.policy.pin_outcomes),
                 "preemptions": self.preemptions, "pinned_block_seconds": self.pinned_block_seconds,
-                "pinned_blocks_now": self._pinned_distinct,
+                "pinned_blocks_now": self.pinned.distinct,
                 "peak_kv_usage": self.kv_peak / self.num_blocks,
                 "mean_kv_usage_per_step": self._kv_sum / max(self._kv_steps, 1) / self.num_blocks}

@@ -2,7 +2,8 @@
 
 Each program arrives at its (seeded Poisson or recorded) arrival; each turn sends the
 program's token ids: the previous prompt + the tokens the engine actually returned +
-the turn's new input (random ids, seeded), with max_tokens = the trace's output length
+the turn's new input (random ids, seeded; drawn from the segment's id where the trace
+has content segments, so equal segments send equal ids), with max_tokens = the trace's output length
 and EOS ignored; `extra_args` carries job_id, is_last_step and the tool as a hint (what
 calibrate/policy_scheduler.py reads). Then the client sleeps the tool's duration.
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from traces import segments
 from traces.errors import InputError
 
 VOCAB_LOW = 100  # avoid special ids at the bottom of the vocabulary
@@ -50,6 +52,7 @@ class TraceReplay:
         self.programs: dict[str, _Program] = {}
         shared_len = int(trace["shared_prefix_tokens"].max()) if "shared_prefix_tokens" in trace.columns else 0
         self.shared = self._ids(rng, shared_len)
+        self.by_content = segments.COLUMN in trace.columns  # then segments, not shared_prefix_tokens, say what is shared
         for (pid, g), arr in zip(trace.groupby("program_id", sort=False), arrivals):
             self.programs[str(pid)] = _Program(str(pid), g.sort_values("turn").to_dict("records"), float(arr))
         self.rng = rng
@@ -62,6 +65,16 @@ class TraceReplay:
     def _ids(self, rng, n: int) -> list[int]:
         return rng.integers(self.vocab[0], self.vocab[1], size=int(n)).tolist()
 
+    def _content(self, segs, new: int) -> list[int]:
+        """A row's new input by its segments: the same id gives the same token ids (a
+        shorter segment is a prefix of a longer one); unknown content is random."""
+        if segments.is_unknown(segs):
+            return self._ids(self.rng, new)
+        out: list[int] = []
+        for s in segs:
+            out += self._ids(np.random.default_rng(segments.seed_of(s["id"])), s["tokens"])
+        return out
+
     def next_due(self) -> float | None:
         return self.due[0][0] if self.due else None
 
@@ -73,7 +86,9 @@ class TraceReplay:
             p = self.programs[pid]
             row = p.rows[p.turn]
             new = int(row["new_input_tokens"])
-            if p.turn == 0 and self.shared:
+            if self.by_content:
+                p.tokens = p.tokens + self._content(row[segments.COLUMN], new)
+            elif p.turn == 0 and self.shared:
                 shared = self.shared[: int(row.get("shared_prefix_tokens", 0) or 0)]
                 p.tokens = shared + self._ids(self.rng, new - len(shared))
             else:

@@ -261,13 +261,16 @@ def engine_limits(model: dict, device: str, gpu_memory_utilization: float, limit
 def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = False, reps: int | None = None,
                     seed: int = 0, progress: bool = True, gpu_memory_utilization: float = 0.9, **limits) -> dict:
     """Build the torch model, run the probe plan (+ mixed steps), fit, write `out` if given."""
-    import torch
+    device = resolve_device(device)  # the flag first: a bad one is refused without torch
+    try:
+        import torch
+    except ImportError:
+        raise InputError("--backend torch needs torch, which is not installed; pip install -e '.[engine]'") from None
     from tqdm import tqdm
 
     from calibrate.torch_model import DTYPES, TorchLlama, read_config
 
     t0 = time.perf_counter()
-    device = resolve_device(device)
     path = Path(model or TINY_MODEL)
     cfg = read_config(path)
     # vLLM's dtype: the engine's on CPU (float32 where bf16 is not native); the config's on GPU, 16-bit.

@@ -43,13 +43,14 @@ from calibrate.probes import Probe, Runner
 from calibrate.replay import TraceReplay, replay_in_process
 from calibrate.run import write_profile
 from policies.registry import POLICIES, make_policy
+from sim.config import EngineLimits, PolicyConfig, SimConfig, build_run, execute
 from sim.profile import Profile, load_profile, parse_profile
-from sim.simulate import arrivals_for, engine_config, run_simulation
+from sim.simulate import arrivals_for
+from traces import segments
 from traces.errors import InputError
 from traces.files import atomic_write
 
 SCHEDULER_CLS = "calibrate.policy_scheduler.PolicyScheduler"
-LIMIT_KEYS = ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
 
 # Every registry policy runs inside vLLM through calibrate/policy_scheduler.py except these.
 NOT_RUNNABLE = {
@@ -132,7 +133,7 @@ def fit_trace(trace: pd.DataFrame, programs: int | None = None, max_turns: int |
         room = (max_context - shared - t["output_tokens"].groupby(t["program_id"]).transform("sum")).clip(lower=0)
         factor = (room / (ctx - shared - t["output_tokens"].groupby(t["program_id"]).transform("sum")).clip(lower=1)).clip(upper=1.0)
         scaled = np.maximum(1, np.floor(own * factor)).astype(int)
-        t["new_input_tokens"] = scaled + np.where(t["turn"] == 0, shared, 0)
+        t = segments.rescale(t, scaled + np.where(t["turn"] == 0, shared, 0), factor)
     # the last kept turn is the program's last: no tool after it
     last = t.groupby("program_id")["turn"].transform("max") == t["turn"]
     t.loc[last, "tool_duration_s"] = 0.0
@@ -246,10 +247,13 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
 
 def sim_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile: Profile, engine: dict,
             policy_args: dict | None = None):
-    cfg = engine_config(profile, **{k: engine[k] for k in LIMIT_KEYS},
-                        enable_chunked_prefill=bool(engine["enable_chunked_prefill"]),
-                        reserve_full_prompt=bool(engine.get("scheduler_reserve_full_isl", True)))
-    return run_simulation(trace, make_policy(policy, **(policy_args or {})), profile, cfg, arrivals)
+    """The simulator on the real engine's own limits and the real replay's trace and arrivals."""
+    config = SimConfig(policy=PolicyConfig(name=policy, args=dict(policy_args or {})), engine=EngineLimits(
+        num_blocks=engine["num_gpu_blocks"], block_size=engine["block_size"],
+        max_num_batched_tokens=engine["max_num_batched_tokens"], max_num_seqs=engine["max_num_seqs"],
+        max_model_len=engine["max_model_len"], chunked_prefill=bool(engine["enable_chunked_prefill"]),
+        reserve_full_prompt=bool(engine.get("scheduler_reserve_full_isl", True))))
+    return execute(build_run(config, trace=trace, profile=profile, arrivals=arrivals))
 
 
 def scaled(profile: Profile, factor: float) -> Profile:

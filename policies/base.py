@@ -19,7 +19,7 @@ Call protocol (both engines follow it):
   on_finish(req, now, view)       returns a Retention; a pin is recorded in self.pins
                                   (req.exec_time, req.tool, req.is_last_step are final)
   pin_released(pid, now, reason)  the engine dropped or consumed a program's pin;
-                                  reason 'hit' | 'expired' | 'victim' | 'last'
+                                  reason: a Release (hit, expired, victim, ...)
   on_program_end(pid, turns, now) the program's last call finished (any pin still
                                   held is dropped as 'last')
 Each scheduling step:
@@ -34,15 +34,16 @@ Optional, for offload tiers and per-step retention (defaults change nothing; an 
 without them may ignore them):
   review_pins(now, view)          only if `reviews_pins`: programs whose pins to drop
                                   now (reason 'discard'); called before each step
-  release_action(pid, reason)     'free' | 'offload': with an offload tier, what to
+  release_action(pid, reason)     FREE | OFFLOAD: with an offload tier, what to
                                   do with a pin dropped as 'expired'/'victim'/'discard'
-  Retention("offload")            write the finished call's full chunks to the
+  Retention(Action.OFFLOAD)       write the finished call's full chunks to the
                                   offload tier, then free (no tier: same as free)
 """
 from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -74,16 +75,38 @@ class Request:
         return self.prompt_tokens + self.output_tokens
 
 
+class Action(StrEnum):
+    """What to do with a finished call's KV cache."""
+
+    FREE = "free"
+    PIN = "pin"  # keep it referenced for a TTL
+    OFFLOAD = "offload"  # write its full chunks to the offload tier, then free
+
+
+class Release(StrEnum):
+    """Why an engine dropped or consumed a program's pin."""
+
+    HIT = "hit"  # the program's next call was admitted onto it
+    EXPIRED = "expired"
+    VICTIM = "victim"  # dropped so the queue's head fits (or the engine could not hold it)
+    DISCARD = "discard"  # review_pins chose to drop it
+    LAST = "last"  # the program ended
+    MOVED = "moved"  # a cluster moved the program to another replica
+
+
 @dataclass(frozen=True)
 class Retention:
     """What to do with a finished call's KV cache."""
 
-    action: str = "free"  # "free" | "pin" | "offload"
-    ttl: float = 0.0  # seconds, for "pin"
+    action: Action = Action.FREE
+    ttl: float = 0.0  # seconds, for Action.PIN
+
+    def __post_init__(self) -> None:  # "pin" works too; a typo fails here, not silently later
+        object.__setattr__(self, "action", Action(self.action))
 
 
-FREE = Retention("free")
-OFFLOAD = Retention("offload")
+FREE = Retention(Action.FREE)
+OFFLOAD = Retention(Action.OFFLOAD)
 
 
 @dataclass
@@ -160,6 +183,8 @@ class Policy:
     # True when the policy reads Request.exec_time; an engine may skip the per-step
     # accounting otherwise (the vLLM adapter does, to stay cheap per step).
     reads_exec_time = False
+    # Names of the decisions the policy counts in `self.decisions` (sim run reports them).
+    DECISIONS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.pins: dict[str, Pin] = {}
@@ -167,6 +192,7 @@ class Policy:
         # Reported by `sim run`: pins hit / expired / dropped, TTLs chosen per tool.
         self.pin_outcomes: dict[str, int] = defaultdict(int)
         self.ttls: dict[str, list[float]] = defaultdict(list)
+        self.decisions: dict[str, int] = defaultdict(int)
 
     # --- events -----------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
@@ -185,7 +211,7 @@ class Policy:
             return FREE
         self.last_finish[req.program_id] = (now, req.tool)
         ret = self.retention(req, now, view)
-        if ret.action == "pin":
+        if ret.action == Action.PIN:
             self.ttls[req.tool or "<unknown>"].append(ret.ttl)
             self.pins[req.program_id] = Pin(now + ret.ttl, req.program_arrival, now, req.tool)
         return ret
@@ -193,14 +219,14 @@ class Policy:
     def retention(self, req: Request, now: float, view: EngineView) -> Retention:
         return FREE
 
-    def pin_released(self, program_id: str, now: float, reason: str) -> None:
-        """reason: 'hit' (next turn admitted onto it), 'expired', 'victim', 'last'."""
+    def pin_released(self, program_id: str, now: float, reason: Release) -> None:
+        """The engine dropped or consumed the program's pin (see Release)."""
         if self.pins.pop(program_id, None) is not None:
             self.pin_outcomes[reason] += 1
 
     def on_program_end(self, program_id: str, num_turns: int, now: float) -> None:
         self.last_finish.pop(program_id, None)
-        self.pin_released(program_id, now, "last")  # no pin outlives its program
+        self.pin_released(program_id, now, Release.LAST)  # no pin outlives its program
 
     # --- decisions ----------------------------------------------------------------
     def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
@@ -226,10 +252,15 @@ class Policy:
         """Pins to drop before this step (released with reason 'discard')."""
         return []
 
-    def release_action(self, program_id: str, reason: str) -> str:
-        """With an offload tier: 'offload' writes a dropped pin's full chunks to it
-        before its blocks are freed; 'free' (default) just frees them."""
-        return "free"
+    def release_action(self, program_id: str, reason: Release) -> Action:
+        """With an offload tier: OFFLOAD writes a dropped pin's full chunks to it
+        before its blocks are freed; FREE (default) just frees them."""
+        return Action.FREE
+
+    def make_controller(self, replicas: int, capacity_tokens: int):
+        """A cluster-level proxy that routes and holds programs (ThunderAgent's); None:
+        the cluster's router alone decides."""
+        return None
 
     def preemption_victim(self, running: list[Request], view: EngineView) -> Request:
         """vLLM FCFS preempts the most recently scheduled running request."""

@@ -11,7 +11,10 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from policies.base import FREE, EngineView, Policy, Request, Retention
+from policies.base import FREE, Action, EngineView, Policy, Request, Retention
+
+
+_RANKS = np.arange(1, 1025, dtype=float)  # 1, 2, ...: Eq. 2's ranks, grown on demand
 
 
 def best_ttl(samples: np.ndarray, benefit: float) -> float:
@@ -22,13 +25,58 @@ def best_ttl(samples: np.ndarray, benefit: float) -> float:
     i.e. on the unique-value candidate with P = fraction of samples <= τ. Ties go to
     the smaller τ (ours: less memory for the same expected net benefit); τ = 0 wins
     ties, and its value is P(0)·benefit (covered by position i when s[i] = 0).
+
+    Only samples <= benefit are scanned: beyond it (i+1)/n·benefit <= benefit < s[i],
+    so their value is negative, in floating point too, and τ = 0 beats them. The values
+    scanned are computed exactly as over the whole array ((i+1)/n, times benefit,
+    minus s[i]), so the choice is the same to the last bit.
     """
+    global _RANKS
     n = len(samples)
-    if n == 0:
+    if n == 0 or not benefit > 0.0:  # every value <= 0 (NaN: none > 0): τ = 0
         return 0.0
-    vals = np.arange(1, n + 1) / n * benefit - samples
-    i = int(np.argmax(vals))
+    m = int(samples.searchsorted(benefit, side="right"))
+    if m == 0:
+        return 0.0
+    if m > len(_RANKS):
+        _RANKS = np.arange(1, 2 * m + 1, dtype=float)
+    vals = _RANKS[:m] / n
+    vals *= benefit
+    vals -= samples[:m]
+    i = int(vals.argmax())
     return float(samples[i]) if vals[i] > 0.0 else 0.0
+
+
+class SortedSamples:
+    """Tool durations kept sorted as they arrive, so Eq. 2 reads them with no sort: an
+    insertion shifts the tail of a buffer that doubles when full (a memmove, no new array)."""
+
+    __slots__ = ("_buf", "n")
+
+    def __init__(self) -> None:
+        self._buf, self.n = np.empty(16), 0
+
+    def add(self, t: float) -> None:
+        n, buf = self.n, self._buf
+        if n == len(buf):
+            buf = self._buf = np.concatenate([buf, np.empty(n)])
+        head = buf[:n]
+        i = int(head.searchsorted(t))  # the method: no dispatch through np.searchsorted
+        if i < n:
+            buf[i + 1 : n + 1] = head[i:]  # numpy copies overlapping slices correctly
+        buf[i] = t
+        self.n = n + 1
+
+    @property
+    def values(self) -> np.ndarray:
+        """The samples, sorted (a view: valid until the next add)."""
+        return self._buf[: self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(self.values)
 
 
 def default_ttl(benefit: float, mean: float = 1.0) -> float:
@@ -104,12 +152,12 @@ class ContinuumPolicy(Policy):
         self.K = int(K)
         self.cold_tool_mean = float(cold_tool_mean)
         self.max_ttl = None if max_ttl in (None, "", "none", "None") else float(max_ttl)
-        # S[f]: sorted durations per tool; S: all durations (Alg. 1 lines 3-5).
-        # A None tool (no tool parsed) is recorded in the global S only and its TTL
-        # uses the global CDF (ours: "unknown" is a mix of tools, not one tool).
-        self.samples: dict[str, np.ndarray] = defaultdict(lambda: np.empty(0))
-        self._all: list[float] = []  # S, unsorted; sorted lazily (rarely needed once warm)
-        self._all_sorted: np.ndarray | None = None
+        # S[f]: sorted durations per tool; S: all durations (Alg. 1 lines 3-5), both kept
+        # sorted as they arrive (issue 20: no sort per call). A None tool (no tool
+        # parsed) is recorded in the global S only and its TTL uses the global CDF
+        # (ours: "unknown" is a mix of tools, not one tool).
+        self.samples: dict[str, SortedSamples] = {}
+        self._all = SortedSamples()
         self.T_window: deque[float] = deque(maxlen=int(T_window))
         self.T_init = float(T_init)
         self.memory = Memoryfulness(int(eta_min_programs))
@@ -118,18 +166,17 @@ class ContinuumPolicy(Policy):
     # --- estimators ---------------------------------------------------------------
     def record_tool_time(self, tool: str | None, seconds: float) -> None:
         t = max(0.0, float(seconds))
-        self._all.append(t)
-        self._all_sorted = None
+        self._all.add(t)
         if tool is not None:
-            s = self.samples[tool]
-            self.samples[tool] = np.insert(s, np.searchsorted(s, t), t)
+            s = self.samples.get(tool)
+            if s is None:
+                s = self.samples[tool] = SortedSamples()
+            s.add(t)
 
     @property
     def all_samples(self) -> np.ndarray:
         """S, sorted: the global CDF's samples."""
-        if self._all_sorted is None:
-            self._all_sorted = np.sort(np.asarray(self._all, dtype=float))
-        return self._all_sorted
+        return self._all.values
 
     @property
     def T(self) -> float:
@@ -162,16 +209,16 @@ class ContinuumPolicy(Policy):
         else:
             s = self.samples.get(req.tool) if req.tool is not None else None
             if s is None or len(s) <= self.K:  # |S[f]| <= K: global CDF
-                src, s = "global", self.all_samples
+                src, s = "global", self._all
             else:
                 src = "tool"
-            ttl = best_ttl(s, self.benefit(req, view))
+            ttl = best_ttl(s.values, self.benefit(req, view))
         self.ttl_source[src] += 1
         return ttl if self.max_ttl is None else min(ttl, self.max_ttl)
 
     def retention(self, req: Request, now: float, view: EngineView) -> Retention:
         ttl = self.calc_ttl(req, view)
-        return Retention("pin", ttl) if ttl > 0.0 else FREE  # §5.2: pin only if τ* != 0
+        return Retention(Action.PIN, ttl) if ttl > 0.0 else FREE  # §5.2: pin only if τ* != 0
 
     # --- priority (§4.3) ------------------------------------------------------------
     def order_key(self, req: Request, now: float, view: EngineView) -> tuple:

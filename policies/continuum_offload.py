@@ -15,6 +15,7 @@ victims — is ContinuumPolicy's.
 """
 from __future__ import annotations
 
+from policies.base import Action, Release
 from policies.continuum import ContinuumPolicy
 
 
@@ -34,7 +35,7 @@ class ContinuumOffloadPolicy(ContinuumPolicy):
         super().__init__(K, T_window, T_init, cold_tool_mean, eta_min_programs, max_ttl)
         self.demote_victims = bool(demote_victims)
 
-    def release_action(self, program_id: str, reason: str) -> str:
-        if reason == "expired" or (reason == "victim" and self.demote_victims):
-            return "offload"
-        return "free"
+    def release_action(self, program_id: str, reason: Release) -> Action:
+        if reason == Release.EXPIRED or (reason == Release.VICTIM and self.demote_victims):
+            return Action.OFFLOAD
+        return Action.FREE

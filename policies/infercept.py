@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from policies.base import FREE, EngineView, Pin, Policy, PolicyError, Request, Retention
+from policies.base import FREE, Action, EngineView, Pin, Policy, PolicyError, Release, Request, Retention
 from policies.continuum import ContinuumPolicy
 
 CODE_A_MS, CODE_C_MS = 0.0279, 15.4  # scheduler_v2.discard_waste (13B model)
@@ -61,6 +61,7 @@ def discard_waste(C: int, c_h: int, R: int, a: float, c: float, S: int) -> float
 class InferceptPolicy(Policy):
     name = "infercept"
     reviews_pins = True
+    DECISIONS = ("preserve", "discard", "swap")
 
     def __init__(
         self,
@@ -102,7 +103,6 @@ class InferceptPolicy(Policy):
         self.swapped: set[str] = set()  # programs whose KV was swapped out, until re-admitted
         self.swap_left = 0
         self.offload_on = False
-        self.decisions: dict[str, int] = defaultdict(int)  # preserve / discard / swap
         self._tool_sum: dict[str | None, float] = defaultdict(float)
         self._tool_n: dict[str | None, int] = defaultdict(int)
 
@@ -154,7 +154,7 @@ class InferceptPolicy(Policy):
             self.ttls[req.tool or "<unknown>"].append(ttl)
         self.pins[pid] = Pin(now + ttl, req.program_arrival, now, req.tool)
         self.decisions["preserve"] += 1
-        return Retention("pin", ttl)
+        return Retention(Action.PIN, ttl)
 
     def on_schedule(self, req: Request, now: float) -> None:
         self.swapped.discard(req.program_id)
@@ -228,14 +228,14 @@ class InferceptPolicy(Policy):
                     victims.append(pid)
         return victims
 
-    def release_action(self, program_id: str, reason: str) -> str:
-        if reason == "victim" and program_id in self.swap_targets and self.offload_on \
+    def release_action(self, program_id: str, reason: Release) -> Action:
+        if reason == Release.VICTIM and program_id in self.swap_targets and self.offload_on \
                 and self._swappable(program_id, self.swap_left):
             self.swap_left -= self.blocks.get(program_id, 0)
             self.swapped.add(program_id)
             self.decisions["swap"] += 1
-            return "offload"
-        return "free"
+            return Action.OFFLOAD
+        return Action.FREE
 
     def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
         pid = req.program_id

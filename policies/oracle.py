@@ -8,7 +8,7 @@ An upper bound for TTL policies, not a real policy.
 """
 from __future__ import annotations
 
-from policies.base import FREE, EngineView, Request, Retention
+from policies.base import FREE, Action, EngineView, Request, Retention
 from policies.continuum import ContinuumPolicy
 
 
@@ -36,4 +36,4 @@ class OraclePolicy(ContinuumPolicy):
         d = req.true_tool_duration
         if d is None:
             return super().retention(req, now, view)
-        return Retention("pin", d + self.epsilon) if self.benefit(req, view) > d else FREE
+        return Retention(Action.PIN, d + self.epsilon) if self.benefit(req, view) > d else FREE

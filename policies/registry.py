@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field, create_model
 
 from policies.autellix import AutellixPolicy
 from policies.base import Policy, PolicyError
+from policies.contextserve import ContextServePolicy
 from policies.continuum import ContinuumPolicy, StaticTTLPolicy
 from policies.continuum_offload import ContinuumOffloadPolicy
 from policies.infercept import PRESERVE, RESUME_ORDERS, InferceptPolicy
@@ -36,6 +37,7 @@ POLICIES: dict[str, type[Policy]] = {
     "infercept": InferceptPolicy,
     "thunderagent": ThunderAgentPolicy,
     "continuum-offload": ContinuumOffloadPolicy,
+    "contextserve": ContextServePolicy,
 }
 
 
@@ -56,6 +58,8 @@ RANGES: dict[str, object] = {
     "S": Field(ge=1), "a_ms": Field(ge=0), "c_ms": Field(ge=0), "swap_budget_blocks": Field(ge=-1),
     "interval": Field(gt=0), "acting_weight": Field(ge=0), "reserve_tokens": Field(ge=0),
     "force_resume_s": Field(ge=0),
+    "fast_ttl": Field(ge=0), "quantile": Field(gt=0, lt=1), "min_samples": Field(ge=1),
+    "prior_median_s": Field(gt=0), "prior_kappa": Field(gt=0), "prior_alpha": Field(gt=0), "prior_beta": Field(gt=0),
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from policies.base import FREE, EngineView, Policy, Request, Retention
+from policies.base import FREE, Action, EngineView, Policy, Request, Retention
 
 
 class ContinuumStaticPolicy(Policy):
@@ -41,7 +41,7 @@ class ContinuumStaticPolicy(Policy):
     def retention(self, req: Request, now: float, view: EngineView) -> Retention:
         if req.tool is None or self.mean(req.tool) > self.threshold:
             return FREE
-        return Retention("pin", self.pin_seconds)
+        return Retention(Action.PIN, self.pin_seconds)
 
     def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
         # fork's ContinuumRequestQueue.peek_request: pinned job first, then the job's

@@ -7,71 +7,232 @@ Why this shape:
   the free count already includes every evictable cached block, as in vLLM.
 - The free queue is ordered: allocation pops from the head, freeing appends to the
   tail. A request's blocks are freed in reverse order, so its *last* block is evicted
-  first and its prefix survives longest (what makes prefix hits likely).
-- A cache hit on a block sitting in the free queue takes it out of the queue
-  (touch); an OrderedDict gives O(1) head pop, tail append and removal from the middle.
-- Keys replace vLLM's content hashes: a program's context is append-only, so block i
-  of program p always holds the same tokens and is identified by (p, i); blocks of a
-  prefix shared by all programs (system prompt) are keyed ("<shared>", i).
+  first and its prefix survives longest (what makes prefix hits likely). Blocks with
+  no content go to the head instead, to be reused before any cached block is evicted.
+- A cache hit on a block sitting in the free queue takes it out of the queue (touch).
+- Keys are chained from content as vLLM's block hashes are (sim/content.py): equal
+  keys, equal tokens up to the block's end.
+
+Why the queue is a list of runs: a call's blocks move together (freed together, taken
+by one prefix hit, popped by one allocation), and a Python loop over each of its
+hundreds of blocks was half the simulator's time. The queue is a deque of runs, each an
+array of blocks freed together, in queue order; every queue entry carries a stamp, and
+an entry is live while its block's stamp is still that one. A touch only restamps the
+block (its old entry goes stale, skipped when allocation reaches it); a free appends
+one run; an allocation slices the head run. Ref counts and stamps are numpy arrays, so
+the per-block work left is vectorised; only evictions and new keys touch Python dicts
+block by block (once per block filled, once per block evicted). The order is exactly
+the old per-block OrderedDict's: tests/test_block_pool_diff.py drives both with random
+operations and compares them.
+
+Every list of blocks passed in holds distinct blocks (a context holds a block once).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import Hashable
+
+import numpy as np
+
+_STALE = -1  # the stamp of a block with no live queue entry (in use)
+
+
+def _array(blocks: list[int]) -> np.ndarray:
+    return np.fromiter(blocks, np.intp, len(blocks))
 
 
 class BlockPool:
+    _compact_slack = 1024  # stale queue entries tolerated beyond the live ones (tests lower it)
+    _memo_max = 4096  # owners whose last prefix hit is remembered
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.ref_cnt = [0] * num_blocks
+        self.ref_cnt = np.zeros(num_blocks, np.int64)
         self.key: list[Hashable | None] = [None] * num_blocks
+        self._keyed = np.zeros(num_blocks, bool)  # key[b] is not None, as an array
         self.cached: dict[Hashable, int] = {}  # key -> block id, for full blocks only
-        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.evictions = 0  # cached blocks whose content was dropped by reuse
+        # the free queue: runs [blocks, stamp of blocks[0], first unconsumed index]
+        self._runs: deque[list] = deque()
+        self._stamp = np.full(num_blocks, _STALE, np.int64)  # block -> stamp of its live entry
+        self._next_stamp = 0
+        self._num_free = 0
+        self._entries = 0  # unconsumed entries in all runs, live or stale
+        self._epoch = 0  # allocations that evicted something so far
+        self._evicted_at = np.zeros(num_blocks, np.int64)  # block -> epoch of its last eviction
+        self._memo: dict[Hashable, tuple[list[int], np.ndarray, int]] = {}  # owner -> (hit, as array, epoch)
+        self._push(np.arange(num_blocks, dtype=np.intp), left=False)
 
     @property
     def num_free(self) -> int:
         """Blocks allocatable now: truly free plus evictable cached ones."""
-        return len(self.free_queue)
+        return self._num_free
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self.free_queue)
+        return self.num_blocks - self._num_free
 
-    def lookup(self, keys: list[Hashable]) -> list[int]:
-        """Longest run of leading keys that are cached (the request's prefix hit)."""
-        hit = []
-        for k in keys:
-            b = self.cached.get(k)
-            if b is None:
-                break
-            hit.append(b)
+    def _live(self, blocks: np.ndarray, s: int, i: int, j: int) -> np.ndarray:
+        """Which of entries i..j-1 of a run (first stamp s) are live."""
+        return self._stamp[blocks[i:j]] == np.arange(s + i, s + j)
+
+    @property
+    def free_queue(self) -> list[int]:
+        """The free queue, head first (tests and check(); O(queue))."""
+        parts = [b[i:][self._live(b, s, i, len(b))] for b, s, i in self._runs]
+        return np.concatenate(parts).tolist() if parts else []
+
+    def _push(self, blocks: np.ndarray, left: bool) -> None:
+        """Add a run of blocks (queue order, an array the pool owns) at the head or the tail."""
+        s = self._next_stamp
+        self._next_stamp += len(blocks)
+        self._stamp[blocks] = np.arange(s, s + len(blocks))
+        (self._runs.appendleft if left else self._runs.append)([blocks, s, 0])
+        self._num_free += len(blocks)
+        self._entries += len(blocks)
+
+    def _compact(self) -> None:
+        """Drop stale entries once they outnumber live ones (keeps memory and the head scan O(live))."""
+        live = np.array(self.free_queue, np.intp)
+        self._runs.clear()
+        self._num_free = self._entries = 0
+        if len(live):
+            self._push(live, left=False)
+
+    def lookup(self, keys: list[Hashable], owner: Hashable | None = None) -> list[int]:
+        """Longest run of leading keys that are cached (the request's prefix hit).
+
+        `owner` names an append-only chain of keys (a program's ContentKeys): `keys[i]` is
+        the same in every lookup by that owner. Its last hit is remembered; a key leaves
+        `cached` only when its block is evicted, so the remembered blocks up to the first
+        one evicted since still hold their keys, and only the keys past them are looked up:
+        a program's next call pays for its new blocks, not for its whole context."""
+        if owner is None:
+            return self._scan(keys, [])
+        memo = self._memo.pop(owner, None)
+        hit, arr = [], None
+        if memo is not None:
+            old, arr, epoch = memo
+            gone = self._evicted_at[arr] > epoch
+            m = min(int(gone.argmax()) if gone.any() else len(old), len(keys))
+            hit, arr = old[:m], arr[:m]
+        n_known = len(hit)
+        hit = self._scan(keys, hit)
+        if len(hit) > n_known:
+            tail = _array(hit[n_known:])
+            arr = tail if arr is None or not len(arr) else np.concatenate([arr, tail])
+        elif arr is None:
+            arr = np.empty(0, np.intp)
+        self._memo[owner] = (hit[:], arr, self._epoch)
+        if len(self._memo) > self._memo_max:
+            del self._memo[next(iter(self._memo))]  # the least recently looked-up owner
         return hit
+
+    def _scan(self, keys: list[Hashable], hit: list[int]) -> list[int]:
+        """Extend `hit` (blocks of keys[:len(hit)]) by the cached keys that follow it."""
+        get = self.cached.get
+        i, step = len(hit), 16  # look ahead in growing strides: a miss usually comes late, if at all
+        while i < len(keys):
+            got = list(map(get, keys[i:i + step]))
+            if None in got:
+                hit += got[:got.index(None)]
+                break
+            hit += got
+            i += step
+            step *= 2
+        return hit
+
+    def count_ref(self, blocks: list[int], refs: int) -> int:
+        """How many of `blocks` have exactly `refs` references."""
+        return int(np.count_nonzero(self.ref_cnt[_array(blocks)] == refs)) if blocks else 0
+
+    def evictable(self, blocks: list[int]) -> int:
+        """How many of `blocks` sit in the free queue (a hit on them stops them being allocatable)."""
+        return self.count_ref(blocks, 0)
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on cached blocks (a prefix hit), pulling free ones out of the queue."""
-        for b in blocks:
-            if self.ref_cnt[b] == 0:
-                del self.free_queue[b]
-            self.ref_cnt[b] += 1
+        if not blocks:
+            return
+        a = _array(blocks)
+        refs = self.ref_cnt[a]
+        out = a[refs == 0]
+        if len(out):
+            self._stamp[out] = _STALE  # their entries go stale
+            self._num_free -= len(out)
+            if self._entries > 2 * self._num_free + self._compact_slack:
+                self._compact()
+        self.ref_cnt[a] = refs + 1
 
     def allocate(self, n: int) -> list[int] | None:
         """Pop n blocks from the free-queue head, evicting their cached content; None if short."""
-        if n > len(self.free_queue):
+        if n > self._num_free:
             return None
-        out = []
-        for _ in range(n):
-            b, _ = self.free_queue.popitem(last=False)
-            k = self.key[b]
-            if k is not None:
-                # Only drop the map entry if it still points here (keys are unique per block).
-                if self.cached.get(k) == b:
-                    del self.cached[k]
-                self.key[b] = None
+        if n <= 4:
+            return self._allocate_few(n) if n else []
+        parts, got, runs = [], 0, self._runs
+        window = n
+        while got < n:
+            run = runs[0]
+            blocks, s, i = run
+            j = min(len(blocks), i + window)
+            live = self._live(blocks, s, i, j)
+            if live.all() and j - i <= n - got:
+                parts.append(blocks[i:j])
+                got += j - i
+            else:  # stale entries here: take live ones up to n, scanning ahead in growing windows
+                idx = np.flatnonzero(live)[: n - got]
+                if len(idx) == n - got:
+                    j = i + int(idx[-1]) + 1
+                parts.append(blocks[i:j][live[: j - i]])
+                got += len(parts[-1])
+                window *= 2
+            self._entries -= j - i
+            if j == len(blocks):
+                runs.popleft()
+            else:
+                run[2] = j
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        evicted = out[self._keyed[out]]
+        if len(evicted):
+            key, cached = self.key, self.cached
+            for b in evicted.tolist():
+                del cached[key[b]]
+                key[b] = None
+            self._keyed[evicted] = False
+            self._epoch += 1
+            self._evicted_at[evicted] = self._epoch
+            self.evictions += len(evicted)
+        self.ref_cnt[out] = 1
+        self._num_free -= n
+        return out.tolist()
+
+    def _allocate_few(self, n: int) -> list[int]:
+        """allocate() for a handful of blocks (decode steps): block by block beats numpy's per-call cost."""
+        out, st, runs = [], self._stamp, self._runs
+        while len(out) < n:
+            run = runs[0]
+            blocks, s, i = run
+            b = int(blocks[i])
+            if st[b] == s + i:
+                out.append(b)
+            self._entries -= 1
+            if i + 1 == len(blocks):
+                runs.popleft()
+            else:
+                run[2] = i + 1
+        key, keyed = self.key, self._keyed
+        for b in out:
+            if keyed[b]:
+                del self.cached[key[b]]
+                key[b] = None
+                keyed[b] = False
+                self._epoch += 1
+                self._evicted_at[b] = self._epoch
                 self.evictions += 1
             self.ref_cnt[b] = 1
-            out.append(b)
+        self._num_free -= n
         return out
 
     def cache(self, block: int, key: Hashable) -> None:
@@ -79,23 +240,59 @@ class BlockPool:
         if self.key[block] is None and key not in self.cached:
             self.key[block] = key
             self.cached[key] = block
+            self._keyed[block] = True
+
+    def cache_many(self, blocks: list[int], keys: list[Hashable]) -> None:
+        """cache(b, k) for each pair in order; vectorised when no block or key is taken yet."""
+        new = dict(zip(keys, blocks))
+        if len(blocks) < 8 or len(new) < len(blocks) or not self.cached.keys().isdisjoint(new):
+            for b, k in zip(blocks, keys):
+                self.cache(b, k)
+            return
+        a = _array(blocks)
+        if self._keyed[a].any():
+            for b, k in zip(blocks, keys):
+                self.cache(b, k)
+            return
+        key = self.key
+        for b, k in zip(blocks, keys):
+            key[b] = k
+        self.cached.update(new)
+        self._keyed[a] = True
 
     def free(self, blocks: list[int]) -> None:
         """Drop one reference each; blocks reaching zero join the tail, last block first.
         A block holding no cached content (a partial last block) goes to the head
         instead, to be reused before any cached block is evicted (vLLM 0.32 does so)."""
-        for b in reversed(blocks):
-            self.ref_cnt[b] -= 1
-            assert self.ref_cnt[b] >= 0, f"block {b} freed twice"
-            if self.ref_cnt[b] == 0:
-                self.free_queue[b] = None
-                if self.key[b] is None:
-                    self.free_queue.move_to_end(b, last=False)
+        if not blocks:
+            return
+        a = _array(blocks)
+        left = self.ref_cnt[a] - 1
+        assert left.min() >= 0, f"block {blocks[int(np.argmin(left))]} freed twice"
+        self.ref_cnt[a] = left
+        zero = a[left == 0]
+        if not len(zero):
+            return
+        keyed = self._keyed[zero]
+        if keyed.all():
+            self._push(zero[::-1], left=False)
+            return
+        if keyed.any():
+            self._push(zero[keyed][::-1], left=False)
+        # processed last first, each to the head: they end up in their original order
+        self._push(zero[~keyed], left=True)
 
     def check(self) -> None:
         """Invariants (used by tests and at the end of every run): no leaks, consistent maps."""
-        in_queue = set(self.free_queue)
+        queue = self.free_queue
+        in_queue = set(queue)
+        assert len(in_queue) == len(queue) == self._num_free, "free queue holds a block twice or miscounts"
+        assert self._entries == sum(len(b) - i for b, _, i in self._runs), "queue entry count"
         for b in range(self.num_blocks):
+            assert self.ref_cnt[b] >= 0, f"block {b}: ref_cnt {self.ref_cnt[b]}"
             assert (self.ref_cnt[b] == 0) == (b in in_queue), f"block {b}: ref_cnt {self.ref_cnt[b]} vs free queue"
+            k = self.key[b]
+            assert self._keyed[b] == (k is not None), f"block {b}: keyed flag"
+            assert k is None or self.cached.get(k) == b, f"block {b} holds key {k} that maps elsewhere"
         for k, b in self.cached.items():
             assert self.key[b] == k, f"cached key {k} -> block {b} holds {self.key[b]}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from policies.base import Request
+from sim.content import ContentKeys
 
 
 @dataclass(eq=False)
@@ -14,6 +15,7 @@ class Call:
     max_output: int
     block_size: int = 16
     shared_prefix: int = 0  # leading tokens shared by every program (system prompt)
+    content: ContentKeys | None = None  # the program's block keys (sim/content.py); made here if not given
     num_output: int = 0  # tokens sampled so far
     num_computed: int = 0  # tokens whose KV is in `blocks`
     blocks: list[int] = field(default_factory=list)
@@ -31,6 +33,13 @@ class Call:
     reload_s: float = 0.0  # transfer time of those reloads
     saved_chunks: int = 0  # leading chunks LMCache holds or has stored for this call
 
+    def __post_init__(self) -> None:
+        if self.content is None:  # a call on its own (tests): the shared prefix, then its own tokens
+            self.content = ContentKeys(self.block_size)
+            self.content.append("<shared>", self.shared_prefix)
+            self.content.append((self.req.program_id, self.req.turn), self.prompt_len - self.shared_prefix)
+            self.content.append_output(self.max_output)
+
     @property
     def num_tokens(self) -> int:
         """Tokens known so far: prompt plus sampled output (a preempted call recomputes all)."""
@@ -41,7 +50,5 @@ class Call:
         return self.num_output >= self.max_output
 
     def block_key(self, i: int):
-        """Prefix-cache identity of block i (see BlockPool: append-only contexts)."""
-        if (i + 1) * self.block_size <= self.shared_prefix:
-            return ("<shared>", i)
-        return (self.req.program_id, i)
+        """Prefix-cache identity of block i (sim/content.py)."""
+        return self.content.key(i)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 
+from policies.base import Release
 from sim.cpu_tier import TierSpec, build_tiers
 from sim.engine import Engine
 from sim.router import make_router
@@ -37,8 +38,7 @@ class Cluster:
         self.engines = [Engine(env, cfg, profile, p, on_finish=self._finished, fast_forward=fast_forward,
                                tiers=build_tiers(tiers, profile, cfg.block_size) if tiers else None, index=i)
                         for i, p in enumerate(policies)]
-        make = getattr(policy, "make_controller", None)
-        self.controller = make(replicas, cfg.num_gpu_blocks * cfg.block_size) if make is not None else None
+        self.controller = policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size)
         self.held: dict[str, object] = {}  # program -> its request held back by the proxy
 
     def start(self, work) -> None:
@@ -75,7 +75,7 @@ class Cluster:
         pid = call.req.program_id
         for e in self.engines:
             if e.index != r and pid in e.sched.pins:
-                e.release_pin_later(pid, "moved")
+                e.release_pin_later(pid, Release.MOVED)
         self.engines[r].submit(call)
 
     def _finished(self, call, now: float) -> None:
@@ -83,7 +83,7 @@ class Cluster:
         req = call.req
         if req.is_last_step:
             for e in self.engines:
-                e.release_pin_later(req.program_id, "last")
+                e.release_pin_later(req.program_id, Release.LAST)
         if self.controller is not None:
             self.controller.on_finish(req.program_id, call.prompt_len + call.num_output, req.is_last_step, now)
         if self.on_finish is not None:

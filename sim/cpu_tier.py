@@ -3,10 +3,9 @@
 
 Why this shape:
 - LMCache keeps KV in *chunks* of 256 tokens, keyed by a hash of every token up to
-  the chunk's end; a lookup is a prefix match (the leading run of chunks present). A
-  program's context is append-only, so chunk j of program p is named (p, j), and a
-  chunk lying wholly inside the prefix shared by all programs is ("<shared>", j) —
-  the same naming as the GPU pool's block keys. A chunk is `chunk_blocks` whole GPU
+  the chunk's end; a lookup is a prefix match (the leading run of chunks present). The
+  GPU pool's block keys are chained the same way (sim/content.py), so a chunk is named
+  by the key of its last block. A chunk is `chunk_blocks` whole GPU
   blocks (256 tokens when the block size divides 256, else the next multiple of it).
 - Write-through, not write-back: on every scheduled *prefill* step the new full
   chunks of the prompt are stored (partial chunks and decode tokens are not, so turn
@@ -44,6 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable
 
+from policies.base import Action, Release
 from traces.errors import InputError
 
 CHUNK_TOKENS = 256  # LMCache's default chunk size
@@ -169,10 +169,6 @@ def build_tiers(specs: tuple[TierSpec, ...], profile, block_size: int, chunk_tok
     return tiers
 
 
-def chunk_key(block_key: Hashable, chunk_blocks: int) -> Hashable:
-    """The chunk that ends with block key (owner, i): (owner, i // chunk_blocks)."""
-    owner, i = block_key  # type: ignore[misc]
-    return (owner, i // chunk_blocks)
 
 
 class KVOffload:
@@ -202,6 +198,14 @@ class KVOffload:
                 return i
         return None
 
+    def _chunk_tier(self, call, j: int) -> int | None:
+        """The tier holding the call's chunk j; None if none does or the chunk is not
+        full within the call's tokens (only full chunks are ever stored)."""
+        last = (j + 1) * self.chunk_blocks - 1
+        if (last + 1) * self.block_size > call.num_tokens:
+            return None
+        return self._where(call.block_key(last))
+
     def loadable(self, call, gpu_hit: int) -> int:
         """Blocks after the GPU prefix hit that the tiers can supply: LMCache's prefix hit
         (leading chunks present in some tier) minus the GPU hit, at most num_tokens - 1
@@ -213,7 +217,7 @@ class KVOffload:
             return 0
         where = []
         for j in range(-(-max_blocks // cb)):
-            w = self._where(chunk_key(call.block_key((j + 1) * cb - 1), cb))
+            w = self._chunk_tier(call, j)
             if w is None:
                 break
             where.append(w)
@@ -233,7 +237,7 @@ class KVOffload:
         for b in range(gpu_hit, gpu_hit + n_blocks):
             per_tier[where[b // cb]] += 1
         for j, w in enumerate(where):
-            self.tiers[w].touch(chunk_key(call.block_key((j + 1) * cb - 1), cb))
+            self.tiers[w].touch(call.block_key((j + 1) * cb - 1))
         t = 0.0
         for tier, nb in zip(self.tiers, per_tier):
             if nb:
@@ -253,10 +257,8 @@ class KVOffload:
         """Bookkeeping at every admission: tokens past the GPU hit (CPU hit ratio's
         denominator); LMCache saves from the end of its own prefix hit onwards."""
         self.miss_tokens += max(0, (call.num_tokens - 1) // self.block_size - gpu_hit) * self.block_size
-        cb = self.chunk_blocks
         saved = 0
-        while (saved + 1) * cb * self.block_size <= call.num_tokens \
-                and self._where(chunk_key(call.block_key((saved + 1) * cb - 1), cb)) is not None:
+        while self._chunk_tier(call, saved) is not None:
             saved += 1
         call.saved_chunks = saved
 
@@ -265,7 +267,7 @@ class KVOffload:
         cb = self.chunk_blocks
         max_blocks = (call.num_tokens - 1) // self.block_size
         j = 0
-        while j * cb < max_blocks and self._where(chunk_key(call.block_key((j + 1) * cb - 1), cb)) is not None:
+        while j * cb < max_blocks and self._chunk_tier(call, j) is not None:
             j += 1
         return min(j * cb, max_blocks)
 
@@ -286,7 +288,7 @@ class KVOffload:
         cb, bs = self.chunk_blocks, self.block_size
         full = min(call.num_computed, call.prompt_len) // (cb * bs)
         for j in range(call.saved_chunks, full):
-            if self._put(chunk_key(call.block_key((j + 1) * cb - 1), cb)):
+            if self._put(call.block_key((j + 1) * cb - 1)):
                 self.writethrough_bytes += self.tiers[0].chunk_bytes
         call.saved_chunks = max(call.saved_chunks, full)
 
@@ -299,7 +301,7 @@ class KVOffload:
             ks = [key[b] for b in blocks[j * cb:(j + 1) * cb]]
             if any(k is None for k in ks):
                 continue  # a partial last block, or a duplicate whose key another block holds
-            c = chunk_key(ks[-1], cb)
+            c = ks[-1]
             if c not in self.tiers[0] and self._put(c):
                 n += 1
         if n:
@@ -312,9 +314,9 @@ class KVOffload:
 
     def release(self, program_id: str, blocks: list[int], reason: str, now: float) -> None:
         """A pin is being dropped: offload it first if the policy says so."""
-        if reason in ("hit", "last") or self.policy is None:
+        if reason in (Release.HIT, Release.LAST) or self.policy is None:
             return
-        if self.policy.release_action(program_id, reason) == "offload":
+        if self.policy.release_action(program_id, reason) == Action.OFFLOAD:
             self.offload(blocks, now)
 
     # --- engine side -------------------------------------------------------------------------

@@ -20,11 +20,21 @@ import math
 
 import simpy
 
-from policies.base import FinishStats, Policy
+from policies.base import FinishStats, Policy, Release
 from sim.call import Call
 from sim.cpu_tier import KVOffload, Tier
 from sim.profile import Profile
 from sim.scheduler import EngineConfig, Scheduler
+
+
+def _delay_to(now: float, end: float) -> float:
+    """The delay d with now + d == end exactly (SimPy schedules at now + delay)."""
+    d = end - now
+    while now + d < end:
+        d = math.nextafter(d, math.inf)
+    while now + d > end:
+        d = math.nextafter(d, -math.inf)
+    return d
 
 
 class Engine:
@@ -136,7 +146,7 @@ class Engine:
         return min(self.env.peek(), expiry)
 
     def _loop(self):
-        env, sched, c = self.env, self.sched, self.profile.step
+        env, sched = self.env, self.sched
         while True:
             for pid, reason in self._deferred:
                 sched.release_pin(pid, env.now, reason)
@@ -148,7 +158,7 @@ class Engine:
             now = env.now
             if self.policy.reviews_pins and sched.pins:
                 for pid in self.policy.review_pins(now, self):
-                    sched.release_pin(pid, now, "discard")
+                    sched.release_pin(pid, now, Release.DISCARD)
             pins = len(sched.pins)
             scheduled = sched.schedule(now)
             if not scheduled:
@@ -180,16 +190,22 @@ class Engine:
             if self.tier is not None:
                 load_s, write_s = self.tier.take_step_costs(now)
                 dt = max(dt, write_s) + load_s
-            n = 1
+            dts = [dt]
             if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):
-                n, dt = self._stretch(scheduled, dt, c, now)
+                dts = self._stretch(scheduled, dt, now, sum_qk, sum_k, sum_qc)
+            end = now
+            for d in dts:  # as step-by-step adds them: the same float, so the same event order
+                end += d
+            dt = _delay_to(now, end)
+            n = len(dts)
             self._account(now, dt)
             self._in_step = True
             yield env.timeout(dt)
             self._in_step = False
             self.steps += n
             for call, _ in scheduled:
-                call.req.exec_time += dt
+                for d in dts:
+                    call.req.exec_time += d
             for call in sched.complete(scheduled, env.now, steps=n):
                 self._finish(call)
             if self._arrivals:
@@ -210,25 +226,24 @@ class Engine:
             return True
         return not self.policy.order_depends_on_time and not self.sched.pins
 
-    def _stretch(self, scheduled, dt0: float, c, now: float) -> tuple[int, float]:
+    def _stretch(self, scheduled, dt0: float, now: float, sum_qk: float, sum_k: float, sum_qc: float) -> list[float]:
+        """The step times of a decode stretch: until a call finishes, a block allocation
+        would fail, or the step in which the next outside event lands ends. Each step's
+        time is the profile's for that step (every context one token longer), so the
+        stretch ends at the same float time as step-by-step, and events keep their order
+        (a different last bit reorders arrivals across replicas)."""
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
-        gap = self._next_event() - now
-        # each step every context is one token longer; the profile's nonlinear terms (w,
-        # launch: sim/profile.py) depend on tokens and seqs only, which a stretch keeps
-        b = (c[2] + c[4] + c[5]) * r
-        if not math.isinf(gap):
-            # smallest n with n*dt0 + b*n(n-1)/2 >= gap: the step in which the event lands
-            if b > 0:
-                n_ev = math.ceil(((-(2 * dt0 - b)) + math.sqrt((2 * dt0 - b) ** 2 + 8 * b * gap)) / (2 * b))
-            else:
-                n_ev = math.ceil(gap / dt0)
-            n_ev = max(1, n_ev)
-            while n_ev > 1 and (n_ev - 1) * dt0 + b * (n_ev - 1) * (n_ev - 2) / 2 >= gap:
-                n_ev -= 1
-            max_steps = min(max_steps, n_ev)
-        n = self.sched.decode_stretch_limit(scheduled, max(1, max_steps))
-        return n, n * dt0 + b * n * (n - 1) / 2
+        max_steps = self.sched.decode_stretch_limit(scheduled, max(1, max_steps))
+        nxt = self._next_event()
+        dts, t = [dt0], now + dt0
+        step_time = self.profile.step_time
+        while len(dts) < max_steps and t < nxt:
+            i = len(dts)
+            d = step_time(r, r, sum_qk + i * r, sum_k + i * r, sum_qc + i * r)
+            dts.append(d)
+            t += d
+        return dts
 
     def _account(self, now: float, dt: float) -> None:
         used = self.sched.pool.num_used
@@ -250,7 +265,7 @@ class Engine:
         retention = self.policy.on_finish(req, now, self)
         self.sched.retire(call, retention, now)
         if req.is_last_step:
-            self.sched.release_pin(req.program_id, now, "last")
+            self.sched.release_pin(req.program_id, now, Release.LAST)
             self.policy.on_program_end(req.program_id, req.turn + 1, now)
         if self.on_finish is not None:
             self.on_finish(call, now)

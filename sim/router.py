@@ -12,12 +12,22 @@ ties always go to the lowest replica index, so runs stay deterministic.
                 longest prefix of its context in the GPU prefix cache, or in the
                 offload tier if longer, not counting the prefix shared by all
                 programs; ties (a new program) least_loaded.
+- cache_aware:  SGLang's router (SMG, `--policy cache_aware`): per replica an
+                approximate tree of the prefixes the router sent there (its own
+                record, not the replica's cache). If the load is imbalanced — max -
+                min active requests > 64 and max > 1.5 x min — the least loaded;
+                else the replica with the longest match if it covers more than 30%
+                of the prompt, else the least loaded. Every 120 s of simulated time
+                each tree is cut to its most recently used 2^26 tokens (SMG evicts
+                by LRU every --eviction-interval 120 s down to --max-tree-size).
+                Load = waiting + running calls. Defaults as SMG's documentation,
+                docs/concepts/routing/cache-aware.md at lightseekorg/smg 18a6017.
 """
 from __future__ import annotations
 
 from traces.errors import InputError
 
-ROUTERS = ("round_robin", "least_loaded", "session", "prefix")
+ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "cache_aware")
 
 
 def _load(engine) -> tuple[int, int]:
@@ -96,9 +106,57 @@ class Prefix(Router):
         return min(range(len(engines)), key=key)
 
 
+class CacheAware(Router):
+    name = "cache_aware"
+
+    def __init__(self, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5,
+                 eviction_interval: float = 120.0, max_tree_tokens: int = 2**26) -> None:
+        self.cache_threshold, self.balance_abs, self.balance_rel = cache_threshold, balance_abs, balance_rel
+        self.eviction_interval, self.max_tree_tokens = eviction_interval, max_tree_tokens
+        self.trees: list[dict[int, None]] = []  # per replica: block keys routed there, least recent first
+        self._evicted_at = 0.0
+
+    def route(self, call, engines) -> int:
+        while len(self.trees) < len(engines):
+            self.trees.append({})
+        now = call.req.arrival
+        if now - self._evicted_at >= self.eviction_interval:
+            self._evict(self.max_tree_tokens // call.block_size)
+            self._evicted_at = now
+        keys = call.content.prefix(call.prompt_len // call.block_size)
+        loads = [len(e.sched.waiting) + len(e.sched.running) for e in engines]
+        hi, lo = max(loads), min(loads)
+        least = min(range(len(engines)), key=lambda i: (loads[i], i))
+        i = least
+        if not (hi - lo > self.balance_abs and hi > self.balance_rel * lo):
+            match = [self._match(t, keys) for t in self.trees[:len(engines)]]
+            best = min(range(len(engines)), key=lambda i: (-match[i], loads[i], i))
+            if match[best] * call.block_size > self.cache_threshold * call.prompt_len:
+                i = best
+        tree = self.trees[i]
+        for k in keys:  # to the most recent end
+            tree.pop(k, None)
+            tree[k] = None
+        return i
+
+    @staticmethod
+    def _match(tree: dict, keys: list) -> int:
+        n = 0
+        for k in keys:
+            if k not in tree:
+                break
+            n += 1
+        return n
+
+    def _evict(self, keep: int) -> None:
+        for i, t in enumerate(self.trees):
+            if len(t) > keep:
+                self.trees[i] = dict.fromkeys(list(t)[len(t) - keep:])
+
+
 def make_router(name: str | None) -> Router:
     name = "round_robin" if name is None else str(name).replace("-", "_")
-    classes = {c.name: c for c in (RoundRobin, LeastLoaded, Session, Prefix)}
+    classes = {c.name: c for c in (RoundRobin, LeastLoaded, Session, Prefix, CacheAware)}
     if name not in classes:
         raise InputError(f"--router {name!r} is not a router; choose one of {', '.join(ROUTERS)}")
     return classes[name]()

@@ -1,6 +1,12 @@
-"""`sim run`: replay a trace under a policy on simulated replicas and report JCTs."""
+"""`sim run`: replay a trace under a policy on simulated replicas and report JCTs.
+
+The flags are the leaf fields of `SimConfig` (sim/config.py), help text included;
+`--config FILE` gives a whole config, and flags given on the command line override it.
+With `--out`, the resolved config.json is written beside summary.json.
+"""
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -10,39 +16,35 @@ from pydantic import AfterValidator, Field
 from tqdm import tqdm
 
 from policies.base import PolicyError
-from policies.registry import POLICIES, make_policy
-from sim.cpu_tier import build_tiers, parse_offload
+from policies.registry import POLICIES
+from sim.config import SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
 from sim.metrics import write_results
-from sim.profile import DEFAULT_PROFILE, Profile, load_profile
-from sim.router import ROUTERS, make_router
-from sim.simulate import arrivals_for, engine_config, run_simulation
-from traces.errors import InputError
-from traces.schema import read_trace
+from traces.files import atomic_write
 from traces.validation import Model, validated
+
+_GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
+           "cluster": "memory tiers and clusters"}
+_METAVAR = {"offload": "SPEC", "trace": "NAME|PATH", "profile": "NAME|PATH"}
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="simulate a trace under a policy")
-    p.add_argument("--trace", default="swebench", help="bundled name (swebench, bfcl) or parquet path")
-    p.add_argument("--policy", default="vllm", help=f"one of: {', '.join(sorted(POLICIES))}")
-    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V", help="policy parameter (repeatable)")
-    p.add_argument("--jps", type=float, default=None, help="program arrivals per second (Poisson); default: the trace's arrivals, else 0.2")
-    p.add_argument("--programs", type=int, default=None, help="use only the first N programs")
-    p.add_argument("--seed", type=int, default=0, help="arrival seed")
-    p.add_argument("--profile", default=None, help=f"hardware profile JSON or bundled name (default {DEFAULT_PROFILE})")
-    p.add_argument("--out", default=None, help="directory for turns/programs/kv_usage parquet and summary.json")
-    g = p.add_argument_group("engine knobs (default: the profile's)")
-    g.add_argument("--num-blocks", type=int, default=None, help="GPU KV blocks (at most the profile's)")
-    g.add_argument("--block-size", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=None)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--no-chunked-prefill", action="store_true", help="admit only whole prompts")
-    c = p.add_argument_group("memory tiers and clusters")
-    c.add_argument("--offload", default=None, metavar="SPEC",
-                   help="offload tiers per replica, LMCache-like: cpu:200GiB, cpu:200GiB,ssd:1TiB (optional @GB/s: cpu:100GiB@25)")
-    c.add_argument("--replicas", type=int, default=1, help="replicas, each its own engine and KV pool (default 1)")
-    c.add_argument("--router", default="round_robin", help=f"which replica serves a call: {', '.join(ROUTERS)}")
+    p = sub.add_parser("run", help="simulate a trace under a policy",
+                       description="Every flag is a field of the run's config (docs/config.md); "
+                                   "flags given override --config FILE.")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a run config, JSON or YAML (e.g. an earlier run's config.json); flags override it")
+    groups = {sec: p if title is None else p.add_argument_group(title) for sec, title in _GROUPS.items()}
+    for name, (sec, _, kind, _default, help_) in leaves().items():
+        flag = "--" + name.replace("_", "-")
+        if name == "policy":
+            help_ = f"one of: {', '.join(sorted(POLICIES))} (default vllm)"
+        if kind is bool:
+            groups[sec].add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            groups[sec].add_argument(flag, dest=name, type=kind, default=None, metavar=_METAVAR.get(name, {int: "N", float: "X"}.get(kind, "NAME")), help=help_)
+        if name == "policy":
+            p.add_argument("--policy-arg", action="append", default=[], metavar="K=V", help="policy parameter (repeatable)")
+    p.add_argument("--out", default=None, help="directory for turns/programs/kv_usage parquet, summary.json and config.json")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -63,36 +65,18 @@ def _not_a_file(out: str | None) -> str | None:
     return out
 
 
-Count = Annotated[int | None, Field(ge=1)]
+class OutFlag(Model):
+    """`sim run --out`: a directory (or none yet), never an existing file."""
 
-
-class RunFlags(Model):
-    """`sim run`'s numeric and path flags (None = not given); sweeps check theirs here too."""
-
-    seed: Annotated[int | None, Field(ge=0, lt=2**63, alias="--seed")] = None  # numpy seeds are >= 0
-    programs: Annotated[Count, Field(alias="--programs")] = None
-    num_blocks: Annotated[Count, Field(alias="--num-blocks")] = None
-    block_size: Annotated[Count, Field(alias="--block-size")] = None
-    max_num_batched_tokens: Annotated[Count, Field(alias="--max-num-batched-tokens")] = None
-    max_num_seqs: Annotated[Count, Field(alias="--max-num-seqs")] = None
-    max_model_len: Annotated[Count, Field(alias="--max-model-len")] = None
-    replicas: Annotated[Count, Field(alias="--replicas")] = None
     out: Annotated[str | None, AfterValidator(_not_a_file), Field(alias="--out")] = None
 
 
-def check_knobs(profile: Profile, args) -> None:
-    """Refuse bad flags, and flags that contradict what the profile measured."""
-    validated(RunFlags, {f.alias: getattr(args, k, None) for k, f in RunFlags.model_fields.items()}, "sim run",
-              "see `sim run --help`")
-    e = profile.engine
-    if args.block_size is not None and args.block_size != int(e["block_size"]):
-        raise InputError(f"--block-size {args.block_size} contradicts profile {profile.name!r} (measured with block_size {e['block_size']}); "
-                         f"recalibrate with that block size or drop the flag")
-    if args.num_blocks is not None and args.num_blocks > int(e["num_gpu_blocks"]):
-        raise InputError(f"--num-blocks {args.num_blocks} exceeds the {e['num_gpu_blocks']} KV blocks profile {profile.name!r} "
-                         f"allocated; give at most that many")
-    if args.max_model_len is not None and args.max_model_len > int(e["max_model_len"]):
-        raise InputError(f"--max-model-len {args.max_model_len} exceeds profile {profile.name!r}'s max_model_len {e['max_model_len']}")
+def config_from_args(args) -> SimConfig:
+    """--config FILE (if given) with the flags given laid over it."""
+    base = read_config(args.config) if getattr(args, "config", None) else None
+    flat = {k: getattr(args, k) for k in leaves() if getattr(args, k, None) is not None}
+    data = from_flat(flat, parse_policy_args(getattr(args, "policy_arg", None) or []), base)
+    return parse_config(data, "sim run", style="flag")
 
 
 # Policies that key decisions on the tool name, and what they do when no call has one.
@@ -101,6 +85,7 @@ _NO_TOOL = {
     "continuum-static": "it pins only after a named tool, so it pins nothing and equals program-fcfs",
     "continuum": "it learns no per-tool CDF; every TTL comes from the global CDF of all tool times",
     "continuum-offload": "it learns no per-tool CDF; every TTL comes from the global CDF of all tool times",
+    "contextserve": "no call is FAST or SLOW; every TTL is continuum's, from the global CDF of all tool times",
 }
 
 
@@ -116,36 +101,27 @@ def tool_name_warning(trace, policy) -> str | None:
 
 
 def run(args) -> int:
-    policy = make_policy(args.policy, **parse_policy_args(args.policy_arg))
-    profile = load_profile(args.profile)
-    check_knobs(profile, args)
-    tiers = parse_offload(args.offload)
-    make_router(args.router)  # an unknown router fails here, before the trace is read
-    trace, meta = read_trace(args.trace)
-    if args.programs is not None:
-        keep = trace["program_id"].drop_duplicates().iloc[: args.programs]
-        trace = trace[trace["program_id"].isin(keep)]
-    warn = tool_name_warning(trace, policy)
+    config = config_from_args(args)
+    validated(OutFlag, {"--out": args.out}, "sim run", "see `sim run --help`")
+    r = build_run(config)
+    warn = tool_name_warning(r.trace, r.policy)
     if warn:
         print(f"warning: {warn}", file=sys.stderr)
-    cfg = engine_config(profile, num_gpu_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
-                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                        enable_chunked_prefill=False if args.no_chunked_prefill else None)
-    if tiers:
-        build_tiers(tiers, profile, cfg.block_size)  # a profile without PCIe bandwidth fails here
-    arrivals = arrivals_for(trace, args.jps, args.seed)
-    n = len(arrivals)
+    w = r.config.workload
     t0 = time.perf_counter()
-    with tqdm(total=n, desc=f"{args.policy}", unit="prog", disable=args.no_progress or not sys.stderr.isatty(), leave=False) as bar:
-        res = run_simulation(trace, policy, profile, cfg, arrivals, progress=bar,
-                             replicas=args.replicas, router=args.router, offload=tiers)
+    with tqdm(total=len(r.arrivals), desc=r.config.policy.name, unit="prog",
+              disable=args.no_progress or not sys.stderr.isatty(), leave=False) as bar:
+        res = execute(r, progress=bar)
     wall = time.perf_counter() - t0
-    res.summary.update({"trace": str(args.trace), "jps": args.jps, "seed": args.seed, "profile": profile.name,
+    res.summary.update({"trace": w.trace, "jps": w.jps, "seed": w.seed, "profile": r.profile.name,
                         "wall_s": wall, "sim_s_per_wall_s": res.summary["makespan_s"] / wall})
     print(format_summary(res.summary))
     if args.out:
-        write_results(Path(args.out), res.turns, res.programs, res.kv_usage, res.summary)
-        print(f"wrote {args.out}/summary.json, turns.parquet, programs.parquet, kv_usage.parquet")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "config.json", lambda p: Path(p).write_text(r.config.to_json()))  # before summary.json, the last
+        write_results(out, res.turns, res.programs, res.kv_usage, res.summary)
+        print(f"wrote {args.out}/summary.json, config.json, turns.parquet, programs.parquet, kv_usage.parquet")
     return 0
 
 
@@ -175,9 +151,16 @@ def format_summary(s: dict) -> str:
         rows.append(("preserve / discard / swap", " / ".join(str(s["decisions"][k]) for k in ("preserve", "discard", "swap"))))
     if "proxy" in s:
         rows.append(("proxy paused / resumed", f"{s['proxy']['paused']} / {s['proxy']['resumed']} (queued {s['proxy']['queued']})"))
-    for tool, t in list(s["ttl_by_tool"].items())[:12]:
+    ttls = sorted(s["ttl_by_tool"].items(), key=lambda kv: (-kv[1]["pins"], kv[0]))  # the most pinned tools
+    for tool, t in ttls[:12]:
         rows.append((f"  TTL {tool}", f"{t['mean_ttl_s']:.2f} s mean over {t['pins']} pins"))
+    if len(ttls) > 12:
+        rows.append(("  TTL (other tools)", f"{len(ttls) - 12} more in summary.json ttl_by_tool"))
     if "sim_s_per_wall_s" in s:
         rows.append(("simulated s per wall s", f"{s['sim_s_per_wall_s']:.0f} ({s['makespan_s']:.0f} s in {s['wall_s']:.1f} s)"))
     w = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+    out = "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+    if s["peak_kv_usage"] < 0.9:  # retention policies differ only when memory runs short
+        out += (f"\nnote: the KV pool was never full (peak {s['peak_kv_usage']:.0%} of {s['num_gpu_blocks']} blocks): "
+                "retention policies cannot differ here; raise --jps or cut --num-blocks to create memory pressure")
+    return out

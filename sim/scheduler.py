@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import Policy, Retention
+from policies.base import Action, Policy, Release, Retention
+from policies.pins import PinTable
 from sim.block_pool import BlockPool
 from sim.call import Call
 
@@ -42,37 +43,19 @@ class Scheduler:
         self.pool = BlockPool(cfg.num_gpu_blocks - 1, cfg.block_size)
         self.waiting: list[Call] = []
         self.running: list[Call] = []
-        self.pins: dict[str, list[int]] = {}  # program -> blocks held by its pin
-        # Pins share blocks (the shared system prompt), so pinned memory is the number of
-        # *distinct* pinned blocks: block -> pins holding it, integrated over time.
-        self._pin_refs: dict[int, int] = {}
-        self._pin_area_t = 0.0
-        self.pinned_block_seconds = 0.0
+        self.pins = PinTable()  # program -> blocks held by its pin (policies/pins.py)
         self.preemptions = 0
         self.view = None  # EngineView, set by the engine
         self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
 
     # --- pins -----------------------------------------------------------------------
-    def _pin_area(self, now: float) -> None:
-        self.pinned_block_seconds += len(self._pin_refs) * (now - self._pin_area_t)
-        self._pin_area_t = now
-
     def pin(self, pid: str, blocks: list[int], now: float) -> None:
-        self._pin_area(now)
-        self.pins[pid] = blocks
-        for b in blocks:
-            self._pin_refs[b] = self._pin_refs.get(b, 0) + 1
+        self.pins.add(pid, blocks, now)
 
-    def release_pin(self, pid: str, now: float, reason: str) -> None:
-        blocks = self.pins.pop(pid, None)
+    def release_pin(self, pid: str, now: float, reason: Release) -> None:
+        blocks = self.pins.pop(pid, now)
         if blocks is None:
             return
-        self._pin_area(now)
-        for b in blocks:
-            if self._pin_refs[b] == 1:
-                del self._pin_refs[b]
-            else:
-                self._pin_refs[b] -= 1
         if self.tier is not None:
             self.tier.release(pid, blocks, reason, now)  # offload first if the policy says so
         self.pool.free(blocks)
@@ -81,16 +64,20 @@ class Scheduler:
     @property
     def pinned_blocks(self) -> int:
         """Distinct blocks held by pins (a block shared by several pins counts once)."""
-        return len(self._pin_refs)
+        return self.pins.distinct
+
+    @property
+    def pinned_block_seconds(self) -> float:
+        return self.pins.block_seconds
 
     # --- allocation ---------------------------------------------------------------------
-    def _try_allocate(self, call: Call, num_new: int, hit: list[int] | None = None) -> bool:
-        """vLLM's allocate_slots: take the prefix-hit blocks and enough new ones, or nothing."""
+    def _try_allocate(self, call: Call, num_new: int, hit: list[int] | None = None, evictable_hits: int = 0) -> bool:
+        """vLLM's allocate_slots: take the prefix-hit blocks and enough new ones, or nothing.
+        `evictable_hits`: how many hit blocks sit in the free queue (pool.evictable(hit))."""
         hit = hit or []
         start = call.num_computed + len(hit) * self.cfg.block_size
         need = cdiv(start + num_new, self.cfg.block_size) - len(call.blocks) - len(hit)
         # Hit blocks sitting in the free queue stop being allocatable once touched.
-        evictable_hits = sum(1 for b in hit if self.pool.ref_cnt[b] == 0)
         if need > self.pool.num_free - evictable_hits:
             return False
         self.pool.touch(hit)
@@ -102,7 +89,7 @@ class Scheduler:
     def _prefix_hit(self, call: Call) -> list[int]:
         # At least one prompt token must be computed, as in vLLM (max hit = num_tokens - 1).
         n = (call.num_tokens - 1) // self.cfg.block_size
-        return self.pool.lookup([call.block_key(i) for i in range(n)])
+        return self.pool.lookup(call.content.prefix(n), call.content)
 
     def _free_call(self, call: Call) -> None:
         self.pool.free(call.blocks)
@@ -123,7 +110,7 @@ class Scheduler:
         """Drop pins whose TTL ran out, except those whose program's next call waits."""
         waiting_pids = {c.req.program_id for c in self.waiting}
         for pid in self.policy.expired_pins(now, waiting_pids):
-            self.release_pin(pid, now, "expired")
+            self.release_pin(pid, now, Release.EXPIRED)
 
     def schedule(self, now: float) -> list[tuple[Call, int]]:
         cfg, policy = self.cfg, self.policy
@@ -167,7 +154,7 @@ class Scheduler:
                     call.scheduled_at = now
                     call.cached_tokens = call.num_computed - call.loaded_tokens  # GPU hit only
                     policy.on_schedule(call.req, now)
-                self.release_pin(call.req.program_id, now, "hit")
+                self.release_pin(call.req.program_id, now, Release.HIT)
                 self.running.append(call)
                 scheduled.append((call, num_new))
                 budget -= num_new
@@ -184,12 +171,12 @@ class Scheduler:
         if not self.cfg.enable_chunked_prefill and num_new > budget:
             return None, 0  # whole-prompt admission: wait for a step with room
         num_new = min(num_new, budget)
-        evictable_hits = sum(1 for b in hit if self.pool.ref_cnt[b] == 0)
+        evictable_hits = self.pool.evictable(hit)
         if self.cfg.reserve_full_prompt:
             short = cdiv(call.num_tokens, bs) - len(hit) - (self.pool.num_free - evictable_hits)
             if short > 0:
                 return None, short
-        if self._try_allocate(call, load * bs + num_new, hit):
+        if self._try_allocate(call, load * bs + num_new, hit, evictable_hits):
             call.num_computed = start
             call.num_keyed = len(hit)
             if self.tier is not None:
@@ -208,15 +195,14 @@ class Scheduler:
         let the head in (else they would be lost for nothing)."""
         pid = call.req.program_id
         if self.running:
-            if not getattr(self.policy, "unpin_while_running", True):
+            if not self.policy.unpin_while_running:
                 return False
-            releasable = sum(sum(1 for b in blks if self.pool.ref_cnt[b] == 1)
-                             for p, blks in self.pins.items() if p != pid)
+            releasable = sum(self.pool.count_ref(blks, 1) for p, blks in self.pins.items() if p != pid)
             if releasable < short:
                 return False
         victims = self.policy.unpin_victims(short, self.view, exclude=pid)
         for victim in victims:
-            self.release_pin(victim, now, "victim")
+            self.release_pin(victim, now, Release.VICTIM)
         return bool(victims)
 
     # --- stretches of identical decode steps ---------------------------------------------
@@ -253,8 +239,8 @@ class Scheduler:
                 crossings.append((j, idx))
                 j += bs
         crossings.sort()
-        for _, idx in crossings:
-            scheduled[idx][0].blocks.extend(self.pool.allocate(1))
+        for (_, idx), b in zip(crossings, self.pool.allocate(len(crossings))):  # one pop of them all, same order
+            scheduled[idx][0].blocks.append(b)
 
     def complete(self, scheduled: list[tuple[Call, int]], now: float, steps: int = 1) -> list[Call]:
         """Apply `steps` steps that ended at `now` (steps > 1 only for an all-decode batch):
@@ -271,9 +257,10 @@ class Scheduler:
                 call.computed_prompt_tokens += min(call.num_computed + num_new, call.prompt_len) - call.num_computed
             call.num_computed += num_new
             full = call.num_computed // bs
-            for i in range(call.num_keyed, full):
-                self.pool.cache(call.blocks[i], call.block_key(i))
-            call.num_keyed = max(call.num_keyed, full)
+            if full > call.num_keyed:
+                call.block_key(full - 1)  # computes the program's keys up to there
+                self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full])
+                call.num_keyed = full
             if prefill and self.tier is not None:
                 self.tier.write_through(call)  # LMCache stores new full chunks on prefill steps
             if call.num_computed == call.num_tokens or steps > 1:
@@ -290,10 +277,10 @@ class Scheduler:
 
     def retire(self, call: Call, retention: Retention, now: float) -> None:
         """A finished call's KV: pinned blocks stay referenced, otherwise freed (still cached)."""
-        if retention.action == "pin":
+        if retention.action == Action.PIN:
             self.pin(call.req.program_id, call.blocks, now)
             call.blocks = []
         else:
-            if retention.action == "offload" and self.tier is not None:
+            if retention.action == Action.OFFLOAD and self.tier is not None:
                 self.tier.offload(call.blocks, now)  # write its full chunks to the CPU tier, then free
             self._free_call(call)

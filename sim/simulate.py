@@ -9,6 +9,7 @@ import pandas as pd
 import simpy
 
 from policies.base import Policy
+from policies.pins import pin_counts
 from sim.cluster import Cluster
 from sim.cpu_tier import TierSpec, parse_offload
 from sim.metrics import Recorder, program_table, summarize, turn_table
@@ -94,15 +95,13 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
         "mean_kv_usage": float(np.mean([r["mean_kv_usage"] for r in per_replica])),
         "peak_kv_usage": max(r["peak_kv_usage"] for r in per_replica),
         "pinned_block_seconds": sum(e.sched.pinned_block_seconds for e in engines),
-        "pins": sum(outcomes.values()), "pins_hit": outcomes.get("hit", 0),
-        "pins_expired": outcomes.get("expired", 0), "pins_victim": outcomes.get("victim", 0),
-        "pins_discarded": outcomes.get("discard", 0), "pins_moved": outcomes.get("moved", 0),
+        **pin_counts(outcomes),
         "ttl_by_tool": {t: {"pins": len(v), "mean_ttl_s": float(np.mean(v))} for t, v in sorted(ttls.items())},
         **offload_stats,
         "per_replica": per_replica,
     }
-    if hasattr(policy, "decisions"):  # InferCept: preserve / discard / swap counts
-        extra["decisions"] = {k: sum(p.decisions.get(k, 0) for p in pols) for k in ("preserve", "discard", "swap")}
+    if policy.DECISIONS:  # InferCept: preserve / discard / swap counts
+        extra["decisions"] = {k: sum(p.decisions.get(k, 0) for p in pols) for k in policy.DECISIONS}
     if cluster.controller is not None:  # ThunderAgent's proxy
         extra["proxy"] = dict(cluster.controller.stats)
     kv = pd.concat([pd.DataFrame(e.kv_samples, columns=["t", "used_blocks", "pinned_blocks"]).assign(replica=e.index)

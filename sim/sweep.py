@@ -1,12 +1,19 @@
 """Sweeps: run a grid of simulation points, one row per point in one parquet table.
 
-A point is a dict of axes: RUN_AXES below plus the parameters of its policy (e.g.
-`max_ttl` for continuum, `pin_seconds` for continuum-static). `build_run` is the one
-place a point becomes a simulation. Each point has a stable key (a hash of its axes,
-defaults filled in), stored in the table. DIR/results.parquet is rewritten atomically
-after every finished point, so an interrupted sweep keeps everything that finished and
-a rerun skips those keys. Points run serially, on local processes, or on an existing
-Dask cluster (`dask=ADDRESS`) — no distribution layer of our own.
+A point is a flat dict of axes: the leaf fields of a run's config (RUN_AXES: `trace`,
+`jps`, `num_blocks`, `router`, ...; sim/config.py) plus the parameters of its policy
+(e.g. `max_ttl` for continuum). `point_config` makes it a SimConfig and `build_run` a
+simulation, as for `sim run`. Each point has a stable key (a hash of its axes, defaults
+filled in), stored in the table. DIR/results.parquet is rewritten atomically after every
+finished point, so an interrupted sweep keeps everything that finished and a rerun skips
+those keys. Points run serially, on local processes, or on an existing Dask cluster
+(`dask=ADDRESS`) — no distribution layer of our own.
+
+Dying cleanly: local workers are spawned (not forked, so they never hold the lock) and
+die with the sweep (PR_SET_PDEATHSIG, and a parent check); only as many points as there
+are workers are started at a time, so a first Ctrl-C starts nothing more and keeps what
+finishes, and a second stops at once. DIR/.lock names its owner, so a lock still held
+after its owner died is taken over.
 
 Resuming trusts the key: after changing simulator code, sweep into a new DIR.
 """
@@ -14,51 +21,35 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import fcntl
 import functools
 import hashlib
-import inspect
 import itertools
 import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from policies.base import Policy
-from policies.registry import POLICIES, make_policy, policy_params
-from sim.profile import Profile, load_profile
-from sim.run_cmd import check_knobs
-from sim.scheduler import EngineConfig
-from sim.simulate import arrivals_for, engine_config, run_simulation
+from policies.registry import POLICIES, policy_params
+from sim.config import Run, SimConfig, build_run as build_config_run, execute, from_flat, leaves, parse_config
 from traces.errors import InputError
 from traces.files import atomic_write
-from traces.schema import read_trace
-from traces.transform import repeat_turns
 
-# name -> (type, default). None as a default means "the trace's / the profile's".
-RUN_AXES: dict[str, tuple[type, object]] = {
-    "trace": (str, "swebench"),        # bundled name or parquet path (a Dask worker must see it)
-    "programs": (int, None),           # the trace's first N programs
-    "turn_repeat": (int, 1),           # the paper's Fig. 14: turns xN, tokens /N (traces/transform.py)
-    "policy": (str, "vllm"),
-    "jps": (float, None),              # as `sim run --jps`: None = the trace's arrivals, else 0.2
-    "seed": (int, 0),                  # arrival seed
-    "rep": (int, 0),                   # repetition: rep r > 0 draws arrivals from SeedSequence([seed, r])
-    "profile": (str, None),
-    "num_blocks": (int, None),
-    "max_num_batched_tokens": (int, None),
-    "max_num_seqs": (int, None),
-    "max_model_len": (int, None),
-    "chunked_prefill": (bool, None),
-    "replicas": (int, 1),              # these three pass to run_simulation where it takes them
-    "router": (str, None),
-    "offload": (str, None),            # tiers per replica, e.g. cpu:200GiB (sim run --offload)
-}
+# name -> (type, default): the leaf fields of SimConfig (sim/config.py), whose help says
+# what each means. None as a default means "the trace's / the profile's".
+# Not block_size: it can only be the profile's, and the table keeps the summary's column of that name.
+RUN_AXES: dict[str, tuple[type, object]] = {name: (kind, default) for name, (_, _, kind, default, _) in leaves().items()
+                                            if name != "block_size"}
 RESULTS = "results.parquet"
 
 
@@ -171,60 +162,26 @@ def expand_grid(spec: dict | list[dict]) -> list[dict]:
     return points
 
 
-@dataclass
-class Run:
-    trace: pd.DataFrame
-    policy: Policy
-    profile: Profile
-    cfg: EngineConfig
-    arrivals: np.ndarray
-    options: dict  # run_simulation's keyword options (replicas, router, offload) away from their defaults
-
-
-class _Knobs(SimpleNamespace):
-    """check_knobs reads `sim run`'s flags; a flag a point does not set is None."""
-
-    def __getattr__(self, name):
-        return None
-
-
-@functools.lru_cache(maxsize=8)
-def _trace(name: str, programs: int | None, turn_repeat: int) -> pd.DataFrame:
-    trace, _ = read_trace(name)
-    if programs is not None:
-        trace = trace[trace["program_id"].isin(trace["program_id"].drop_duplicates().iloc[:programs])]
-    return repeat_turns(trace, turn_repeat)
-
-
-def build_run(point: dict) -> Run:
-    """The one translation of a point into a simulation (a worker calls it too)."""
+def point_config(point: dict) -> SimConfig:
+    """The SimConfig of a point (axes are leaf field names; the rest its policy's parameters)."""
     p = canonical(point)
     for name, low in (("seed", 0), ("rep", 0), ("replicas", 1)):
         if p[name] < low:
             raise InputError(f"axis {name!r} must be >= {low} (got {p[name]})")
-    options = {k: p[k] for k in ("replicas", "router", "offload") if p[k] != RUN_AXES[k][1]}
-    takes = inspect.signature(run_simulation).parameters
-    for k in options:
-        if k not in takes:
-            raise InputError(f"axis {k!r}: this simulator has no {k} option yet; leave the axis out (default {RUN_AXES[k][1]})")
-    policy = make_policy(p["policy"], **{k: p[k] for k in policy_params(p["policy"])})
-    profile = load_profile(p["profile"])
-    check_knobs(profile, _Knobs(**{k: p[k] for k in (
-        "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "programs", "replicas")}))
-    trace = _trace(p["trace"], p["programs"], p["turn_repeat"])
-    cfg = engine_config(profile, num_gpu_blocks=p["num_blocks"], max_num_batched_tokens=p["max_num_batched_tokens"],
-                        max_num_seqs=p["max_num_seqs"], max_model_len=p["max_model_len"],
-                        enable_chunked_prefill=p["chunked_prefill"])
-    seed = p["seed"] if p["rep"] == 0 else int(np.random.SeedSequence([p["seed"], p["rep"]]).generate_state(1)[0])
-    return Run(trace, policy, profile, cfg, arrivals_for(trace, p["jps"], seed), options)
+    data = from_flat({k: p[k] for k in RUN_AXES}, {k: p[k] for k in policy_params(p["policy"])})
+    return parse_config(data, "sweep point", style="axis")
+
+
+def build_run(point: dict) -> Run:
+    """The one translation of a point into a simulation (a worker calls it too)."""
+    return build_config_run(point_config(point))
 
 
 def run_point(point: dict, save_kv: bool = False) -> tuple[dict, pd.DataFrame | None]:
     """One table row (key, axes, summary; dicts as JSON) and, if asked, the KV usage samples."""
     p = canonical(point)
     t0 = time.perf_counter()
-    r = build_run(p)
-    res = run_simulation(r.trace, r.policy, r.profile, r.cfg, r.arrivals, **r.options)
+    res = execute(build_run(p))
     summary = dict(res.summary)
     summary["n_programs"] = summary.pop("programs")  # `programs` is the axis (first N)
     out = {k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
@@ -249,22 +206,158 @@ def load_kv(out: str | Path, key: str) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
+def _identity(pid: int) -> str | None:
+    """Who `pid` is: its start time (so a reused pid is not taken for the owner), '-'
+    where there is no /proc; None when no such process lives (a zombie is dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "-"
+    fields = stat.rsplit(")", 1)[1].split()  # fields[0] is the state (field 3), fields[19] the start time (22)
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _dead_owner(text: str) -> int | None:
+    """The pid a lock file names, if that process is gone; None if alive or unnamed."""
+    parts = text.split()
+    if len(parts) != 2 or not parts[0].isdigit():
+        return None  # no owner written (another tool, or an older version): assume alive
+    pid, ident = int(parts[0]), _identity(int(parts[0]))
+    return pid if ident is None or (ident != "-" and parts[1] != "-" and ident != parts[1]) else None
+
+
+def _take_lock(out: Path):
+    path = out / ".lock"
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        owner = fh.read()
+        fh.close()
+        dead = _dead_owner(owner)
+        if dead is None:
+            who = f" (pid {owner.split()[0]})" if owner.split() else ""
+            raise InputError(f"another sweep{who} is writing {out}; wait for it or give another --out") from None
+        # Its owner died and left the lock held (by processes it started): a new file takes its place.
+        tmp = out / f".lock.{os.getpid()}"
+        fh = open(tmp, "a+")
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.replace(tmp, path)
+        print(f"warning: took over {path} from sweep pid {dead}, which is no longer running", file=sys.stderr)
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()} {_identity(os.getpid())}\n")
+    fh.flush()
+    return fh
+
+
 @contextlib.contextmanager
 def _lock(out: Path):
-    with open(out / ".lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(f"another sweep is writing {out}; wait for it or give another --out") from None
+    """One sweep per DIR: a flock on DIR/.lock, which names its owner (pid and start time)
+    so that a lock left held after its owner died is taken over, not obeyed forever.
+    Taking it is serialised by a flock on DIR itself (held for a moment)."""
+    dfd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)
+        fh = _take_lock(out)
+    finally:
+        os.close(dfd)  # releases the directory's flock
+    try:
         yield
+    finally:
+        fh.close()
+
+
+class _Interrupts:
+    """Ctrl-C during a sweep: the first starts no more points (running ones finish and
+    are kept); the second raises KeyboardInterrupt at once."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+        print("interrupted: no new points start; running ones finish and are kept (Ctrl-C again to stop now)",
+              file=sys.stderr, flush=True)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
+    """A local worker dies with the sweep that started it, and leaves Ctrl-C to it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()  # where prctl is missing
+
+
+def _stop_now(ex: cf.ProcessPoolExecutor) -> None:
+    """Kill a local pool's workers: nobody will keep what they are computing."""
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.kill()
+    ex.shutdown(wait=False, cancel_futures=True)
 
 
 def _completed(todo: list[dict], fn, workers: int, dask: str | None):
-    """fn(point) results in completion order: in-process, a process pool, or a Dask cluster."""
-    if dask is None and workers <= 1:
-        for p in todo:
-            yield fn(p)
-        return
+    """fn(point) results in completion order: in-process, on local worker processes, or on
+    a Dask cluster. At most as many points as there are workers are started at a time, so
+    an interrupt (see _Interrupts) leaves the rest unstarted."""
+    with _Interrupts() as stop:
+        if dask is None and workers <= 1:
+            for p in todo:
+                if stop.count:
+                    break
+                yield fn(p)
+        else:
+            yield from _on_pool(todo, fn, workers, dask, stop)
+        if stop.count:
+            raise KeyboardInterrupt
+
+
+def _submit(ex, fn, point, spawns: bool) -> cf.Future:
+    """ex.submit; a local pool may start a worker here, which then inherits SIGINT
+    ignored, so a Ctrl-C in the terminal (sent to the whole process group) reaches
+    only the sweep, even while the worker is still importing."""
+    if not spawns or threading.current_thread() is not threading.main_thread():
+        return ex.submit(fn, point)
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return ex.submit(fn, point)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interrupts):
     client = None
     if dask is not None:
         try:
@@ -276,20 +369,38 @@ def _completed(todo: list[dict], fn, workers: int, dask: str | None):
         except (OSError, TimeoutError) as e:
             raise InputError(f"cannot reach the Dask scheduler at {dask!r} ({e}); give its address, e.g. tcp://host:8786") from None
         ex = client.get_executor(pure=False)
+        slots = max(1, sum(client.nthreads().values()))
     else:
-        ex = cf.ProcessPoolExecutor(workers)
-    futures: list[cf.Future] = []
+        # spawned, not forked: a forked worker would inherit (and so hold) the sweep's lock
+        ex = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                    initializer=_worker_init, initargs=(os.getpid(),))
+        slots = workers
+    queued = iter(todo)
+    running: set[cf.Future] = set()
+    finished = False
     try:
-        futures = [ex.submit(fn, p) for p in todo]
-        for f in cf.as_completed(futures):
-            yield f.result()
-    finally:  # on an error or an interrupt, drop what has not started
-        for f in futures:
-            f.cancel()
+        while True:
+            while not stop.count and len(running) < slots:
+                p = next(queued, None)
+                if p is None:
+                    break
+                running.add(_submit(ex, fn, p, spawns=client is None))
+            if not running:
+                break
+            done, pending = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            running = set(pending)
+            for f in done:
+                yield f.result()
+        finished = True
+    finally:
         if client is not None:
+            for f in running:
+                f.cancel()
             client.close()  # releases (and so cancels) the cluster's tasks
-        else:
+        elif finished:
             ex.shutdown(wait=True)
+        else:  # an error, a second Ctrl-C, or the caller stopped reading
+            _stop_now(ex)
 
 
 @dataclass

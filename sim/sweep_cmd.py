@@ -23,8 +23,10 @@ PLOTS = {
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="run a grid of simulations into one parquet table (resumable)",
                        description="Run every point of a grid (cross product of the axes) not yet in DIR/results.parquet. "
-                                   f"Run axes: {', '.join(RUN_AXES)}; any parameter of a grid's policy is an axis too "
-                                   "(e.g. max_ttl, pin_seconds, K).")
+                                   f"Run axes (the fields of a run config, `sim run --help` says what each means): "
+                                   f"{', '.join(RUN_AXES)}; any parameter of a grid's policy is an axis too "
+                                   "(e.g. max_ttl, pin_seconds, K). Ctrl-C once: no new points start, running ones "
+                                   "finish and are kept; twice: stop now.")
     p.add_argument("--out", required=True, help="directory of the sweep table (results.parquet, kv/)")
     p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
                    help="an axis and its values (repeatable); none, true/false, numbers or names")

@@ -10,7 +10,9 @@ import pandas as pd
 
 from policies.base import Request
 from sim.call import Call
+from sim.content import ContentKeys
 from sim.engine import Engine
+from traces import segments
 from traces.errors import InputError
 
 
@@ -31,6 +33,7 @@ class Workload:
         self.programs: list[tuple[str, list[dict], float]] = []
         self._events: dict[int, object] = {}
         self._seq = 0
+        self.by_content = segments.COLUMN in trace.columns
         for (pid, g), arr in zip(trace.groupby("program_id", sort=False), arrivals):
             rows = g.to_dict("records")
             self._check_fits(pid, rows, max_model_len, num_blocks, whole_prompt_budget)
@@ -72,8 +75,18 @@ class Workload:
         yield env.timeout(arrival)
         prompt = prev_out = 0
         shared = int(rows[0].get("shared_prefix_tokens", 0) or 0)
+        content = ContentKeys(self.block_size)
         for r in rows:
             prompt += prev_out + int(r["new_input_tokens"])
+            segs = r[segments.COLUMN] if self.by_content else None
+            if not segments.is_unknown(segs):
+                for s in segs:
+                    content.append(s["id"], s["tokens"])
+            elif r is rows[0]:  # without segments, programs share turn 0's shared prefix only
+                content.append("<shared>", shared)
+                content.append((pid, 0), int(r["new_input_tokens"]) - shared)
+            else:
+                content.append((pid, int(r["turn"])), int(r["new_input_tokens"]))
             last = r is rows[-1]
             req = Request(
                 req_id=f"{pid}#{r['turn']}", program_id=pid, turn=int(r["turn"]), arrival=env.now,
@@ -82,7 +95,8 @@ class Workload:
                 true_tool_duration=None if last else float(r["tool_duration_s"]),
             )
             call = Call(req=req, seq_no=self._seq, prompt_len=prompt, max_output=int(r["output_tokens"]),
-                        block_size=self.block_size, shared_prefix=shared)
+                        block_size=self.block_size, shared_prefix=shared, content=content)
+            content.append_output(call.max_output)
             self._seq += 1
             done = env.event()
             self._events[id(call)] = done

@@ -31,6 +31,17 @@ def make_trace(programs: list[list[tuple[int, int, str | None, float | None]]], 
     return validate(pd.DataFrame(rows))
 
 
+def trace_and_profile_files(d, seed: int, programs: int, blocks: int) -> tuple[str, str]:
+    """A random trace and a linear profile written under `d` (for CLI, sweep and config tests)."""
+    import json
+
+    from traces.schema import write_trace
+
+    write_trace(random_trace(np.random.default_rng(seed), programs), d / "t.parquet", {"generator": "test"})
+    (d / "prof.json").write_text(json.dumps(linear_profile(c2=1e-7, blocks=blocks).raw))
+    return str(d / "t.parquet"), str(d / "prof.json")
+
+
 def random_trace(rng: np.random.Generator, n_programs: int, max_turns: int = 6, tools=("ls", "cat", "pytest")) -> pd.DataFrame:
     progs = []
     for _ in range(n_programs):

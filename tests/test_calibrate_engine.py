@@ -18,7 +18,6 @@ TOL = 0.15
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
-    pytest.importorskip("vllm")
     from calibrate.engine import start_engine
     from calibrate.probes import Runner
     from calibrate.run import calibrate_engine, write_profile

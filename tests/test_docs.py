@@ -55,6 +55,19 @@ def test_readme_maps_every_page():
 def test_readme_is_short_and_keeps_the_commands():
     text = README.read_text()
     assert len(text.encode()) <= 10_000, f"README is {len(text.encode())} bytes; keep it under 10 KB, move detail to docs/"
-    for cmd in ("pip install -e . && sim run --trace swebench --policy continuum --jps 0.2", "make test", "make test-fast"):
+    for cmd in ("pip install -e . && sim run --trace swebench --policy continuum --jps 0.5 --num-blocks 6000", "make test", "make test-fast"):
         assert cmd in text, cmd
     assert "make test" in (ROOT / ".ci" / "run").read_text()  # what CI runs is what README says
+
+
+def test_cli_usage_blocks_are_what_sim_prints():
+    r = subprocess.run([sys.executable, "-m", "agentsim.cli_usage", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_every_policy_is_documented():
+    from policies.registry import POLICIES
+
+    cli, pol = (DOCS / "cli.md").read_text(), (DOCS / "policies.md").read_text()
+    missing = [p for p in POLICIES if f"`{p}`" not in pol or p not in cli]
+    assert not missing, f"policies missing from docs/cli.md or docs/policies.md: {missing}"

@@ -134,7 +134,7 @@ def test_continuum_timestamps_fixture():
     ("tracelab", "tracelab_unsorted.jsonl", {}, r"line 2: field 'timing_events' starts before"),
     ("llmservingsim", "claude_code_session.jsonl", {}, r"field 'sub_requests'.*wrong format"),
     ("llmservingsim", "llmservingsim_empty_subs.jsonl", {}, r"line 2: field 'sub_requests' is empty"),
-    ("llmservingsim", "llmservingsim_missing_output.jsonl", {}, r"sub_requests\[0\]: field 'output_toks' is missing"),
+    ("llmservingsim", "llmservingsim_missing_output.jsonl", {}, r"line 1: field 'sub_requests.0.output_toks' is missing"),
     ("mini-swe-agent", "no_timestamps.traj.json", {}, r"messages\[2\]: field 'extra.timestamp' is missing"),
     ("mini-swe-agent", "truncated.traj.json", {}, r"is not valid JSON"),
     ("mini-swe-agent", "openai_chat_log.json", {}, r"no LLM calls found"),
@@ -156,6 +156,68 @@ def test_malformed(fmt, name, opts, expect, tmp_path):
     extra = ["--output-tokens", str(opts["output_tokens"])] if opts else []
     assert main(["trace", "import", fmt, str(FIX / name), "-o", str(out), *extra]) == 2
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def _edited(name, tmp_path, edit):
+    """A copy of fixture `name` with `edit` applied to its parsed records (JSON Lines)
+    or document (JSON)."""
+    text = (FIX / name).read_text()
+    jsonl = name.endswith(".jsonl")
+    doc = [json.loads(x) for x in text.splitlines() if x.strip()] if jsonl else json.loads(text)
+    edit(doc)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(r) for r in doc) + "\n" if jsonl else json.dumps(doc))
+    return path
+
+
+def _first_output(doc):  # the first call's response message
+    return doc[0]["response"]["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("fmt, name, edit, expect", [
+    # values of the wrong kind were read as something else, or raised TypeError
+    ("openai-chat", "openai_chat_log.jsonl", lambda d: _first_output(d).update(tool_calls=5.0),
+     "line 1: field 'response.choices.0.message.tool_calls' is 5.0"),  # TypeError
+    ("openai-chat", "openai_chat_log.jsonl", lambda d: _first_output(d).update(tool_calls="get_weather"),
+     "line 1: field 'response.choices.0.message.tool_calls' is 'get_weather'"),  # iterated its letters
+    ("openai-chat", "openai_chat_log.jsonl", lambda d: d[1]["messages"][1].update(content=7),
+     "line 2: field 'messages.1.content' is 7: should be text or a list"),  # counted as no text
+    ("openai-chat", "openai_chat_log.jsonl", lambda d: d[0].update(session_id=["chat", 1]),
+     "line 1: field 'session_id' is ['chat', 1]"),  # became the id "['chat', 1]"
+    ("openai-chat", "openai_chat_log.jsonl", lambda d: d[0].update(request="POST /v1/chat"),
+     "line 1: field 'request' is 'POST /v1/chat'"),  # ignored
+    ("openai-chat", "openai_chat_log.json", lambda d: d[2].update(response=[1]),
+     "record 2: field 'response' is [1]"),
+    ("llmservingsim", "llmservingsim_sessions.jsonl", lambda d: d[1]["sub_requests"][0].update(tool=["pytest"]),
+     "line 2: field 'sub_requests.0.tool' is ['pytest']"),  # dropped silently
+    ("llmservingsim", "llmservingsim_sessions.jsonl", lambda d: d[0].update(session_id={"id": 1}),
+     "line 1: field 'session_id' is {'id': 1}"),
+    ("llmservingsim", "llmservingsim_sessions.jsonl", lambda d: d[0]["sub_requests"].append("done"),
+     "line 1: field 'sub_requests.3' is 'done'"),
+    # counts past int64 wrapped around into "negative new input" errors that named no file
+    ("openai-chat", "openai_chat_log.jsonl", lambda d: d[1]["response"]["usage"].update(prompt_tokens=9.3e18),
+     "line 2: field 'response.usage.prompt_tokens' is 9.3e+18"),
+    ("llmservingsim", "llmservingsim_sessions.jsonl", lambda d: d[0]["sub_requests"][1].update(input_toks=9.3e18),
+     "line 1: field 'sub_requests.1.input_toks' is 9.3e+18"),
+    ("continuum-timestamps", "scheduler_timestamps.json", lambda d: d["job_1"][6].update(prompt_length=9.3e18),
+     "job 'job_1' event 6: field 'prompt_length' is 9.3e+18"),
+    ("continuum-timestamps", "scheduler_timestamps.json", lambda d: d["job_1"][5].update(Request_arrival_time=float("nan")),
+     "job 'job_1' event 5: field 'Request_arrival_time' is nan"),  # compared as never earlier
+    ("continuum-timestamps", "scheduler_timestamps.json", lambda d: d["job_1"][1].update(prompt_length="4096"),
+     "job 'job_1' event 1: field 'prompt_length' is '4096'"),
+    ("continuum-timestamps", "scheduler_timestamps.json", lambda d: d["job_1"][5].update(Request_arrival_time=None),
+     "job 'job_1' event 5: field 'Request_arrival_time' is None"),  # read as the previous request's
+    ("continuum-timestamps", "scheduler_timestamps.json", lambda d: d["job_2"][2].update(output_length=0),
+     "field 'output_length' is 0"),
+])
+def test_records_of_the_wrong_kind_are_one_line(fmt, name, edit, expect, tmp_path):
+    path = _edited(name, tmp_path, edit)
+    with pytest.raises(InputError) as e:
+        import_trace(fmt, [path])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(path)) and expect in msg, msg
+    assert import_trace(fmt, [_edited(name, tmp_path / "ok", lambda d: None)])[0].shape[0] > 0  # the fixture itself imports
 
 
 def test_bad_paths_and_options(tmp_path):

@@ -10,6 +10,7 @@ import sim.sweep as sw
 from conftest import linear_profile, random_trace
 from sim import plot
 from sim.cli import main
+from traces.errors import InputError
 from traces.schema import write_trace
 
 
@@ -81,7 +82,7 @@ def test_kv_over_time_draws_the_saved_samples(results):
         assert got[r["policy"]]["y"] == pytest.approx((kv["used_blocks"] / r["num_gpu_blocks"]).tolist())
         assert got[r["policy"]]["x"] == pytest.approx(kv["t"].tolist())
     assert "continuum pinned" in got and "vllm pinned" not in got
-    with pytest.raises(Exception, match="at most 12"):
+    with pytest.raises(InputError, match="at most 12"):
         plot.kv_over_time(out, t)
 
 

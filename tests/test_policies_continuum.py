@@ -238,3 +238,79 @@ def test_hit_counted_and_tool_time_recorded_from_arrivals():
     p.on_schedule(req(pid="x", turn=1, arrival=10.4), 10.5)
     p.pin_released("x", 10.5, "hit")
     assert p.pin_outcomes["hit"] == 1 and p.T == 0.0
+
+
+# --- issue 20: incrementally sorted samples, identical to the old per-call computation ---
+def _old_best_ttl(samples, benefit):
+    """Eq. 2 as it was computed before issue 20 (whole array, every call)."""
+    n = len(samples)
+    if n == 0:
+        return 0.0
+    vals = np.arange(1, n + 1) / n * benefit - samples
+    i = int(np.argmax(vals))
+    return float(samples[i]) if vals[i] > 0.0 else 0.0
+
+
+class _OldSamples:
+    """The TTL inputs as kept before issue 20: np.insert per tool, a list of all samples
+    sorted again whenever the global CDF is read after a new sample."""
+
+    def __init__(self, K):
+        self.K, self.samples, self.all = K, {}, []
+
+    def record(self, tool, seconds):
+        t = max(0.0, float(seconds))
+        self.all.append(t)
+        if tool is not None:
+            s = self.samples.get(tool, np.empty(0))
+            self.samples[tool] = np.insert(s, np.searchsorted(s, t), t)
+
+    def ttl(self, tool, benefit):
+        if len(self.all) <= self.K:
+            return default_ttl(benefit)
+        s = self.samples.get(tool) if tool is not None else None
+        if s is None or len(s) <= self.K:
+            s = np.sort(np.asarray(self.all, dtype=float))
+        return _old_best_ttl(s, benefit)
+
+
+def _durations(rng, n):
+    """Exponential tool times with exact repeats, zeros and a long tail (ties matter in Eq. 2)."""
+    kind = rng.integers(0, 4, n)
+    return np.where(kind == 0, rng.exponential(1.0, n),
+                    np.where(kind == 1, rng.choice([0.0, 0.25, 0.5, 1.0, 3.0], n),
+                             np.where(kind == 2, rng.exponential(20.0, n), np.round(rng.exponential(2.0, n), 2))))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_ttl_identical_to_the_old_computation(seed):
+    rng = np.random.default_rng(seed)
+    K = int(rng.choice([0, 3, 20, 100]))
+    new, old = ContinuumPolicy(K=K), _OldSamples(K)
+    v = FakeView()
+    tools = ["ls", "cat", "pytest", None, "x"]
+    durs = _durations(rng, 1500)
+    checked = 0
+    for i, d in enumerate(durs):
+        tool = tools[int(rng.integers(0, len(tools)))]
+        new.record_tool_time(tool, d)
+        old.record(tool, d)
+        for _ in range(2):  # two calls between samples: the old code's cached sort was reused
+            asked = tools[int(rng.integers(0, len(tools)))]
+            tokens = int(rng.choice([0, 1, 100, 2200, 7000, 40000, int(rng.integers(0, 100000))]))
+            got = new.calc_ttl(req(tool=asked, tokens=tokens), v)
+            assert got == old.ttl(asked, tokens * 0.001), (i, asked, tokens)  # exact, not approx
+            checked += 1
+    assert checked == 3000 and set(new.ttl_source) >= {"global", "tool"} | ({"default"} if K else set())
+    for tool, s in old.samples.items():
+        assert np.array_equal(new.samples[tool].values, s)
+    assert np.array_equal(new.all_samples, np.sort(old.all))
+
+
+def test_best_ttl_identical_to_the_old_on_odd_benefits():
+    rng = np.random.default_rng(7)
+    odd = [0.0, -0.0, -1.0, 1e-300, 5e-324, 1e300, float("inf"), float("-inf"), float("nan")]
+    for n in (0, 1, 2, 5, 50, 2000):
+        s = np.sort(_durations(rng, n))
+        for b in odd + list(rng.choice(s, min(n, 20))) + list(rng.exponential(3.0, 20)):
+            assert best_ttl(s, b) == _old_best_ttl(s, b), (n, b)

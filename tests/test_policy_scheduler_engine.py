@@ -52,11 +52,40 @@ def _program_a_then_floods(llm, rng, job: str, wait_s: float = 0.0):
     return _gen(llm, [a1], [{"job_id": job, "is_last_step": True}])[0].num_cached_tokens
 
 
+class _Engines:
+    """One in-process engine at a time (two cannot live at once), started for the pin
+    length a test asks for and handed over fresh (a new policy, no programs, pins or
+    step log from an earlier test), so the tests pass in any order or alone."""
+
+    def __init__(self):
+        self.llm, self.pin_seconds = None, None
+
+    def get(self, pin_seconds: float):
+        if self.llm is not None and self.pin_seconds == pin_seconds and not _sched(self.llm).calls:
+            sched = _sched(self.llm)
+            sched.reset_stats()
+            sched.step_log = None  # as started: steps are logged only in a measured run
+            return self.llm
+        self.close()  # another pin length, or a failed test left requests behind
+        self.llm, self.pin_seconds = _engine("continuum-static", pin_seconds=pin_seconds), pin_seconds
+        return self.llm
+
+    def close(self):
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
 @pytest.fixture(scope="module")
-def static_llm():
-    llm = _engine("continuum-static", pin_seconds=60.0)  # far longer than the test
-    yield llm
-    del llm
+def engines():
+    e = _Engines()
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def static_llm(engines):
+    return engines.get(60.0)  # far longer than any test
 
 
 def test_pinned_context_is_served_from_cache(static_llm):
@@ -101,7 +130,7 @@ def test_arrivals_take_their_policy_place_in_the_waiting_queue(static_llm):
 
     llm, sched, rng = static_llm, _sched(static_llm), np.random.default_rng(1)
     first = _gen(llm, [_ids(rng, 200)], [{"job_id": "early", "is_last_step": False, "tool": "unseen"}])[0]
-    assert "early" in sched.pinned  # an unseen tool pins (whatever the earlier tests timed for "ls")
+    assert "early" in sched.pinned  # a tool never seen has mean 0: it pins
     order = [("late1", {"job_id": "late1", "is_last_step": True}), ("late2", {"job_id": "late2", "is_last_step": True}),
              ("early1", {"job_id": "early", "is_last_step": True})]
     for rid, xargs in order:  # no step in between: all three wait
@@ -128,17 +157,10 @@ def test_reset_stats_starts_the_run_with_a_fresh_policy(static_llm):
     sched.step_log = None
 
 
-def test_expired_pin_is_not_served(static_llm):
-    """Last in this module: its own engine, started after the shared one is shut down
-    (two in-process engines cannot live at once)."""
-    static_llm.llm_engine.engine_core.shutdown()
-    llm = _engine("continuum-static", pin_seconds=0.3)
-    try:
-        sched = _sched(llm)
-        # the pin runs out before the floods arrive; they evict A's blocks
-        assert _program_a_then_floods(llm, np.random.default_rng(0), "expired", wait_s=1.0) < 2 * 128
-        assert dict(sched.policy.pin_outcomes) == {"expired": 1}
-        assert not sched.pinned
-    finally:
-        del llm
-
+def test_expired_pin_is_not_served(engines):
+    llm = engines.get(0.3)
+    sched = _sched(llm)
+    # the pin runs out before the floods arrive; they evict A's blocks
+    assert _program_a_then_floods(llm, np.random.default_rng(0), "expired", wait_s=1.0) < 2 * 128
+    assert dict(sched.policy.pin_outcomes) == {"expired": 1}
+    assert not sched.pinned

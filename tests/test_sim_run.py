@@ -138,3 +138,19 @@ def test_a_context_needing_every_block_is_refused_not_deadlocked():
     assert len(run(ok, [0.0], blocks=60).turns) == 1
     with pytest.raises(InputError, match="59 usable KV blocks"):
         run(make_trace([[(899, 60, None, None)]]), [0.0], blocks=60)
+
+
+def test_summary_lists_the_most_pinned_tools_and_says_when_memory_never_ran_short():
+    from sim.run_cmd import format_summary
+
+    tr, arr = random_trace(np.random.default_rng(5), 30), np.arange(30) * 0.5
+    s = run(tr, arr, policy="static-ttl", blocks=5000).summary
+    s["ttl_by_tool"] = {f"t{i:02d}": {"pins": (i * 7) % 15, "mean_ttl_s": 1.0} for i in range(15)}  # 15 tools
+    text = format_summary(s)
+    shown = [ln.split()[1] for ln in text.splitlines() if ln.startswith("  TTL ") and "other" not in ln]
+    pins = {t: v["pins"] for t, v in s["ttl_by_tool"].items()}
+    assert len(shown) == 12 and min(pins[t] for t in shown) >= max(pins[t] for t in pins if t not in shown)
+    assert "3 more in summary.json" in text
+    assert s["peak_kv_usage"] < 0.9 and "the KV pool was never full" in text
+    tight = run(tr, np.zeros(30), policy="static-ttl", blocks=80).summary
+    assert tight["peak_kv_usage"] >= 0.9 and "never full" not in format_summary(tight)

@@ -3,6 +3,10 @@ runs giving identical tables, the CLI, and the Fig. 14 trace transform."""
 import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +14,11 @@ import pandas as pd
 import pytest
 
 import sim.sweep as sw
-from conftest import linear_profile, make_trace, random_trace
+from conftest import make_trace, trace_and_profile_files
 from policies.registry import make_policy
 from sim.cli import main
 from sim.simulate import arrivals_for, engine_config, run_simulation
 from traces.errors import InputError
-from traces.schema import write_trace
 from traces.transform import repeat_turns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,10 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sweep-in")
-    write_trace(random_trace(np.random.default_rng(3), 30), d / "t.parquet", {"generator": "test"})
-    (d / "prof.json").write_text(json.dumps(linear_profile(c2=1e-7, blocks=400).raw))
-    return str(d / "t.parquet"), str(d / "prof.json")
+    return trace_and_profile_files(tmp_path_factory.mktemp("sweep-in"), seed=3, programs=30, blocks=400)
 
 
 def grid(files):
@@ -201,27 +201,156 @@ def test_turn_repeat_axis_runs_the_transformed_trace(files):
     assert three["calls"] == 3 * one["calls"] and three["n_programs"] == one["n_programs"]
 
 
-def test_cluster_axes_reach_run_simulation_when_it_takes_them(files, monkeypatch):
-    """replicas/router/offload are passed on only away from their defaults, and refused by
-    a simulator without the option (so a point never silently runs something else)."""
+def test_cluster_axes_reach_run_simulation(files, monkeypatch):
+    """replicas/router/offload reach the simulation (parsed once: router named, tiers as specs)."""
+    import sim.config
+    from sim.cpu_tier import TierSpec
+
     trace, prof = files
     seen = []
 
-    def takes(trace, policy, profile, cfg, arrivals, *, replicas=1, router=None, offload=None):
+    def takes(trace, policy, profile, cfg, arrivals, *, replicas=1, router=None, offload=None, **_):
         seen.append({"replicas": replicas, "router": router, "offload": offload})
         raise KeyboardInterrupt  # enough: the options arrived
 
-    def lacks(trace, policy, profile, cfg, arrivals):
-        raise AssertionError("must not run")
-
-    point = {"trace": trace, "profile": prof, "jps": 1.0, "replicas": 2, "router": "session", "offload": "cpu:1GiB"}
-    monkeypatch.setattr(sw, "run_simulation", takes)
+    point = {"trace": trace, "profile": prof, "jps": 1.0, "replicas": 2, "router": "session", "offload": "cpu:1GiB@25"}
+    monkeypatch.setattr(sim.config, "run_simulation", takes)
     with pytest.raises(KeyboardInterrupt):
         sw.run_point(point)
     with pytest.raises(KeyboardInterrupt):
         sw.run_point({"trace": trace, "profile": prof, "jps": 1.0})
-    assert seen == [{"replicas": 2, "router": "session", "offload": "cpu:1GiB"}, {"replicas": 1, "router": None, "offload": None}]
-    monkeypatch.setattr(sw, "run_simulation", lacks)
-    with pytest.raises(InputError, match="axis 'replicas': this simulator has no replicas option"):
-        sw.build_run(point)
+    assert seen == [{"replicas": 2, "router": "session", "offload": (TierSpec("cpu", 2**30, 25.0),)},
+                    {"replicas": 1, "router": "round_robin", "offload": ()}]
     assert sw.point_key({"jps": 1.0, "replicas": 1, "router": None}) == sw.point_key({"jps": 1.0})
+
+
+# --- sweeps that die cleanly (issue 17 item 4): subprocesses signalled as a terminal would --
+
+LINUX = Path("/proc/self/stat").exists()
+SLOW_GRID = ["--axis", "trace=swebench", "--axis", "programs=60", "--axis", "jps=1", "--axis", "num_blocks=3000",
+             "--axis", "seed=" + ",".join(map(str, range(8)))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _workers(parent: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent and \
+                    b"spawn_main" in (stat.parent / "cmdline").read_bytes():
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _wait(cond, timeout: float):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    return cond()
+
+
+def _start_sweep(out: Path) -> subprocess.Popen:
+    """`sim sweep --workers 2` in its own process group (the terminal's Ctrl-C signals the group)."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentsim.cli", "sweep", "--out", str(out), *SLOW_GRID, "--workers", "2",
+                             "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    kids = _wait(lambda: len(_workers(proc.pid)) >= 2 and _workers(proc.pid), 90)
+    assert kids, "the sweep started no workers"
+    return proc
+
+
+def _rows(out: Path) -> int:
+    return len(sw.load_results(out))
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_first_ctrl_c_starts_no_queued_point_and_keeps_finished_ones(tmp_path):
+    proc = _start_sweep(tmp_path)
+    before = _rows(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130 and "no new points start" in err and "Traceback" not in err, err
+    after = _rows(tmp_path)
+    assert before <= after <= before + 2 < 8  # only the two running points finished
+    with sw._lock(tmp_path):  # released
+        pass
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_second_ctrl_c_exits_within_two_seconds(tmp_path):
+    proc = _start_sweep(tmp_path)
+    kids = _workers(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 2.0
+    assert proc.returncode == 130 and "Traceback" not in err and "leaked" not in err, err
+    assert _wait(lambda: not any(_alive(k) for k in kids), 2.0), "workers outlived the sweep"
+    assert _rows(tmp_path) < 8
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_workers_die_with_a_killed_sweep_and_the_lock_is_free(tmp_path):
+    proc = _start_sweep(tmp_path)
+    kids = _workers(proc.pid)
+    proc.kill()  # SIGKILL: no handler runs in the parent
+    proc.communicate(timeout=30)
+    assert _wait(lambda: not any(_alive(k) for k in kids), 5.0), "workers outlived their sweep"
+    with sw._lock(tmp_path):
+        assert (tmp_path / ".lock").read_text().split()[0] == str(os.getpid())
+
+
+def _hold_lock(path: Path, owner: str) -> subprocess.Popen:
+    """Another process holding DIR/.lock whose text names `owner` ('{pid}' = its own pid)."""
+    code = ("import fcntl, os, sys, time\n"
+            "f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); f.truncate(0)\n"
+            "f.write(sys.argv[2].format(pid=os.getpid())); f.flush(); print('held', flush=True); time.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(path), owner], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_stale_lock_of_a_dead_owner_is_taken_over(tmp_path, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    holder = _hold_lock(tmp_path / ".lock", f"{dead.pid} 12345\n")  # e.g. an orphaned worker of a killed sweep
+    try:
+        with sw._lock(tmp_path):
+            assert (tmp_path / ".lock").read_text().split()[0] == str(os.getpid())
+            with pytest.raises(InputError, match=f"another sweep \\(pid {os.getpid()}\\) is writing"):
+                with sw._lock(tmp_path):
+                    pass
+        assert f"from sweep pid {dead.pid}" in capsys.readouterr().err
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_lock_of_a_live_owner_is_obeyed(tmp_path):
+    holder = _hold_lock(tmp_path / ".lock", "{pid} -\n")
+    try:
+        with pytest.raises(InputError, match=f"another sweep \\(pid {holder.pid}\\) is writing"):
+            sw.sweep(grid_for_lock(), tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def grid_for_lock():
+    return sw.expand_grid({"trace": "swebench", "programs": 2, "jps": 1.0})

@@ -1,15 +1,73 @@
 """`sim calibrate --backend torch` on CPU: the torch model's forward pass, and a fit of the
-shipped tiny model that must predict held-out probes (no vLLM needed)."""
+shipped tiny model that must predict held-out probes (no vLLM needed); and the device
+flag's checks on a machine without torch (the engine extra), as `make test-fast` runs."""
+from __future__ import annotations
+
 import json
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from sim.cli import main
+from sim.profile import load_profile
 
-from calibrate.torch_model import ModelConfig, TorchLlama, read_config  # noqa: E402
-from sim.cli import main  # noqa: E402
-from sim.profile import load_profile  # noqa: E402
+try:
+    import torch
+
+    from calibrate.torch_model import ModelConfig, TorchLlama, read_config
+except ImportError:  # torch is the engine extra; the tests below that need it are skipped
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed (pip install -e '.[engine]')")
+
+
+def test_device_flag_is_checked_without_torch(tmp_path):
+    # torch made unimportable in a fresh interpreter, as on a machine without the engine extra
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None
+        from calibrate.engine import resolve_device
+        from sim.cli import main
+        from traces.errors import InputError
+        assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+        for bad in ("tpu", "cuda"):
+            try:
+                resolve_device(bad)
+                raise SystemExit("resolve_device accepted " + bad)
+            except InputError as e:
+                assert "\\n" not in str(e) and "--device" in str(e), e
+        out = {str(tmp_path / "p.json")!r}
+        assert main(["calibrate", "--out", out, "--model", "/no/such/model"]) == 2
+        assert main(["calibrate", "--backend", "torch", "--device", "cuda", "--out", out]) == 2
+        assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--out", out]) == 2
+        assert "torch" not in sys.modules or sys.modules["torch"] is None
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 3 and all(ln.startswith("error: ") for ln in lines), r.stderr
+    assert "does not exist" in lines[0] and "--device cuda needs torch" in lines[1]
+    assert "--backend torch needs torch" in lines[2]
+    assert not (tmp_path / "p.json").exists()
+
+def test_missing_vllm_is_one_line(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["vllm"] = None
+        from sim.cli import main
+        from calibrate.engine import TINY_MODEL
+        sys.exit(main(["calibrate", "--model", str(TINY_MODEL), "--out", {str(tmp_path / "p.json")!r}]))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: vLLM cannot be imported") and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "p.json").exists()
+
 
 TINY = dict(arch="LlamaForCausalLM", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=96,
             vocab=101, max_positions=1024)
@@ -57,6 +115,7 @@ def logits_after(m, spans_steps, slots=1, capacity=1024):
     return m.last_logits.clone()
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_forward_pass_matches_naive_reference_and_cache_paths(kind):
     cfg = ModelConfig(**TINY, qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3", tie=kind == "qwen3", dtype="float32")
@@ -88,6 +147,7 @@ def write_config(tmp_path, **over):
     return tmp_path
 
 
+@needs_torch
 def test_qwen_configs_build_and_run(tmp_path):
     q2 = read_config(write_config(tmp_path, architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
     assert q2.qkv_bias and not q2.qk_norm and q2.head_dim == 16
@@ -114,6 +174,7 @@ def one_line_error(capsys, argv, *words):
         assert w in err, err
 
 
+@needs_torch
 def test_missing_config_field_is_one_line(tmp_path, capsys):
     (tmp_path / "m").mkdir()
     model = write_config(tmp_path / "m", intermediate_size=None)
@@ -123,7 +184,7 @@ def test_missing_config_field_is_one_line(tmp_path, capsys):
                             "--out", str(tmp_path / "p.json")], "config.json")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present")
+@pytest.mark.skipif(torch is not None and torch.cuda.is_available(), reason="a CUDA GPU is present")
 def test_cuda_without_gpu_is_one_line(tmp_path, capsys):
     one_line_error(capsys, ["calibrate", "--backend", "torch", "--device", "cuda", "--out", str(tmp_path / "p.json")],
                    "--device cuda")
@@ -139,6 +200,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@needs_torch
 def test_torch_calibration_of_tiny_model_predicts_heldout_probes(tmp_path, capsys, one_thread):
     out = tmp_path / "torch-tiny.json"
     # --max-model-len 2048 keeps every probe kind (held-out ones included) at a third of the time

@@ -4,7 +4,7 @@ The traces are SYNTHETIC: no real agent ran. They reproduce the published
 (mean, sd) of turns per program, tool time (ms, over all tool calls) and tokens per
 program for SWE-Bench and BFCL v4; real logs come in through traces.importers.
 
-    sim trace gen swebench -o swe.parquet [--programs 500] [--seed 0] [--tokens-mode sum|final] [--shared-prefix N]
+    sim trace gen swebench -o swe.parquet [--programs 500] [--seed 0] [--tokens-mode sum|final] [--shared-prefix N] [--tasks K]
     python -m traces.generate --bundle     # rewrites traces/data/{swebench,bfcl}.parquet (seed 0, 500 programs)
 
 Model of one program (all draws from numpy.random.default_rng(seed), so a seed
@@ -45,6 +45,14 @@ last turn's output, so tokens per program hit the targets exactly (integers). A 
 prefix so long that the prefix alone exceeds a program's target cannot be matched:
 such programs keep 1% of their other tokens and the token targets are missed.
 
+Sharing model (`--tasks K`): program i works on task i mod K, and the trace gets content
+segments (traces/segments.py): turn 0 is the system prompt (one id for all programs)
+then the task text (one id per task), so programs on one task share their whole first
+prompt (up to the shorter task draw: the draw stands for the task text plus the
+program's own instructions), and through greedy decoding the first output. Tool
+results are each program's own. Without `--tasks` no segments are written and the
+system prompt is shared through `shared_prefix_tokens` alone (the bundled traces).
+
 "Tokens per program" is ambiguous in the paper. Default `tokens_mode="sum"`: the sum
 over the program's calls of (prompt + output), with prompt_t = prompt_{t-1} +
 output_{t-1} + new_input_t — what an engine without prefix caching processes. With
@@ -64,6 +72,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from traces import segments
 from traces.errors import InputError
 from traces.schema import DATA_DIR, validate, write_trace
 
@@ -168,9 +177,11 @@ def _front_load(inp, out, start, n, limit) -> None:
 
 
 def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "sum",
-             shared_prefix_tokens: int | None = None) -> tuple[pd.DataFrame, dict]:
+             shared_prefix_tokens: int | None = None, tasks: int | None = None) -> tuple[pd.DataFrame, dict]:
     """A validated synthetic trace of `programs` programs and its metadata."""
     _check_args(kind, programs, seed, tokens_mode, shared_prefix_tokens)
+    if tasks is not None and (isinstance(tasks, bool) or not isinstance(tasks, (int, np.integer)) or tasks < 1):
+        raise InputError(f"--tasks {tasks!r} must be a whole number of tasks >= 1")
     spec = SPECS[kind]
     shared = spec.shared_prefix if shared_prefix_tokens is None else int(shared_prefix_tokens)
     rng = np.random.default_rng(seed)
@@ -236,10 +247,14 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
         "tool_duration_s": dur_s,
         "shared_prefix_tokens": np.full(rows, shared, dtype=np.int64),
     })
+    if tasks is not None:  # draws above are untouched: the same seed gives the same numbers
+        df[segments.COLUMN] = [
+            [{"id": f"{kind}-system", "tokens": shared}, {"id": f"{kind}-task-{p % tasks}", "tokens": int(k) - shared}]
+            if t == 0 else None for p, t, k in zip(prog, turn, df["new_input_tokens"])]
     meta = {
         "generator": kind, "seed": int(seed), "programs": int(programs), "tokens_mode": tokens_mode,
         "synthetic": True, "source": "matches Continuum paper Table 2 statistics",
-        "shared_prefix_tokens": shared,
+        "shared_prefix_tokens": shared, "tasks": tasks,
         "targets": {"turns": spec.turns, "tool_ms": spec.tool_ms, f"tokens_{tokens_mode}": spec.tokens},
         "tool_time_power": round(float(tool_p), 6), "tool_time_scale": round(float(tool_c), 6),
         "tokens_power": round(float(tok_p), 6),
@@ -257,7 +272,7 @@ def bundle(data_dir: Path = DATA_DIR) -> list[Path]:
 
 
 def _gen_cmd(args) -> int:
-    df, meta = generate(args.kind, args.programs, args.seed, args.tokens_mode, args.shared_prefix)
+    df, meta = generate(args.kind, args.programs, args.seed, args.tokens_mode, args.shared_prefix, args.tasks)
     try:
         path = write_trace(df, args.output, meta)
     except OSError as e:  # a bad -o is user input: one line, not a traceback
@@ -275,6 +290,9 @@ def register(tsub) -> None:
                    help="what 'tokens per program' means: sum over calls (default) or final context")
     p.add_argument("--shared-prefix", type=int, default=None, metavar="N",
                    help="system-prompt tokens shared by all programs (default 1000 swebench, 800 bfcl)")
+    p.add_argument("--tasks", type=int, default=None, metavar="K",
+                   help="sharing model: programs work on K tasks and share their first prompt by content "
+                        "(writes content segments; default: none)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.parquet", help="where to write the trace")
     p.set_defaults(func=_gen_cmd)
 

@@ -20,6 +20,12 @@ sessions imported with `sim trace import` (SRC are those parquet files).
   logged duration at the new quantile is taken. u stays uniform, so the tool's distribution is the source's
   (no new values, no widening), while copies of a session differ and a long call
   stays long. A tool logged once keeps its one duration.
+  Content segments (traces/segments.py) are scaled by the same factor, so equal
+  segments stay equal.
+- Content segments: ids that occur in two or more source sessions (a system prompt,
+  a task text) are kept; a session's own content gets an id per copy, since two runs
+  of an agent get different tool results. Copies therefore share what real sessions
+  share, not each other's whole conversation.
 - No arrivals: `sim run --jps` gives them.
 - Metadata: seed, options, and per source its import metadata and the provenance
   (repo, commit, licence) found in a PROVENANCE.md above the logs. The trace is
@@ -35,6 +41,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from traces import segments
 from traces.errors import InputError
 from traces.schema import read_trace, validate, write_trace
 
@@ -75,11 +82,14 @@ def resample(sources: list[tuple[str, pd.DataFrame, dict]], programs: int, seed:
     if not sources:
         raise InputError("no sources; give one or more parquet files written by `sim trace import`")
     has_shared = any("shared_prefix_tokens" in df.columns for _, df, _ in sources)
+    has_segments = any(segments.COLUMN in df.columns for _, df, _ in sources)
     sessions, names, src_of = [], [], []
     for k, (label, df, _) in enumerate(sources):
         df = df.drop(columns=["arrival_s"], errors="ignore")
         if has_shared and "shared_prefix_tokens" not in df.columns:
             df = df.assign(shared_prefix_tokens=0)
+        if has_segments and segments.COLUMN not in df.columns:
+            df = df.assign(**{segments.COLUMN: None})
         for pid, g in df.groupby("program_id", sort=False):
             sessions.append(g.reset_index(drop=True))
             names.append(f"{label}:{pid}")
@@ -101,10 +111,13 @@ def resample(sources: list[tuple[str, pd.DataFrame, dict]], programs: int, seed:
     idx = np.r_[np.repeat(np.arange(S), programs // S), rng.choice(S, programs % S, replace=False)]
     idx = rng.permutation(idx)
     width = len(str(programs - 1))
+    common = _common_segments(sessions) if has_segments else set()
     parts = []
     for i, s in enumerate(idx):
         g = sessions[s].copy()
         g["program_id"] = f"r{i:0{width}d}:{names[s]}"
+        if has_segments:
+            g[segments.COLUMN] = [_own_copy(segs, common, i) for segs in g[segments.COLUMN].tolist()]
         g["_src"] = src_of[s]
         parts.append(g)
     out = pd.concat(parts, ignore_index=True)
@@ -123,6 +136,24 @@ def resample(sources: list[tuple[str, pd.DataFrame, dict]], programs: int, seed:
         "notice": "derived from real agent logs under their licences (sources[].provenance); build it where needed, do not commit it",
     }
     return validate(out), meta
+
+
+def _common_segments(sessions: list[pd.DataFrame]) -> set[str]:
+    """Segment ids that occur in more than one source session (a system prompt, a task
+    text): what a fleet shares. Everything else is one session's own content."""
+    seen: dict[str, int] = {}
+    for k, g in enumerate(sessions):
+        for sid in {s["id"] for segs in g[segments.COLUMN].tolist() if not segments.is_unknown(segs) for s in segs}:
+            seen[sid] = seen.get(sid, -1) + 1
+    return {sid for sid, more in seen.items() if more > 0}
+
+
+def _own_copy(segs, common: set[str], copy: int):
+    """A copy's segments: shared ones kept, a session's own content made unique to the
+    copy (two copies of a session are two runs of an agent, whose tool results differ)."""
+    if segments.is_unknown(segs):
+        return None
+    return [s if s["id"] in common else {"id": f"{s['id']}@r{copy}", "tokens": s["tokens"]} for s in segs]
 
 
 def _min_context(g: pd.DataFrame) -> tuple[int, str]:
@@ -147,7 +178,7 @@ def _fit(g: pd.DataFrame, T: int) -> tuple[pd.DataFrame, bool]:
     factor = (T - shared - out.sum()) / own.sum()
     own = np.floor(own * factor).astype(np.int64)
     own[0] = max(1, own[0]) + shared
-    return g.assign(new_input_tokens=own), True
+    return segments.rescale(g, own, factor), True
 
 
 def _jitter(out: pd.DataFrame, pool: pd.DataFrame, w: float, rng: np.random.Generator) -> None:

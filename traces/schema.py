@@ -16,6 +16,8 @@ Columns (required unless marked optional):
   arrival_s             float  optional; program arrival, same on every row of a program
   shared_prefix_tokens  int    optional; leading tokens of turn 0 shared by all programs
                                (system prompt), <= turn 0's new_input_tokens
+  segments              list   optional; the new input's content as [{id, tokens}, ...]
+                               (traces/segments.py): programs share KV blocks by content
 
 Parquet key-value metadata (`agentsim` key, JSON) records generator, seed, source.
 """
@@ -33,11 +35,12 @@ import pyarrow.parquet as pq
 from pydantic import Json, TypeAdapter
 
 from traces.errors import InputError
+from traces import segments
 from traces.files import atomic_write
 from traces.validation import validated
 
 REQUIRED = ["program_id", "turn", "new_input_tokens", "output_tokens", "tool", "tool_duration_s"]
-OPTIONAL = ["arrival_s", "shared_prefix_tokens"]
+OPTIONAL = ["arrival_s", "shared_prefix_tokens", segments.COLUMN]
 META_KEY = b"agentsim"
 DATA_DIR = Path(__file__).parent / "data"
 _META = TypeAdapter(Json[dict])  # the metadata must be a JSON object
@@ -125,6 +128,8 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
     for field, bad, problem, fix in checks:
         if bad.any():
             _fail(df, int(np.flatnonzero(bad)[0]), field, problem, fix)
+    if segments.COLUMN in df.columns:
+        segments.normalise(df, lambda i, field, problem, fix: _fail(df, i, field, problem, fix))
     # The last turn has no tool call after it.
     df.loc[last, "tool_duration_s"] = np.nan
     df.loc[last, "tool"] = None

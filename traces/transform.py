@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from traces import segments
 from traces.errors import InputError
 from traces.schema import validate
 
@@ -34,8 +35,9 @@ def repeat_turns(trace: pd.DataFrame, n: int) -> pd.DataFrame:
         joint_tool, joint_dur = (calls["tool"].iloc[-1], float(calls["tool_duration_s"].iloc[-1])) if len(calls) else (None, 0.0)
         rep = pd.concat([g] * n, ignore_index=True)
         rep["turn"] = np.arange(k * n)
-        for col in ("new_input_tokens", "output_tokens") + (("shared_prefix_tokens",) if "shared_prefix_tokens" in rep else ()):
+        for col in ("output_tokens",) + (("shared_prefix_tokens",) if "shared_prefix_tokens" in rep else ()):
             rep[col] = -(-rep[col] // n)  # ceil
+        rep = segments.rescale(rep, -(-rep["new_input_tokens"] // n), 1 / n)
         joints = (rep["turn"] % k == k - 1) & (rep["turn"] < k * n - 1)
         rep.loc[joints, "tool"] = joint_tool
         rep.loc[joints, "tool_duration_s"] = joint_dur

@@ -8,15 +8,28 @@ call's tool time runs from its last `tool_use` block to the last matching
 (`isSidechain`) records form their own chains, rooted where `parentUuid` leaves the
 sidechain; they are dropped (their time lies inside the parent's Task tool) or
 imported as separate programs.
+
+Content segments (traces/segments.py) come from the log's text: a call's new input is
+the text of the user records since the previous call (prompts, tool results), one
+segment named by a hash of it. A chain's first call also starts with Claude Code's
+system prompt and tool schemas, which the log does not hold but the provider's cache
+measures: the first call's `cache_read_input_tokens` is the part an earlier session
+had already sent, one segment per (CLI version, model). A first call without a cache
+read (the first session, an expired cache, a local model) takes the median of the
+import's cache reads for that (version, model), or has no system segment if there is
+none: AgentCgroup's Haiku sessions read 10,900-11,174 tokens, its local-model
+sessions report no cache use.
 """
 from __future__ import annotations
 
 import json
+import statistics
 
 from pydantic import StrictStr
 
 from traces.importers.common import (Call, Notes, Program, check_record, fail, fill_gap_durations, get_int, labels, parse_time,
                                      read_jsonl)
+from traces.segments import text_id
 from traces.validation import Model
 
 PATTERNS = ("*.jsonl",)
@@ -34,7 +47,23 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
             fill_gap_durations(calls, notes)
             pid = label if chain == "main" else f"{label}/{chain}"
             progs.append(Program(pid, calls, arrival_abs_s=calls[0].start_s))
+    _system_segments(progs)
     return progs
+
+
+def _system_segments(progs: list[Program]) -> None:
+    """Put the system-prompt segment in front of each program's first call (see above)."""
+    reads: dict[str, list[int]] = {}
+    heads = [p.calls[0] for p in progs if p.calls[0].system is not None]
+    for c in heads:
+        sid, n = c.system
+        if n:
+            reads.setdefault(sid, []).append(n)
+    for first in heads:
+        sid, n = first.system
+        n = n or (int(statistics.median(reads[sid])) if sid in reads else 0)
+        if n:
+            first.content = [(sid, n)] + first.content
 
 
 class _Block(Model):  # a content block: ids key dicts, so they must be strings
@@ -74,6 +103,7 @@ def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
     last_ts: dict[str, float] = {}  # chain → latest record time so far (order check)
     ready: dict[str, float] = {}  # chain → latest user/tool_result time: next call's input-ready
     results: dict[str, float] = {}  # tool_use_id → tool_result time
+    text: dict[str, list[str]] = {}  # chain → user text since its last call (the next call's new input)
     for line, r in records:
         kind = r.get("type")
         if kind not in ("user", "assistant") or not isinstance(r.get("message"), dict):
@@ -90,6 +120,7 @@ def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
         content = msg.get("content")
         if kind == "user":
             ready[chain] = max(ts, ready.get(chain, ts))
+            text.setdefault(chain, []).append(_user_text(content))
             for b in content if isinstance(content, list) else []:
                 if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id"):
                     results.setdefault(b["tool_use_id"], ts)
@@ -109,6 +140,11 @@ def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
         out = get_int(usage, "output_tokens", path, f"{where} message.usage")
         if mid not in open_calls:
             call = Call(output_tokens=out, prompt_tokens=prompt, output_chars=0, start_s=ready.get(chain, ts), end_s=ts)
+            new_text = "".join(text.pop(chain, []))
+            call.content = [(text_id(new_text, "claude-code") if new_text else None, None)]
+            if not chains.get(chain):  # the chain's first call: the system prompt (see _system_segments)
+                call.system = (f"claude-code-system:{r.get('version')}:{msg.get('model')}",
+                               get_int(usage, "cache_read_input_tokens", path, f"{where} message.usage", required=False) or 0)
             open_calls[mid] = (call, [])
             chains.setdefault(chain, []).append(call)
         call, tools = open_calls[mid]
@@ -125,6 +161,19 @@ def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
     for call, tools in open_calls.values():
         _set_tool(call, tools, results)
     return chains
+
+
+def _user_text(content) -> str:
+    """The text a user record adds to the prompt: plain text and tool results' content
+    (not their ids, which are unique per call)."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for b in content if isinstance(content, list) else []:
+        if isinstance(b, dict):
+            body = b.get("text") if b.get("type") == "text" else b.get("content") if b.get("type") == "tool_result" else None
+            parts.append(body if isinstance(body, str) else json.dumps(body, sort_keys=True))
+    return "\n".join(parts)
 
 
 def _chain_of(r: dict, by_uuid: dict, root_label: dict) -> str:

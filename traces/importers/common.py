@@ -44,6 +44,10 @@ class Call:
     start_s: float | None = None  # absolute seconds (epoch) where the log has times
     end_s: float | None = None
     tool_walls: list[float] = field(default_factory=list)  # each tool's own wall time (s)
+    # what the new input holds, in order, where the log has text (traces/segments.py):
+    # (segment id or None = unknown, tokens or None = the rest of the new input)
+    content: list[tuple[str | None, int | None]] | None = None
+    system: tuple[str, int] | None = None  # a first call's system-prompt segment id, its size if logged (else 0)
 
 
 @dataclass
@@ -133,14 +137,18 @@ def parse_time(value, path, where: str, fld: str) -> float:
     raise fail(path, where, fld, f"is {value!r}, not a timestamp", "give ISO-8601 (2026-01-31T12:00:00.000Z) or epoch seconds")
 
 
+TOKENS_MAX = 10**9  # far above any context: a larger count is a corrupt record (and would overflow int64)
+
+
 def get_int(obj: dict, key: str, path, where: str, *, required: bool = True, minimum: int = 0):
     v = obj.get(key)
     if v is None:
         if required:
             raise fail(path, where, key, "is missing", f"each record needs '{key}'")
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < minimum:
-        raise fail(path, where, key, f"is {v!r}, not a whole number >= {minimum}", "fix the record")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) \
+            or not minimum <= v <= TOKENS_MAX:
+        raise fail(path, where, key, f"is {v!r}, not a whole number in [{minimum}, {TOKENS_MAX:.0e}]", "fix the record")
     return int(v)
 
 
@@ -175,7 +183,23 @@ def rows_for(prog: Program, notes: Notes) -> list[dict]:
             "output_tokens": out, "tool": c.tool,
             "tool_duration_s": None if t == len(prog.calls) - 1 else _duration(c),
         })
+        if c.content is not None:
+            rows[-1]["segments"] = _segments(c.content, int(new), f"{prog.program_id}#{t}")
     return rows
+
+
+def _segments(content, n: int, own: str) -> list[dict]:
+    """Segments covering n new tokens: sized pieces first (clipped to what is left),
+    a None size takes the rest, and whatever remains is the call's own content."""
+    out, left = [], n
+    for j, (sid, k) in enumerate(content):
+        k = left if k is None else min(k, left)
+        if k > 0:
+            out.append({"id": sid or f"{own}#{j}", "tokens": k})
+            left -= k
+    if left:
+        out.append({"id": f"{own}#rest", "tokens": left})
+    return out
 
 
 def _duration(c: Call) -> float:

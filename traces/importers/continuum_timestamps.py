@@ -11,10 +11,33 @@ patched recorder wrote one, else from `--output-tokens N`.
 """
 from __future__ import annotations
 
-from traces.importers.common import Call, Notes, Program, fail, get_int, read_json
+from typing import Annotated
+
+from pydantic import Field
+
+from traces.importers.common import TOKENS_MAX, Call, Notes, Program, fail, read_json
+from traces.validation import JSONFloat, JSONInt, Model, validated
 
 PATTERNS = ("scheduler_timestamps", "scheduler_timestamps*.json")
 _OUT_KEYS = ("output_length", "output_tokens", "num_output_tokens")
+
+_Time = JSONFloat  # epoch seconds, finite (Model); absent is None, null is refused
+_Tokens = Annotated[JSONInt, Field(ge=1, le=TOKENS_MAX)]
+
+
+class _Event(Model):
+    """The recorder's events: one or a few of these fields each, the others absent."""
+    Request_arrival_time: _Time = None
+    Request_departure_time: _Time = None
+    waiting_to_running: _Time = None
+    evicted_to_running: _Time = None
+    pinned_time: _Time = None
+    unpinned_time: _Time = None
+    Request_evicted_from_running_queue_time: _Time = None
+    prompt_length: _Tokens = None
+    output_length: _Tokens = None  # from a patched recorder, under one of _OUT_KEYS
+    output_tokens: _Tokens = None
+    num_output_tokens: _Tokens = None
 
 
 def load(files, opts: dict, notes: Notes) -> list[Program]:
@@ -51,28 +74,25 @@ def _requests(path, job, events, notes: Notes) -> list[dict]:
         w = f"job {job!r} event {i}"
         if not isinstance(e, dict):
             raise fail(path, w, "", "is not an object", "each event is a JSON object")
-        for key, v in e.items():
-            if key.endswith("_time") or key in ("waiting_to_running", "evicted_to_running"):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise fail(path, w, key, f"is {v!r}, not epoch seconds", "give times as numbers")
-        if "Request_arrival_time" in e:
-            t = e["Request_arrival_time"]
+        ev = validated(_Event, e, f"{path} {w}", "fix the event (wrong format?)")
+        if ev.Request_arrival_time is not None:
+            t = ev.Request_arrival_time
             if reqs and "departure" not in reqs[-1]:
                 raise fail(path, w, "Request_arrival_time", "comes before the previous request's departure", "a job's requests run one after another; check the event order")
             if reqs and t < reqs[-1]["departure"]:
                 raise fail(path, w, "Request_arrival_time", "is earlier than the previous departure (unsorted timestamps)", "give the events in time order")
-            reqs.append({"arrival": float(t)})
+            reqs.append({"arrival": t})
             continue
         if not reqs:
             raise fail(path, w, "Request_arrival_time", "is missing before this event", "a job's events start with its request's arrival")
         rq = reqs[-1]
-        if "prompt_length" in e and "prompt_length" not in rq:  # the first admission; a
-            rq["prompt_length"] = get_int(e, "prompt_length", path, w, minimum=1)  # preemption repeats it
+        if ev.prompt_length is not None and "prompt_length" not in rq:  # the first admission;
+            rq["prompt_length"] = ev.prompt_length  # a preemption repeats it
         for key in _OUT_KEYS:
-            if key in e:
-                rq["output"] = get_int(e, key, path, w, minimum=1)
-        if "Request_departure_time" in e:
-            t = float(e["Request_departure_time"])
+            if getattr(ev, key) is not None:
+                rq["output"] = getattr(ev, key)
+        if ev.Request_departure_time is not None:
+            t = ev.Request_departure_time
             if t < rq["arrival"]:
                 raise fail(path, w, "Request_departure_time", "is before the request's arrival (unsorted timestamps)", "give the events in time order")
             rq["departure"] = t

@@ -5,9 +5,36 @@ AgentCgroup's `derived/*.sessions.jsonl` follow this schema.
 """
 from __future__ import annotations
 
-from traces.importers.common import Call, Notes, Program, fail, get_int, read_jsonl
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, StrictStr
+
+from traces.importers.common import TOKENS_MAX, Call, Notes, Program, fail, read_jsonl
+from traces.validation import JSONInt, Model, validated
 
 PATTERNS = ("*.sessions.jsonl",)
+_Tokens = Annotated[JSONInt, Field(ge=1, le=TOKENS_MAX)]
+_Nanoseconds = Annotated[JSONInt, Field(ge=0)]
+
+
+def _id(v):
+    # the id becomes the trace's program_id: text or a whole number, not a list or object
+    if v is None or isinstance(v, (str, int)) and not isinstance(v, bool):
+        return v
+    raise ValueError("should be text or a whole number")
+
+
+class _Sub(Model):
+    input_toks: _Tokens  # the call's full prompt
+    output_toks: _Tokens
+    tool_duration_ns: _Nanoseconds | None = None  # the wait after it; needed before the last
+    tool: StrictStr | None = None  # another kind would be dropped silently
+
+
+class _Session(Model):
+    session_id: Annotated[Any, BeforeValidator(_id)] = None
+    arrival_time_ns: _Nanoseconds | None = None
+    sub_requests: list[_Sub]
 
 
 def load(files, opts: dict, notes: Notes) -> list[Program]:
@@ -20,22 +47,17 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
                 raise fail(path, where, "sub_requests", "is missing or not a list", "is this an LLMServingSim sessions file? (wrong format?)")
             if not subs:
                 raise fail(path, where, "sub_requests", "is empty", "a session needs at least one request")
-            sid = str(r.get("session_id") if r.get("session_id") is not None else f"{path.stem}:{line}")
+            rec = validated(_Session, r, f"{path} {where}", "fix the record (wrong format?)")
+            sid = str(rec.session_id if rec.session_id is not None else f"{path.stem}:{line}")
             if sid in seen:
                 raise fail(path, where, "session_id", f"{sid!r} also appears at {seen[sid]}", "give each session once")
             seen[sid] = f"{path} {where}"
-            arrival = get_int(r, "arrival_time_ns", path, where, required=False)
             calls = []
-            for i, s in enumerate(subs):
-                w = f"{where} sub_requests[{i}]"
-                if not isinstance(s, dict):
-                    raise fail(path, w, "", "is not an object", "give each sub-request as an object")
-                dur = get_int(s, "tool_duration_ns", path, w, required=i < len(subs) - 1)
-                calls.append(Call(
-                    output_tokens=get_int(s, "output_toks", path, w, minimum=1),
-                    prompt_tokens=get_int(s, "input_toks", path, w, minimum=1),
-                    tool=s.get("tool") if isinstance(s.get("tool"), str) else None,
-                    tool_duration_s=None if dur is None else dur / 1e9,
-                ))
+            for i, s in enumerate(rec.sub_requests):
+                if s.tool_duration_ns is None and i < len(rec.sub_requests) - 1:
+                    raise fail(path, f"{where} sub_requests[{i}]", "tool_duration_ns", "is missing", "give the wait after every request but the last")
+                calls.append(Call(output_tokens=s.output_toks, prompt_tokens=s.input_toks, tool=s.tool,
+                                  tool_duration_s=None if s.tool_duration_ns is None else s.tool_duration_ns / 1e9))
+            arrival = rec.arrival_time_ns
             progs.append(Program(sid, calls, arrival_abs_s=None if arrival is None else arrival / 1e9))
     return progs

@@ -8,6 +8,11 @@ tool runs from the assistant message to the last observation after it. The tool
 is the first word of the single ```bash block (policies.toolparse), or the
 tool call's name in tool-calling mode. Without `usage`, tokens are estimated from
 the message text (--tokenizer / --chars-per-token).
+
+Content segments (traces/segments.py): each message since the previous call is one
+segment named by a hash of its text and sized by the token counter, the last one
+taking the rest of the logged prompt growth; so the system prompt and an instance's
+task text are shared by every trajectory that has them.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typing import Any
 
 from pydantic import StrictStr
 
+from traces.segments import text_id
 from traces.importers.common import (Call, Notes, Program, check_record, fail, get_int, message_text, parse_time, read_json,
                                      token_counter)
 from traces.validation import Model
@@ -85,9 +91,12 @@ def _calls(path, msgs, count, notes: Notes) -> list[Call]:
                 prompt, out = prev.prompt_tokens + prev.output_tokens + count("\n".join(text_so_far[since:])), count(out_text)
             else:
                 prompt, out = max(1, count("\n".join(text_so_far))), count(out_text)
+            new = text_so_far[since:]
             since = len(text_so_far) + 1  # messages after this one are new input
             calls.append(Call(output_tokens=out, prompt_tokens=prompt, output_chars=len(out_text),
-                              tool=_tool(m), start_s=last_ts, end_s=ts))
+                              tool=_tool(m), start_s=last_ts, end_s=ts,
+                              content=[(text_id(t, "mini-swe-agent"), None if k == len(new) - 1 else count(t))
+                                       for k, t in enumerate(new)]))
         elif role in ("user", "tool") and calls and ts is not None:
             c = calls[-1]  # an observation of the last call's action: the tool ended
             c.tool_duration_s = max(0.0, ts - c.end_s)

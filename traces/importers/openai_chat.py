@@ -15,14 +15,85 @@ this call's end to the next call's start (chat logs have no tool timestamps).
 """
 from __future__ import annotations
 
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, StrictStr
+
 from policies.toolparse import parse_tool_from_message
-from traces.importers.common import (Call, Notes, Program, fail, fill_gap_durations, get_int, labels, message_text,
-                                     parse_time, read_json, read_jsonl, token_counter)
+from traces.importers.common import (TOKENS_MAX, Call, Notes, Program, fail, fill_gap_durations, labels, message_text, parse_time,
+                                     read_json, read_jsonl, token_counter)
+from traces.validation import JSONInt, Model, validated
 
 PATTERNS = ("*.jsonl", "*.json")
 _ID_KEYS = ("session_id", "conversation_id", "program_id", "job_id")
 _START_KEYS = ("start_time", "request_time", "timestamp", "created")
 _END_KEYS = ("end_time", "response_time")
+
+
+def _kind(ok, what: str):
+    """A field that may hold several JSON kinds: one message naming them (a pydantic
+    union would name its first member only, as 'field.str')."""
+    def check(v):
+        if v is None or ok(v):
+            return v
+        raise ValueError(f"should be {what}")
+    return Annotated[Any, BeforeValidator(check)]
+
+
+# a program id becomes a dict key and a trace column: text or a whole number, never a
+# list or object (str() of them would be an id nobody logged)
+_Id = _kind(lambda v: isinstance(v, (str, int)) and not isinstance(v, bool), "text or a whole number")
+_Arguments = _kind(lambda v: isinstance(v, (str, dict)), "text or an object")
+
+
+class _Function(Model):
+    name: StrictStr | None = None
+    arguments: _Arguments = None
+
+
+class _ToolCall(Model):
+    function: _Function | None = None
+
+
+def _text_or_parts(v) -> bool:  # a content part: text, an image, an Anthropic tool_use block
+    return isinstance(v, str) or isinstance(v, list) and all(
+        isinstance(p, str) or isinstance(p, dict) and isinstance(p.get("text"), (str, type(None))) for p in v)
+
+
+_Content = _kind(_text_or_parts, "text or a list of content parts (text, or objects whose 'text' is text)")
+
+
+class _Message(Model):
+    content: _Content = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(Model):
+    message: _Message | None = None
+
+
+class _Usage(Model):  # absent counts are None; null ones are refused
+    prompt_tokens: Annotated[JSONInt, Field(ge=1, le=TOKENS_MAX)] = None
+    completion_tokens: Annotated[JSONInt, Field(ge=0, le=TOKENS_MAX)] = None
+
+
+class _Response(Model):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+
+
+class _Request(Model):
+    messages: list[_Message] | None = None
+
+
+class _Record(_Response, _Request):  # a call's fields may also sit at the top level
+    session_id: _Id = None
+    conversation_id: _Id = None
+    program_id: _Id = None
+    job_id: _Id = None
+    request: _Request | None = None
+    response: _Response | None = None
+    response_message: _Message | None = None
 
 
 def load(files, opts: dict, notes: Notes) -> list[Program]:
@@ -52,6 +123,7 @@ def _records(path):
 
 
 def _call(path, where, r: dict, count) -> Call:
+    rec = validated(_Record, r, f"{path} {where}", "fix the record (wrong format?)")
     req = r.get("request") if isinstance(r.get("request"), dict) else r
     msgs = req.get("messages")
     resp = r.get("response") if isinstance(r.get("response"), dict) else r
@@ -66,11 +138,12 @@ def _call(path, where, r: dict, count) -> Call:
     end_s = start_s if end is None else parse_time(end, path, where, "end_time")
     if end_s < start_s:
         raise fail(path, where, "end_time", "is before start_time", "timestamps are swapped or unsorted; fix the record")
-    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else None
+    usage = (rec.response or rec).usage
     out_text = message_text(out_msg)
-    if usage and "prompt_tokens" in usage:
-        prompt = get_int(usage, "prompt_tokens", path, f"{where} usage", minimum=1)
-        out = get_int(usage, "completion_tokens", path, f"{where} usage")
+    if usage is not None and usage.prompt_tokens is not None:
+        if usage.completion_tokens is None:
+            raise fail(path, f"{where} usage", "completion_tokens", "is missing", "each record needs 'completion_tokens'")
+        prompt, out = usage.prompt_tokens, usage.completion_tokens
     else:
         prompt = max(1, count("\n".join(message_text(m) for m in msgs)))
         out = count(out_text)

@@ -1,0 +1,68 @@
+"""`sim` command line: one entry point, subcommands registered by each package.
+
+It lives above the packages it gathers (traces, sim, calibrate), so that `sim` never
+imports `calibrate`: calibrate depends on sim, not the reverse.
+
+Every subcommand is a function taking the parsed args and returning an exit code.
+Bad input raises InputError/PolicyError and is printed as one line (exit 2), never a
+traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import calibrate.cli
+import traces.cli
+from policies.base import PolicyError
+from sim import plan, profile_cmd, run_cmd, sweep_cmd
+from traces.errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sim", description="Simulate and calibrate LLM serving of multi-turn agent programs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run_cmd.register(sub)
+    sweep_cmd.register(sub)
+    plan.register(sub)
+    traces.cli.register(sub)
+    calibrate.cli.register(sub)
+    profile_cmd.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (InputError, PolicyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def cli() -> None:
+    """The `sim` console script. After an interrupt it exits at once: everything kept
+    is already written (atomically), and tearing down pandas/pyarrow/scipy takes 1-2 s
+    (a second Ctrl-C must stop a sweep within 2 s)."""
+    code = main()
+    if code == 130:
+        if "multiprocessing.util" in sys.modules:  # unlink a killed pool's semaphores, as a normal exit would
+            sys.modules["multiprocessing.util"]._run_finalizers(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,85 @@
+"""Pinned KV, as both engines keep it: which blocks each program's pin holds, and how
+much memory pins take over time.
+
+A pin keeps a finished call's blocks referenced until the program's next call (a hit)
+or a release (expired, victim, discard, last). Pins share blocks (every program's copy
+of the system prompt is one set of blocks), so pinned memory is the number of
+*distinct* pinned blocks, and `block_seconds` is its integral over time. The simulator
+(sim/scheduler.py) and the vLLM adapter (calibrate/policy_scheduler.py) both keep their
+pins in a PinTable; what a release does to the blocks (free them to the engine's pool,
+offload them first) stays with each engine. Stdlib only: it runs inside vLLM.
+"""
+from __future__ import annotations
+
+from typing import Callable, Hashable, Iterator
+
+from policies.base import Release
+
+
+class PinTable:
+    def __init__(self, now: float = 0.0, block_id: Callable[[object], Hashable] | None = None) -> None:
+        self._held: dict[str, list] = {}  # program -> its pin's blocks (engine objects)
+        self._refs: dict[Hashable, int] = {}  # block id -> pins holding it
+        self._id = block_id  # vLLM's KVCacheBlock -> its block_id; the simulator's blocks are ints
+        self.block_seconds = 0.0
+        self._t = now
+
+    def __contains__(self, pid: str) -> bool:
+        return pid in self._held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def get(self, pid: str) -> list | None:
+        return self._held.get(pid)
+
+    def items(self):
+        return self._held.items()
+
+    @property
+    def distinct(self) -> int:
+        """Blocks held by pins, each once."""
+        return len(self._refs)
+
+    def _advance(self, now: float) -> None:
+        self.block_seconds += len(self._refs) * (now - self._t)
+        self._t = now
+
+    def add(self, pid: str, blocks: list, now: float) -> None:
+        if pid in self._held:
+            raise ValueError(f"program {pid!r} already holds a pin")  # an engine bug: one pin per program
+        self._advance(now)
+        self._held[pid] = blocks
+        refs, key = self._refs, self._id
+        for b in blocks:
+            k = b if key is None else key(b)
+            refs[k] = refs.get(k, 0) + 1
+
+    def pop(self, pid: str, now: float) -> list | None:
+        """Remove the program's pin and return its blocks (None if it has none)."""
+        blocks = self._held.pop(pid, None)
+        if blocks is None:
+            return None
+        self._advance(now)
+        refs, key = self._refs, self._id
+        for b in blocks:
+            k = b if key is None else key(b)
+            if refs[k] == 1:
+                del refs[k]
+            else:
+                refs[k] -= 1
+        return blocks
+
+    def restart(self, now: float) -> None:
+        """Start the integral again from `now` (a measured run after a warm-up)."""
+        self.block_seconds, self._t = 0.0, now
+
+
+def pin_counts(outcomes: dict) -> dict:
+    """A policy's pin outcomes as both engines report them (`pin_outcomes`)."""
+    return {"pins": sum(outcomes.values()), "pins_hit": outcomes.get(Release.HIT, 0),
+            "pins_expired": outcomes.get(Release.EXPIRED, 0), "pins_victim": outcomes.get(Release.VICTIM, 0),
+            "pins_discarded": outcomes.get(Release.DISCARD, 0), "pins_moved": outcomes.get(Release.MOVED, 0)}

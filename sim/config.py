@@ -1,0 +1,279 @@
+"""One run specification: `SimConfig` (what to simulate) and `build_run` (the one place a
+config becomes a simulation).
+
+Why: a run used to be assembled five ways (`sim run`, sweep points through an argparse
+shim, validation, benchmarks, tests), each re-checking a different subset of the
+limits. Now every caller fills in a `SimConfig` — `sim run` from its flags and an
+optional `--config FILE`, a sweep point from its axes (an axis is a leaf field name:
+`num_blocks`, `router`; any other axis is a parameter of the point's policy) — and calls
+`build_run`, then `execute`. Each field carries its help text; the `sim run` flags take
+theirs from here.
+
+`Run.config` is the *resolved* config: the profile named, the engine limits and every
+policy parameter filled in from the profile and the policy's defaults. `sim run` writes
+it as config.json beside summary.json; `sim run --config DIR/config.json` reproduces the
+run exactly (on the same code and files).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from policies.base import Policy, PolicyError
+from policies.registry import make_policy, params_model, policy_params
+from sim.cpu_tier import TierSpec, build_tiers, parse_offload
+from sim.profile import DEFAULT_PROFILE, Profile, load_profile
+from sim.router import make_router
+from sim.scheduler import EngineConfig
+from sim.simulate import Result, arrivals_for, engine_config, run_simulation
+from traces.errors import InputError
+from traces.schema import read_trace
+from traces.transform import repeat_turns
+from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated
+
+Count = Annotated[JSONInt, Field(ge=1)]
+
+
+class _Section(BaseModel):
+    # a config file is external input: unknown fields are typos, numbers are numbers
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class WorkloadConfig(_Section):
+    trace: str = Field("swebench", description="bundled trace name (swebench, bfcl) or parquet path")
+    programs: Count | None = Field(None, description="use only the first N programs")
+    turn_repeat: Annotated[JSONInt, Field(ge=1)] = Field(
+        1, description="turns xN, tokens /N (the paper's Fig. 14; traces/transform.py)")
+    jps: JSONFloat | None = Field(None, description="program arrivals per second (Poisson); default: the trace's arrivals, else 0.2")
+    seed: Annotated[JSONInt, Field(ge=0, lt=2**63)] = Field(0, description="arrival seed")
+    rep: Annotated[JSONInt, Field(ge=0)] = Field(
+        0, description="repetition: rep r > 0 draws arrivals from SeedSequence([seed, r])")
+
+
+class PolicyConfig(_Section):
+    name: str = Field("vllm", description="the retention/scheduling policy (see `sim run --help`)")
+    args: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters (name -> value)")
+
+
+class EngineLimits(_Section):
+    profile: str | None = Field(None, description=f"hardware profile JSON or bundled name (default {DEFAULT_PROFILE})")
+    num_blocks: Count | None = Field(None, description="GPU KV blocks (at most the profile's)")
+    block_size: Count | None = Field(None, description="tokens per KV block (must equal the profile's)")
+    max_num_batched_tokens: Count | None = Field(None, description="token budget of one engine step")
+    max_num_seqs: Count | None = Field(None, description="calls running at once")
+    max_model_len: Count | None = Field(None, description="longest context (at most the profile's)")
+    chunked_prefill: JSONBool | None = Field(None, description="split long prompts over steps (off: admit only whole prompts)")
+    reserve_full_prompt: JSONBool | None = Field(
+        None, description="admit a waiting call only when blocks for its whole prompt are free, not just its first chunk (vLLM's scheduler_reserve_full_isl)")
+    fast_forward: JSONBool = Field(True, description="run decode-only stretches in one event (same results; off: step by step)")
+
+
+class ClusterConfig(_Section):
+    replicas: Count = Field(1, description="replicas, each its own engine and KV pool")
+    router: str | None = Field(None, description="which replica serves a call: round_robin (default), least_loaded, session, prefix, cache_aware")
+    offload: str | None = Field(
+        None, description="offload tiers per replica, LMCache-like: cpu:200GiB, cpu:200GiB,ssd:1TiB (optional @GB/s: cpu:100GiB@25)")
+
+
+class SimConfig(_Section):
+    """Everything a run depends on besides the code and the files it names."""
+
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    engine: EngineLimits = Field(default_factory=EngineLimits)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+
+
+SECTIONS = {"workload": WorkloadConfig, "policy": PolicyConfig, "engine": EngineLimits, "cluster": ClusterConfig}
+
+
+def _kind(annotation) -> type:
+    """bool, int, float or str: the scalar type under Optional/Annotated."""
+    for t in (bool, int, float, str):
+        if annotation is t:
+            return t
+    for a in typing.get_args(annotation):
+        k = _kind(a)
+        if k is not None:
+            return k
+    return None
+
+
+def leaves() -> dict[str, tuple[str, str, type, object, str]]:
+    """Flat name -> (section, field, scalar type, default, help) of every scalar field: the
+    names sweep axes and `sim run` flags use (the policy's name is `policy`)."""
+    out = {}
+    for sec, model in SECTIONS.items():
+        for name, f in model.model_fields.items():
+            if sec == "policy":
+                if name == "name":
+                    out["policy"] = (sec, name, str, f.default, f.description)
+                continue
+            out[name] = (sec, name, _kind(f.annotation), f.default, f.description)
+    return out
+
+
+def from_flat(values: dict[str, object], policy_args: dict | None = None, base: dict | None = None) -> dict:
+    """A nested config dict: `base` (a file's) with leaf values (flat names) laid over it."""
+    data = {s: dict(v) for s, v in (base or {}).items()} if isinstance(base, dict) else {}
+    known = leaves()
+    for k, v in values.items():
+        sec, field = known[k][:2]
+        data.setdefault(sec, {})[field] = v
+    if policy_args:
+        pol = data.setdefault("policy", {})
+        pol["args"] = {**(pol.get("args") or {}), **policy_args}
+    return data
+
+
+def parse_config(data: object, where: str, style: str = "field") -> SimConfig:
+    """`data` checked against SimConfig; one InputError line naming `where` and the field:
+    as a dotted field ('engine.num_blocks'), a flag ('--num-blocks', style "flag") or a
+    sweep axis ('num_blocks', style "axis")."""
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as e:
+        msg = describe(e)
+        loc = e.errors()[0]["loc"]
+        if style != "field" and loc:
+            name = "policy" if tuple(loc[:2]) == ("policy", "name") else str(loc[-1])
+            shown = "--" + name.replace("_", "-") if style == "flag" else name
+            msg = msg.replace(f"field '{'.'.join(map(str, loc))}'", f"{'field' if style == 'flag' else 'axis'} '{shown}'", 1)
+        raise InputError(f"{where}: {msg}") from None
+
+
+def read_config(path: str | Path) -> dict:
+    """A JSON or YAML config file as a dict (checked by parse_config)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError(f"--config {str(p)!r}: cannot read it ({e.strerror}); give a JSON or YAML file") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - yaml and json raise their own types; one line either way
+        first = " ".join(str(e).split())[:200]
+        raise InputError(f"--config {str(p)!r} is not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'} "
+                         f"({first}); fix the file") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"--config {str(p)!r}: give an object with sections {', '.join(SECTIONS)}, not {type(data).__name__}")
+    where = f"--config {str(p)!r}"
+    c = parse_config(data, where)  # a bad file is named as such, before any flag is laid over it
+    try:
+        known = policy_params(c.policy.name)
+    except PolicyError as e:
+        raise InputError(f"{where}: field 'policy.name': {e}") from None
+    for k in c.policy.args:
+        if k not in known:
+            raise InputError(f"{where}: field 'policy.args.{k}': policy {c.policy.name!r} has no parameter {k!r}; "
+                             f"known: {', '.join(known) or 'none'}")
+    validated(params_model(c.policy.name), c.policy.args, f"{where}: policy.args")
+    return data
+
+
+def check_limits(profile: Profile, e: EngineLimits) -> None:
+    """Refuse engine limits that contradict what the profile measured."""
+    pe = profile.engine
+    if e.block_size is not None and e.block_size != int(pe["block_size"]):
+        raise InputError(f"--block-size {e.block_size} contradicts profile {profile.name!r} (measured with block_size {pe['block_size']}); "
+                         f"recalibrate with that block size or drop the flag")
+    if e.num_blocks is not None and e.num_blocks > int(pe["num_gpu_blocks"]):
+        raise InputError(f"--num-blocks {e.num_blocks} exceeds the {pe['num_gpu_blocks']} KV blocks profile {profile.name!r} "
+                         f"allocated; give at most that many")
+    if e.max_model_len is not None and e.max_model_len > int(pe["max_model_len"]):
+        raise InputError(f"--max-model-len {e.max_model_len} exceeds the max_model_len {pe['max_model_len']} of profile {profile.name!r}")
+
+
+@functools.lru_cache(maxsize=8)
+def _trace(name: str, programs: int | None, turn_repeat: int) -> pd.DataFrame:
+    trace, _ = read_trace(name)
+    return _cut(trace, programs, turn_repeat)
+
+
+def _cut(trace: pd.DataFrame, programs: int | None, turn_repeat: int) -> pd.DataFrame:
+    if programs is not None:
+        trace = trace[trace["program_id"].isin(trace["program_id"].drop_duplicates().iloc[:programs])]
+    return repeat_turns(trace, turn_repeat)
+
+
+def _resolved_path(name: str) -> str:
+    """A file path made absolute (the config may be rerun elsewhere); a bundled name as is."""
+    p = Path(name)
+    return str(p.resolve()) if p.exists() else name
+
+
+@dataclass
+class Run:
+    """A built run, ready for `execute` (once: the policy keeps state)."""
+
+    config: SimConfig  # resolved: profile, engine limits and policy parameters filled in
+    trace: pd.DataFrame
+    policy: Policy
+    profile: Profile
+    cfg: EngineConfig
+    arrivals: np.ndarray
+    tiers: tuple[TierSpec, ...]
+
+
+def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: Profile | None = None,
+              arrivals: np.ndarray | None = None) -> Run:
+    """Check `config` against the profile and build its run; every problem is an InputError
+    or PolicyError here, before anything is simulated or written.
+
+    A caller holding the objects themselves passes them: `trace` (cut and repeated as the
+    workload says), `profile` (its engine limits are not checked: validation gives the real
+    engine's own), `arrivals` (instead of jps/seed)."""
+    w, e, c = config.workload, config.engine, config.cluster
+    policy = make_policy(config.policy.name, **config.policy.args)
+    if profile is None:
+        profile = load_profile(e.profile)
+        check_limits(profile, e)
+    tiers = parse_offload(c.offload)
+    router = make_router(c.router).name  # an unknown router fails here, before the trace is read
+    trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(trace, w.programs, w.turn_repeat)
+    cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
+                        max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
+                        enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt)
+    if tiers:
+        build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
+    if arrivals is None:
+        seed = w.seed if w.rep == 0 else int(np.random.SeedSequence([w.seed, w.rep]).generate_state(1)[0])
+        arrivals = arrivals_for(trace, w.jps, seed)
+    params = params_model(config.policy.name).model_validate(config.policy.args)
+    resolved = config.model_copy(update={
+        "workload": w.model_copy(update={"trace": _resolved_path(w.trace)}),
+        "policy": config.policy.model_copy(update={"args": params.model_dump(mode="json")}),
+        "engine": e.model_copy(update={
+            "profile": _resolved_path(e.profile) if e.profile else profile.name, "num_blocks": cfg.num_gpu_blocks,
+            "block_size": cfg.block_size, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
+            "chunked_prefill": cfg.enable_chunked_prefill, "reserve_full_prompt": cfg.reserve_full_prompt}),
+        "cluster": c.model_copy(update={"router": router}),
+    })
+    return Run(resolved, trace, policy, profile, cfg, np.asarray(arrivals, dtype=float), tiers)
+
+
+def execute(run: Run, progress=None) -> Result:
+    """Simulate a built run."""
+    c = run.config.cluster
+    return run_simulation(run.trace, run.policy, run.profile, run.cfg, run.arrivals,
+                          fast_forward=run.config.engine.fast_forward, progress=progress,
+                          replicas=c.replicas, router=c.router, offload=run.tiers)

@@ -1,0 +1,66 @@
+"""Block keys chained from content, as vLLM chains block hashes.
+
+vLLM keys a full block by hash(parent block's hash, the block's token ids), so two
+requests share a block exactly when their contexts agree up to its end. Here a
+program's context is a list of runs (segment id, length): an input segment, or the
+output of a call, named by the content of the prompt it continues (greedy decoding:
+the same prompt yields the same output, and a shorter output is a prefix of a
+longer one). Block i's key hashes block i-1's key with the (id, start, end) pieces of
+the runs it covers. One object per program, shared by its calls: the context is
+append-only, so keys once computed never change, and each is computed once.
+
+Where the runs come from (sim/workload.py): a trace's content segments
+(traces/segments.py); without them, turn 0's `shared_prefix_tokens` is one run every
+program shares and everything else is the program's own.
+
+Python's hash is 64-bit: a false hit needs a collision among a run's blocks (about
+n^2 / 2^64), ignored.
+"""
+from __future__ import annotations
+
+
+class ContentKeys:
+    __slots__ = ("block_size", "runs", "length", "keys", "digest", "_run")
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.runs: list[tuple[object, int, int]] = []  # (id, first token's position, length)
+        self.length = 0
+        self.keys: list[int] = []
+        self.digest = 0  # hash of all runs so far: names the output that follows
+        self._run = 0  # run holding the first token of block len(keys)
+
+    def append(self, cid, n: int) -> None:
+        if n > 0:
+            self.runs.append((cid, self.length, n))
+            self.length += n
+            self.digest = hash((self.digest, cid, n))
+
+    def append_output(self, n: int) -> None:
+        """The output of the call whose prompt is everything appended so far."""
+        self.append(("out", self.digest), n)
+
+    def prefix(self, n: int) -> list[int]:
+        """Keys of blocks 0..n-1."""
+        if n > len(self.keys):
+            self.key(n - 1)
+        return self.keys[:n]
+
+    def key(self, i: int) -> int:
+        keys, runs, bs = self.keys, self.runs, self.block_size
+        while len(keys) <= i:
+            lo = len(keys) * bs
+            hi = lo + bs
+            if hi > self.length:
+                raise IndexError(f"block {i} is not full: the context has {self.length} tokens")
+            pieces = []
+            r = self._run
+            while True:
+                cid, start, n = runs[r]
+                pieces.append((cid, max(lo, start) - start, min(hi, start + n) - start))
+                if start + n >= hi:
+                    break
+                r += 1
+            self._run = r if start + n > hi else r + 1
+            keys.append(hash((keys[-1] if keys else 0, tuple(pieces))))
+        return keys[i]

@@ -1,0 +1,191 @@
+"""`sim plan` (sim/plan.py): the planner's answer equals an exhaustive search over the same
+grid, pruning skips points, a rerun resumes, the SLO parser, the price table, bad input."""
+import argparse
+import json
+import math
+import shutil
+
+import pytest
+
+from sim import plan as P
+from sim.sweep import RESULTS, point_key, sweep
+from traces.errors import InputError
+
+# A tiny case: 12 SWE-bench programs on a cut KV pool, two GPUs (measured H100, roofline
+# A100), two policies, up to 4 replicas. The SLO sits where the candidates need different
+# replica counts, some more than one (checked below, so the case stays a real search).
+TINY = dict(trace="swebench", jps=0.5, seeds=(0,), programs=12, num_blocks=1500, max_replicas=4)
+SLO = "mean_jct<=57"
+GPUS, POLICIES = ["H100", "A100-80GB"], ["vllm", "continuum"]
+
+
+def tiny_candidates(out):
+    return P.candidates(GPUS, ["llama3.1-8b"], [1], POLICIES, ["none"], ["round_robin"], P.load_prices(), out / "profiles")
+
+
+def question(slo=SLO):
+    return P.Question(slo=P.parse_slo(slo), **TINY)
+
+
+def exhaustive(q, cands, out):
+    """Every (candidate, replicas) in the grid, run through the sweep; the cheapest passing
+    one, ties broken by the lower metric, then the candidate's input order."""
+    pts = {(i, r): q.points(c, r) for i, c in enumerate(cands) for r in range(1, q.max_replicas + 1)}
+    table = sweep([p for ps in pts.values() for p in ps], out).table.set_index("key")
+    value = {k: float(table.loc[[point_key(p) for p in ps], q.slo.metric].mean()) for k, ps in pts.items()}
+    passing = [(r * cands[i].unit_cost, v, i, r) for (i, r), v in value.items() if v <= q.slo.limit]
+    return min(passing) if passing else None, value
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The planner with pruning on a fresh DIR; the exhaustive grid and the planner without
+    pruning start from its table (the sweep skips points already there), to save time."""
+    root = tmp_path_factory.mktemp("plan")
+    cands, _, profiles = tiny_candidates(root / "pruned")
+    q = question()
+    pruned = P.plan(q, cands, root / "pruned", profiles)
+    for d in ("grid", "full"):
+        (root / d).mkdir()
+    shutil.copy(root / "pruned" / RESULTS, root / "grid" / RESULTS)
+    best, value = exhaustive(q, cands, root / "grid")
+    shutil.copy(root / "grid" / RESULTS, root / "full" / RESULTS)
+    full = P.plan(q, cands, root / "full", profiles, prune=False)
+    return dict(root=root, q=q, cands=cands, profiles=profiles, pruned=pruned, full=full, best=best, value=value)
+
+
+def test_tiny_case_is_a_real_search(tiny):
+    q, cands, value = tiny["q"], tiny["cands"], tiny["value"]
+    mins = []
+    for i in range(len(cands)):
+        vals = [value[(i, r)] for r in range(1, q.max_replicas + 1)]
+        passing = [r for r, v in enumerate(vals, 1) if v <= q.slo.limit]
+        # the planner assumes the metric passes from some replica count on; the grid obeys it
+        assert passing == list(range(passing[0], q.max_replicas + 1)) if passing else True, (cands[i], vals)
+        mins.append(passing[0] if passing else None)
+    assert tiny["best"] is not None
+    assert any(m is None or m > 1 for m in mins) and len(set(mins)) > 2, mins
+
+
+def test_planner_answer_equals_exhaustive_search(tiny):
+    cost, value, i, r = tiny["best"]
+    for res in (tiny["pruned"], tiny["full"]):
+        b, c = res.best, tiny["cands"][i]
+        assert (b["gpu"], b["tp"], b["policy"], b["replicas"]) == (c.gpu, c.tp, c.policy, r)
+        assert (b["offload"], b["router"]) == ("none", "round_robin")
+        assert math.isclose(b["usd_per_hour"], cost) and math.isclose(b[tiny["q"].slo.metric], value)
+
+
+def test_each_candidates_minimum_matches_the_grid(tiny):
+    """Without pruning every candidate's smallest passing count is found, as the grid says."""
+    q, cands, value = tiny["q"], tiny["cands"], tiny["value"]
+    t = tiny["full"].table
+    for i, c in enumerate(cands):
+        row = t[(t["gpu"] == c.gpu) & (t["policy"] == c.policy)].iloc[0]
+        passing = [r for r in range(1, q.max_replicas + 1) if value[(i, r)] <= q.slo.limit]
+        if passing:
+            assert row["status"] == "met" and row["replicas"] == passing[0]
+        else:
+            assert row["status"] == "infeasible"
+
+
+def test_pruning_skips_points(tiny):
+    pruned, full = tiny["pruned"], tiny["full"]
+    n_pruned, n_full = pruned.ran + pruned.resumed, full.ran + full.resumed
+    grid = len(tiny["cands"]) * tiny["q"].max_replicas
+    assert n_pruned < n_full < grid, (n_pruned, n_full, grid)  # bisection < grid; the cost bound < bisection
+    assert set(pruned.table["status"]) & {"cut", "pruned"}
+    assert pruned.ran == n_pruned and full.ran == 0  # the first plan ran everything it tried
+    assert len(pruned.probes) == n_pruned  # one seed: one point per probe
+
+
+def test_rerun_resumes_without_running(tiny):
+    root, q = tiny["root"], tiny["q"]
+    again = P.plan(q, tiny["cands"], root / "pruned", tiny["profiles"])
+    assert again.ran == 0 and again.resumed == tiny["pruned"].ran + tiny["pruned"].resumed
+    assert again.table.equals(tiny["pruned"].table)
+
+
+def test_outputs_written(tiny):
+    out = tiny["root"] / "pruned"
+    t = __import__("pandas").read_parquet(out / "plan.parquet")
+    assert list(t["rank"]) == list(range(1, len(tiny["cands"]) + 1))
+    md = (out / "plan.md").read_text()
+    assert f"{int(tiny['pruned'].best['replicas'])} x {tiny['pruned'].best['gpu']}" in md
+    fig = json.loads((out / "plan.json").read_text())[0]
+    assert "swebench" in fig["title"] and "JPS 0.5" in fig["title"] and SLO in fig["title"]
+    front = fig["lines"]["Pareto front"]
+    assert front["x"] == sorted(front["x"]) and all(a > b for a, b in zip(front["y"], front["y"][1:]))
+
+
+@pytest.mark.parametrize("text, metric, limit", [("p95_jct<=60", "p95_jct", 60.0), (" mean_jct <= 12.5 ", "mean_jct", 12.5),
+                                                 ("p99_jct<=1e3", "p99_jct", 1000.0)])
+def test_parse_slo(text, metric, limit):
+    s = P.parse_slo(text)
+    assert (s.metric, s.limit) == (metric, limit) and s.met(limit) and not s.met(limit * 1.01)
+
+
+@pytest.mark.parametrize("text", ["p95_jct=60", "p95_jct<60", "p95_jct<=", "p95_jct<=-1", "p95_jct<=nan",
+                                  "p97_jct<=60", "throughput<=3", "<=60", "p95_jct<=inf"])
+def test_parse_slo_refuses(text):
+    with pytest.raises(InputError, match="METRIC<=SECONDS"):
+        P.parse_slo(text)
+
+
+def test_default_prices_have_sources():
+    raw = json.loads(P.PRICES_FILE.read_text())["prices"]
+    assert raw
+    for gpu, p in raw.items():
+        P.roofline.find_gpu(gpu)  # every priced GPU is one sim/specs knows
+        assert p["source"].startswith("https://") and p["date"] and "on-demand" in p["kind"] and "list" in p["kind"]
+    assert P.load_prices() == {g: p["usd_per_gpu_hour"] for g, p in raw.items()}
+
+
+def test_prices_override_and_aliases(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"prices": {"h100-sxm": {"usd_per_gpu_hour": 1.5}, "a100-80gb": {"usd_per_gpu_hour": 1.0}}}))
+    assert P.load_prices(f) == {"H100": 1.5, "A100-80GB": 1.0}
+    cands, _, _ = P.candidates(["H100"], ["llama3.1-8b"], [1], ["vllm"], ["none"], ["round_robin"], P.load_prices(f), tmp_path)
+    assert cands[0].unit_cost == 1.5
+    f.write_text(json.dumps({"prices": {"H100": {"usd_per_gpu_hour": -1}}}))
+    with pytest.raises(InputError, match="usd_per_gpu_hour"):
+        P.load_prices(f)
+
+
+def test_profiles_measured_where_they_exist_else_roofline(tmp_path):
+    cands, notes, profiles = P.candidates(["H100", "A100-80GB"], ["llama3.1-8b", "llama3.1-70b"], [1, 2], ["vllm"],
+                                          ["none"], ["round_robin"], P.load_prices(), tmp_path)
+    src = {(c.gpu, c.model, c.tp): c.source for c in cands}
+    assert src[("H100", "llama3.1-8b", 1)] == "measured"
+    assert src[("H100", "llama3.1-8b", 2)] == src[("A100-80GB", "llama3.1-8b", 1)] == "roofline"
+    assert ("H100", "llama3.1-70b", 1) not in src  # 141 GB of weights
+    assert any("llama3.1-70b at tp=1" in n for n in notes)
+    assert all(json.dumps(p) for p in profiles.values()) and len(profiles) == len(src) - 1
+
+
+def _cli(args):
+    ap = argparse.ArgumentParser()
+    P.register(ap.add_subparsers())
+    a = ap.parse_args(["plan", *args])
+    return a.func(a)
+
+
+BASE = ["--jps", "0.5", "--slo", "p95_jct<=40", "--gpu", "H100", "--policy", "vllm"]
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"--gpu": "H999"}, "unknown gpu 'H999'"),
+    ({"--slo": "p95<=40"}, "METRIC<=SECONDS"),
+    ({"--gpu": "RTX-5090"}, "no price for GPU RTX-5090"),
+    ({"--model": "llama3.1-70b", "--gpu": "L40S"}, "no candidate configuration is left"),
+    ({"--router": "random"}, "not a router"),
+    ({"--tp": "0"}, "tensor-parallel sizes >= 1"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, change, match):
+    args = dict(zip(BASE[::2], BASE[1::2]))
+    args.update(change)
+    out = tmp_path / "plan"
+    with pytest.raises(InputError, match=match) as e:
+        _cli([x for kv in args.items() for x in kv] + ["--out", str(out), "--no-progress"])
+    assert "\n" not in str(e.value)
+    assert not out.exists()
