@@ -16,7 +16,8 @@ pytestmark = pytest.mark.engine
 POLICIES = ["vllm", "continuum-static", "continuum"]
 
 
-# One test, re-run whole on failure (twice: CI once saw one policy 16% off, in bounds on rerun here): the real side is a timing measurement on a shared
+# One test, re-run whole on failure (up to twice: CI once saw continuum 16% off where a
+# quiet rerun gives 6%): the real side is a timing measurement on a shared
 # machine, and a burst of load during a replay is not a simulator error.
 @pytest.mark.flaky(reruns=2)
 def test_real_engine_and_simulator_rank_policies_alike(tmp_path, engine_log):
