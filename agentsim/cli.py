@@ -17,7 +17,7 @@ import calibrate.cli
 import traces.cli
 from policies.base import PolicyError
 from sim import plan, profile_cmd, run_cmd, sweep_cmd
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 
 def register(sub) -> None:

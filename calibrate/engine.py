@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 TINY_MODEL = Path(__file__).parent / "models" / "tiny-llama"
 CPU_KV_CACHE_BYTES = 1 << 30  # KV cache reserved on CPU unless --num-gpu-blocks is given

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 # option name on the CLI -> key in the profile's engine section
 REQUESTABLE = {"num_gpu_blocks": "num_gpu_blocks", "block_size": "block_size",

@@ -33,7 +33,7 @@ import numpy as np
 from calibrate.fit import FEATURES, fit_gpu_step_model, fit_quadratic, fit_step_model, nnls_relative
 from calibrate.probes import _step_row
 from calibrate.vllm_limits import gpu_engine_limits
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 NEED = {"prefill": ("n", "k", "median_s", "min_s"), "decode": ("B", "ctx", "median_s", "min_s")}
 REPO = Path(os.path.normpath(Path(__file__).absolute().parent.parent))

@@ -38,7 +38,7 @@ from policies.base import Action, FinishStats, Policy, PolicyError, Release, Req
 from policies.pins import PinTable, pin_counts
 from policies.registry import make_policy
 from sim.profile import Profile, load_profile
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 logger = logging.getLogger("agentsim.scheduler")
 CONFIG_KEY = "agentsim"

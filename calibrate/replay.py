@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from traces import segments
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 VOCAB_LOW = 100  # avoid special ids at the bottom of the vocabulary
 

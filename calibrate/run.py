@@ -18,7 +18,7 @@ from calibrate.fit import fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
 from calibrate.probes import Runner, plan
-from traces.files import atomic_write
+from agentsim.files import atomic_write
 
 HOW = {
     "engine": "read from the started engine: vllm_config (scheduler/cache/model config) and the engine core's "

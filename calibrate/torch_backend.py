@@ -29,7 +29,7 @@ from calibrate.fit import FEATURES
 from calibrate.limits import _display_name
 from calibrate.pcie import measure_pcie
 from calibrate.run import HOW, build_profile, device_name, write_profile
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 METHOD = ("sim calibrate --backend torch (calibrate/torch_backend.py): torch kernels, not vLLM - a pure-torch "
           "Llama-family forward pass with random weights (calibrate/torch_model.py) runs the steps vLLM's scheduler "

@@ -47,8 +47,8 @@ from sim.config import EngineLimits, PolicyConfig, SimConfig, build_run, execute
 from sim.profile import Profile, load_profile, parse_profile
 from sim.simulate import arrivals_for
 from traces import segments
-from traces.errors import InputError
-from traces.files import atomic_write
+from agentsim.errors import InputError
+from agentsim.files import atomic_write
 
 SCHEDULER_CLS = "calibrate.policy_scheduler.PolicyScheduler"
 
@@ -258,8 +258,7 @@ def sim_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile: Pro
 
 def scaled(profile: Profile, factor: float) -> Profile:
     """Every step takes `factor` times as long (all time terms scale; the overlap exponent does not)."""
-    return dataclasses.replace(profile, step=tuple(c * factor for c in profile.step), w=profile.w * factor,
-                               launch=profile.launch * factor)
+    return dataclasses.replace(profile, step=profile.step.scaled(factor))
 
 
 def step_check(steps: pd.DataFrame, profile: Profile) -> dict:

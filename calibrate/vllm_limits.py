@@ -18,7 +18,7 @@ What vLLM 0.32 does (vllm/engine/arg_utils.py, vllm/v1/worker/gpu_worker.py, as 
 """
 from __future__ import annotations
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 GiB = 1 << 30
 # Non-torch memory (CUDA context, cuBLAS/NCCL workspaces) plus the CUDA-graph pool. vLLM

@@ -23,7 +23,7 @@ from policies.base import Release
 from sim.cpu_tier import TierSpec, build_tiers
 from sim.engine import Engine
 from sim.router import make_router
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 
 class Cluster:

@@ -34,7 +34,7 @@ from sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.router import make_router
 from sim.scheduler import EngineConfig
 from sim.simulate import Result, arrivals_for, engine_config, run_simulation
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import read_trace
 from traces.transform import repeat_turns
 from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Hashable
 
 from policies.base import Action, Release
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 CHUNK_TOKENS = 256  # LMCache's default chunk size
 SSD_DEFAULT_GBPS = 3.0  # assumed NVMe read bandwidth (not measured)

@@ -228,19 +228,23 @@ class Engine:
 
     def _stretch(self, scheduled, dt0: float, now: float, sum_qk: float, sum_k: float, sum_qc: float) -> list[float]:
         """The step times of a decode stretch: until a call finishes, a block allocation
-        would fail, or the step in which the next outside event lands ends. Each step's
-        time is the profile's for that step (every context one token longer), so the
-        stretch ends at the same float time as step-by-step, and events keep their order
-        (a different last bit reorders arrivals across replicas)."""
+        would fail, or the step in which the next outside event lands begins (that step
+        runs alone, as step-by-step: an event mid-step reads the replica's state, e.g. a
+        router its used blocks, and a stretch applies its steps' allocations only at its
+        end). Each step's time is the profile's for that step (every context one token
+        longer), so the stretch ends at the same float time as step-by-step, and events
+        keep their order (a different last bit reorders arrivals across replicas)."""
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
         max_steps = self.sched.decode_stretch_limit(scheduled, max(1, max_steps))
         nxt = self._next_event()
         dts, t = [dt0], now + dt0
         step_time = self.profile.step_time
-        while len(dts) < max_steps and t < nxt:
+        while len(dts) < max_steps:
             i = len(dts)
             d = step_time(r, r, sum_qk + i * r, sum_k + i * r, sum_qc + i * r)
+            if t + d >= nxt:
+                break
             dts.append(d)
             t += d
         return dts

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from sim.call import Call
-from traces.files import atomic_write
+from agentsim.files import atomic_write
 
 
 class Recorder:
@@ -57,12 +57,16 @@ def summarize(turns: pd.DataFrame, progs: pd.DataFrame, extra: dict) -> dict:
     start, end = float(progs["arrival"].min()), float(progs["finish"].max())
     span = max(end - start, 1e-9)
     pct = {f"p{q}_jct": float(np.percentile(jct, q)) for q in (50, 90, 95, 99)}
+    # a turn's latency: its call's arrival (the tool returned) to its last token, what a
+    # user waiting on one agent step sees
+    turn = (turns["finish"] - turns["arrival"]).to_numpy()
     return {
         "programs": int(len(progs)), "calls": int(len(turns)),
         "mean_jct": float(jct.mean()), **pct, "max_jct": float(jct.max()),
         "makespan_s": span, "jobs_per_s": len(progs) / span,
         "output_tokens_per_s": float(turns["output_tokens"].sum()) / span,
         "mean_queue_delay": float(turns["queue_delay"].mean()),
+        "mean_turn_latency": float(turn.mean()), "p99_turn_latency": float(np.percentile(turn, 99)),
         "cache_hit_ratio": float(turns["cached_tokens"].sum() / turns["prompt_tokens"].sum()),
         "prefill_tokens_computed": int(turns["computed_prompt_tokens"].sum()),
         "prefill_tokens_cached": int(turns["cached_tokens"].sum()),

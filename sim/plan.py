@@ -38,13 +38,14 @@ from sim import roofline
 from sim.cpu_tier import parse_offload
 from sim.router import ROUTERS
 from sim.sweep import RESULTS, build_run, point_key, sweep
-from traces.errors import InputError
-from traces.files import atomic_write
+from agentsim.errors import InputError
+from agentsim.files import atomic_write
 from traces.validation import JSONFloat, Model, validated
 
 PRICES_FILE = roofline.SPEC_DIR / "prices.json"
 # Lower is better for all of them; names as in the run summary (sim/metrics.py).
-SLO_METRICS = ("mean_jct", "p50_jct", "p90_jct", "p95_jct", "p99_jct", "max_jct", "mean_queue_delay")
+SLO_METRICS = ("mean_jct", "p50_jct", "p90_jct", "p95_jct", "p99_jct", "max_jct", "mean_queue_delay",
+               "mean_turn_latency", "p99_turn_latency")
 # (GPU, model, tp) -> bundled profile measured on that hardware (docs/profiles.md).
 MEASURED = {("H100", "llama3.1-8b", 1): "llama3.1-8b-h100"}
 STATUS_ORDER = {"met": 0, "cut": 1, "pruned": 2, "infeasible": 3}

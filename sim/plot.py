@@ -22,11 +22,12 @@ from matplotlib.figure import Figure
 
 from policies.registry import POLICIES, policy_params
 from sim.sweep import RUN_AXES, load_kv
-from traces.errors import InputError
-from traces.files import atomic_write
+from agentsim.errors import InputError
+from agentsim.files import atomic_write
 
 METRICS = {"mean_jct": "mean JCT (s)", "p50_jct": "P50 JCT (s)", "p90_jct": "P90 JCT (s)",
-           "p95_jct": "P95 JCT (s)", "p99_jct": "P99 JCT (s)"}
+           "p95_jct": "P95 JCT (s)", "p99_jct": "P99 JCT (s)",
+           "p99_turn_latency": "P99 turn latency (s)"}
 _ORDER = {name: i for i, name in enumerate(POLICIES)}
 
 

@@ -39,16 +39,43 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pydantic import Field
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofline stays as llama3.1-8b-a100-80gb
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The step-time formula above, its coefficients named as in the profile's step_time."""
+    c0: float
+    c1: float
+    c2: float
+    c3: float
+    c4: float
+    c5: float = 0.0
+    w: float = 0.0  # s: weights streamed once per step, overlapping the GEMMs (0 = off)
+    launch: float = 0.0  # s: kernel-launch floor of a step with a prefill chunk (0 = off)
+    p: float = math.inf  # smooth-max exponent of both overlaps (inf = hard max)
+
+    @property
+    def coefficients(self) -> tuple[float, float, float, float, float, float]:
+        return self.c0, self.c1, self.c2, self.c3, self.c4, self.c5
+
+    def time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
+        gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
+        t = self.c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
+        return _smax(self.launch, t, self.p) if self.launch and tokens > seqs else t
+
+    def scaled(self, factor: float) -> StepModel:
+        """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
+        return replace(self, **{k: getattr(self, k) * factor for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch")})
 
 
 @dataclass
@@ -56,13 +83,10 @@ class Profile:
     name: str
     model: dict
     engine: dict
-    step: tuple[float, float, float, float, float, float]
+    step: StepModel
     pcie_bandwidth: float | None = None  # bytes/s; None = not measured
     pcie_latency: float = 0.0
     kv_bytes_per_block: int = 0
-    w: float = 0.0  # s: weights streamed once per step, overlapping the GEMMs (0 = off)
-    launch: float = 0.0  # s: kernel-launch floor of a step with a prefill chunk (0 = off)
-    p: float = math.inf  # smooth-max exponent of both overlaps (inf = hard max)
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -70,16 +94,13 @@ class Profile:
         return int(self.engine["block_size"])
 
     def step_time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
-        c0, c1, c2, c3, c4, c5 = self.step
-        gemm = c1 * tokens if self.w == 0 else _smax(self.w, c1 * tokens, self.p)
-        t = c0 + gemm + c2 * sum_qk + c3 * seqs + c4 * sum_k + c5 * sum_q_cached
-        return _smax(self.launch, t, self.p) if self.launch and tokens > seqs else t
+        return self.step.time(tokens, seqs, sum_qk, sum_k, sum_q_cached)
 
     def linear_step(self) -> tuple[float, float]:
         """(fixed s, s per token) of a step ~ fixed + per_token*tokens, for policies that
         price an iteration linearly (InferCept): the weights floor counts as fixed."""
-        c = self.step
-        return c[0] + c[3] + self.w, c[1] + c[4]
+        s = self.step
+        return s.c0 + s.c3 + s.w, s.c1 + s.c4
 
     def prefill_time(self, n: int) -> float:
         """An uncached prefill of n tokens running alone, in chunks of the engine's token
@@ -160,8 +181,8 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
             raise InputError(f"profile {name!r}: missing section '{sec}'; add it (see sim/profile.py for the format)")
     m = validated(_ProfileModel, raw, f"profile {name!r}", "fix the value (see sim/profile.py for the format)")
     st = m.step_time
-    step = (st.c0, st.c1, st.c2, st.c3, st.c4, st.c5)
-    if step[0] + step[1] <= 0:
+    step = StepModel(st.c0, st.c1, st.c2, st.c3, st.c4, st.c5, st.w, st.launch, math.inf if st.p is None else st.p)
+    if step.c0 + step.c1 <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
     kv = m.kv_bytes_per_block
     if kv is None:
@@ -175,7 +196,7 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         name=name, model=raw["model"], engine=dict(raw["engine"]), step=step,
         pcie_bandwidth=None if pcie.bandwidth_GBps is None else pcie.bandwidth_GBps * 1e9,
         pcie_latency=pcie.latency_s or 0.0,
-        kv_bytes_per_block=int(kv), w=st.w, launch=st.launch, p=math.inf if st.p is None else st.p, raw=raw,
+        kv_bytes_per_block=int(kv), raw=raw,
     )
 
 

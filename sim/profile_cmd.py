@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from sim import roofline
-from traces.files import atomic_write
+from agentsim.files import atomic_write
 
 
 def register(sub) -> None:

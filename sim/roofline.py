@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 SPEC_DIR = Path(__file__).parent / "specs"
 FIT_FILE = SPEC_DIR / "roofline_fit.json"

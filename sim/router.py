@@ -25,7 +25,7 @@ ties always go to the lowest replica index, so runs stay deterministic.
 """
 from __future__ import annotations
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "cache_aware")
 

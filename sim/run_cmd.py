@@ -19,7 +19,7 @@ from policies.base import PolicyError
 from policies.registry import POLICIES
 from sim.config import SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
 from sim.metrics import write_results
-from traces.files import atomic_write
+from agentsim.files import atomic_write
 from traces.validation import Model, validated
 
 _GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
@@ -130,6 +130,7 @@ def format_summary(s: dict) -> str:
         ("policy", s["policy"]), ("programs / calls", f"{s['programs']} / {s['calls']}"),
         ("JCT mean / p50", f"{s['mean_jct']:.2f} s / {s['p50_jct']:.2f} s"),
         ("JCT p90 / p95 / p99", f"{s['p90_jct']:.2f} / {s['p95_jct']:.2f} / {s['p99_jct']:.2f} s"),
+        ("turn latency mean / p99", f"{s['mean_turn_latency']:.2f} / {s['p99_turn_latency']:.2f} s"),
         ("throughput", f"{s['jobs_per_s']:.3f} jobs/s, {s['output_tokens_per_s']:.0f} output tok/s"),
         ("mean queueing delay / call", f"{s['mean_queue_delay']:.3f} s"),
         ("prefix cache hit ratio", f"{s['cache_hit_ratio']:.3f}"),

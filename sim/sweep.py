@@ -42,8 +42,8 @@ from tqdm import tqdm
 
 from policies.registry import POLICIES, policy_params
 from sim.config import Run, SimConfig, build_run as build_config_run, execute, from_flat, leaves, parse_config
-from traces.errors import InputError
-from traces.files import atomic_write
+from agentsim.errors import InputError
+from agentsim.files import atomic_write
 
 # name -> (type, default): the leaf fields of SimConfig (sim/config.py), whose help says
 # what each means. None as a default means "the trace's / the profile's".

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.sweep import RESULTS, RUN_AXES, expand_grid, load_results, parse_value, sweep
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 PLOTS = {
     "jct": "mean JCT against load per policy (the paper's Fig. 8 form)",

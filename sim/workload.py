@@ -13,7 +13,7 @@ from sim.call import Call
 from sim.content import ContentKeys
 from sim.engine import Engine
 from traces import segments
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 
 def poisson_arrivals(n: int, jps: float, seed: int) -> np.ndarray:

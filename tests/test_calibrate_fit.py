@@ -12,7 +12,7 @@ from calibrate.probes import Probe, features, plan
 from calibrate.run import build_profile, write_profile
 from sim.cli import main
 from sim.profile import load_profile
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 ENGINE = {"name": "vllm", "version": "test", "block_size": 128, "num_gpu_blocks": 1365, "max_num_batched_tokens": 4096,
           "max_num_seqs": 256, "enable_chunked_prefill": True, "enable_prefix_caching": True, "max_model_len": 8192}
@@ -100,7 +100,7 @@ def test_profile_written_atomically_loads_in_the_simulator(tmp_path):
     out = write_profile(_profile(), tmp_path / "p.json")
     assert [f.name for f in tmp_path.iterdir()] == ["p.json"]  # no temp file left
     prof = load_profile(str(out))
-    np.testing.assert_allclose(prof.step, TRUE, rtol=1e-3)
+    np.testing.assert_allclose(prof.step.coefficients, TRUE, rtol=1e-3)
     assert prof.engine["num_gpu_blocks"] == 1365 and prof.block_size == 128
     assert prof.pcie_bandwidth is None  # CPU: not measured
     raw = json.loads(out.read_text())

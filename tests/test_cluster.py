@@ -8,7 +8,7 @@ from policies.registry import make_policy
 from sim.cli import main
 from sim.router import make_router
 from sim.simulate import engine_config, run_simulation
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 
 def run(trace, arrivals, policy="vllm", replicas=2, router="round_robin", ff=True, offload=None, **prof):
@@ -175,3 +175,23 @@ def test_stretches_end_on_the_same_float_as_steps_so_replicas_see_events_in_the_
     fast, step = (run(tr, [0.0, 0.0], ff=ff, **kw).turns for ff in (True, False))
     assert fast[["replica", "finish", "exec_time"]].values.tolist() == step[["replica", "finish", "exec_time"]].values.tolist()
     assert fast["finish"].max() == pytest.approx(1.053783)
+
+
+def test_routers_read_the_state_step_by_step_would_show(monkeypatch):
+    # A long decode on replica 0; a second program arrives mid-decode and the router
+    # reads every replica's used blocks at that instant: a decode stretch must not hide
+    # the blocks its earlier steps allocated (found by the property tests as a 6 ms
+    # difference between fast-forward and step-by-step with 2 replicas).
+    import sim.router as R
+
+    tr = make_trace([[(20, 400, None, None)], [(40, 8, None, None)]])
+    seen = {}
+    for ff in (True, False):
+        reads, load = [], R._load
+        monkeypatch.setattr(R, "_load", lambda e, reads=reads, load=load: reads.append(load(e)) or reads[-1])
+        run(tr, [0.0, 1.3], router="least_loaded", ff=ff, blocks=200)
+        monkeypatch.setattr(R, "_load", load)
+        seen[ff] = reads
+    assert seen[True] == seen[False]
+    # at 1.3 s (~118 decode steps of 11 ms) replica 0 holds (20 + 118) / 16 -> 9 blocks, not its first 2
+    assert seen[True][-2] == (1, 9)

@@ -8,7 +8,7 @@ from policies.base import OFFLOAD, Policy
 from policies.registry import make_policy
 from sim.cpu_tier import Tier, TierSpec, build_tiers, parse_offload
 from sim.simulate import engine_config, run_simulation
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 # linear_profile's model: 2 * 1 layer * 1 KV head * 64 dims * 2 bytes * 16 tokens = 4096 B per block;
 # a 256-token chunk is 16 blocks = 65,536 B. At 0.004096 GB/s one block moves in 1 ms.

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from traces.files import atomic_write
+from agentsim.files import atomic_write
 
 
 def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path):

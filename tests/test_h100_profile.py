@@ -11,7 +11,7 @@ from calibrate.fit import _x, gpu_step_time
 from calibrate.measured import build_measured_profile, load_measurements, pcie_from, probe_rows
 from sim.cli import main
 from sim.profile import BUNDLED_DIR, load_profile, parse_profile
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
 PROBES = REPO.parent / "shared" / "measurements" / "h100" / "llama3.1-8b-shape-torch-probes.json"
@@ -52,7 +52,7 @@ def test_committed_profile_is_what_the_command_writes(tmp_path, capsys):
 
 def test_committed_profile_loads_with_gpu_terms_and_measured_pcie():
     prof = load_profile("llama3.1-8b-h100")
-    assert prof.w > 0 and prof.launch > 0 and 1 <= prof.p < 64
+    assert prof.step.w > 0 and prof.step.launch > 0 and 1 <= prof.step.p < 64
     assert prof.pcie_bandwidth and prof.raw["pcie"]["measured"] is True
     assert "not vLLM" in prof.raw["provenance"]["source"] and "computed" in prof.raw["engine"]["computed"]
     # the simulator's step time is the fitted model's, probe by probe
@@ -122,8 +122,8 @@ def test_missing_probe_file_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("name", ["cpu-tiny-llama", "llama3.1-8b-a100-80gb"])
 def test_existing_profiles_give_exactly_the_old_step_times(name):
     prof = load_profile(name)
-    assert prof.w == 0 and prof.launch == 0
-    c0, c1, c2, c3, c4, c5 = prof.step
+    assert prof.step.w == 0 and prof.step.launch == 0
+    c0, c1, c2, c3, c4, c5 = prof.step.coefficients
     rng = np.random.default_rng(0)
     for _ in range(200):
         tokens, seqs = int(rng.integers(1, 8192)), int(rng.integers(1, 256))
@@ -156,3 +156,12 @@ def test_gpu_terms_by_hand():
 def test_bad_gpu_terms_are_input_errors(st, words):
     with pytest.raises(InputError, match=words):
         _gpu(**st)
+
+
+def test_a_scaled_step_model_scales_every_step_time():
+    from sim.profile import StepModel
+
+    s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0)
+    for shape in [(1, 1, 900.0, 900.0, 0.0), (32, 32, 32e4, 32e4, 31e4), (2048, 3, 2e6, 3e6, 1e6), (100, 1, 1e4, 100.0, 0.0)]:
+        assert s.scaled(1.7).time(*shape) == pytest.approx(1.7 * s.time(*shape), rel=1e-12)
+    assert s.scaled(1.7).p == s.p and s.coefficients[4] == 3e-8

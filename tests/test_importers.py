@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.importers import import_trace
 from traces.schema import read_trace
 from traces.stats import trace_stats

@@ -157,7 +157,7 @@ def test_bad_profile_values_are_refused(section, key, value, words, tmp_path, ca
 def test_null_program_id_is_refused_by_validation():
     import pandas as pd
 
-    from traces.errors import InputError
+    from agentsim.errors import InputError
     from traces.schema import validate
 
     df = make_trace([[(100, 5, "ls", 1.0), (20, 3, None, None)], [(50, 5, None, None)]])

@@ -9,7 +9,7 @@ import pytest
 
 from sim import plan as P
 from sim.sweep import RESULTS, point_key, sweep
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 # A tiny case: 12 SWE-bench programs on a cut KV pool, two GPUs (measured H100, roofline
 # A100), two policies, up to 4 replicas. The SLO sits where the candidates need different

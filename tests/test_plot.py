@@ -10,7 +10,7 @@ import sim.sweep as sw
 from conftest import linear_profile, random_trace
 from sim import plot
 from sim.cli import main
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import write_trace
 
 

@@ -14,7 +14,7 @@ from conftest import linear_profile, make_trace
 from policies.registry import POLICIES, make_policy
 from sim.router import ROUTERS
 from sim.simulate import engine_config, run_simulation
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
 # CI's bounded run is the same every time (a known-open case must not make CI flaky);

@@ -6,7 +6,7 @@ import pytest
 from sim import roofline
 from sim.cli import main
 from sim.profile import parse_profile
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 GPUS = list(roofline._table("gpus.json")["gpus"])
 MODELS = list(roofline._table("models.json")["models"])
@@ -40,7 +40,7 @@ def test_every_combination_that_fits_parses():
         assert "roofline estimate, not measured" in raw["device"]
         assert raw["pcie"]["measured"] is False and p.pcie_bandwidth > 0
         assert p.engine["max_model_len"] <= p.engine["num_gpu_blocks"] * p.block_size
-        assert all(v >= 0 for v in p.step)
+        assert all(v >= 0 for v in p.step.coefficients)
     assert fitted >= 30  # 35 today: 70B on one GPU fits only a B200; 32B not on one 48 GB card
 
 

@@ -7,7 +7,7 @@ from conftest import linear_profile, make_trace
 from policies.registry import make_policy
 from sim.content import ContentKeys
 from sim.simulate import engine_config, run_simulation
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
 
 BS = 16

@@ -132,7 +132,7 @@ def test_prefill_time_matches_the_simulated_chunked_prefill():
 
 def test_a_context_needing_every_block_is_refused_not_deadlocked():
     # 60 blocks of 16 tokens: vLLM keeps one as its null block, so 59 (944 tokens) are usable
-    from traces.errors import InputError
+    from agentsim.errors import InputError
 
     ok = make_trace([[(900, 45, None, None)]])  # 944 tokens of KV (the last sampled token has none)
     assert len(run(ok, [0.0], blocks=60).turns) == 1

@@ -18,7 +18,7 @@ from conftest import make_trace, trace_and_profile_files
 from policies.registry import make_policy
 from sim.cli import main
 from sim.simulate import arrivals_for, engine_config, run_simulation
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.transform import repeat_turns
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from policies.toolparse import command_name, parse_tool, parse_tool_from_message
+from traces.toolparse import command_name, parse_tool, parse_tool_from_message
 
 BASH = "THOUGHT: I need to run the tests to see the failure.\n\n```bash\n{cmd}\n```"
 
@@ -125,7 +125,7 @@ def test_message_dicts():
 def test_stdlib_only():
     import importlib
     import subprocess
-    code = "import sys, policies.toolparse; bad = [m for m in ('numpy', 'simpy', 'vllm', 'pandas') if m in sys.modules]; print(bad)"
+    code = "import sys, traces.toolparse; bad = [m for m in ('numpy', 'simpy', 'vllm', 'pandas') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
-    assert importlib.import_module("policies.toolparse")
+    assert importlib.import_module("traces.toolparse")

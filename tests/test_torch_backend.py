@@ -31,7 +31,7 @@ def test_device_flag_is_checked_without_torch(tmp_path):
         sys.modules["torch"] = None
         from calibrate.engine import resolve_device
         from sim.cli import main
-        from traces.errors import InputError
+        from agentsim.errors import InputError
         assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
         for bad in ("tpu", "cuda"):
             try:

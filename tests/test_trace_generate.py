@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 import traces.generate as gen
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import read_trace
 from traces.stats import trace_stats
 

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from calibrate.validate import SHAPES, _late_arrivals, check_policies, clock_scale, fit_trace, rank
 from tests.conftest import linear_profile
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import read_trace
 
 

@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 
 from traces import segments
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import DATA_DIR, validate, write_trace
 
 CONTEXT_LIMIT = 131_072  # Llama-3.1's context window

@@ -42,7 +42,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from traces import segments
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
 
 JITTER_WIDTH = 0.05  # default --jitter: +-5 quantile points

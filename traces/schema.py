@@ -34,9 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Json, TypeAdapter
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces import segments
-from traces.files import atomic_write
+from agentsim.files import atomic_write
 from traces.validation import validated
 
 REQUIRED = ["program_id", "turn", "new_input_tokens", "output_tokens", "tool", "tool_duration_s"]

@@ -25,7 +25,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 COLUMN = "segments"
 

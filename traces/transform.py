@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from traces import segments
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.schema import validate
 
 

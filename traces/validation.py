@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 
 FINITE = ConfigDict(allow_inf_nan=False, extra="allow")
 

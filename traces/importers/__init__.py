@@ -11,7 +11,7 @@ import importlib
 
 import pandas as pd
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.importers.common import Notes, estimate_tokens, find_files, placeholder_warning, rows_for, tool_wall_stats
 from traces.schema import validate, write_trace
 

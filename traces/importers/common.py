@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from traces.errors import InputError
+from agentsim.errors import InputError
 from traces.validation import validated
 
 PLACEHOLDER_MAX = 4  # Claude Code 2.0.0 logs output_tokens of 1-4 from the stream start

@@ -5,7 +5,7 @@ Each assistant message is one LLM call. Newer versions record `extra.timestamp`
 (when the message was made) and `extra.response` (the raw completion, with
 `usage`); observations (role user/tool) carry their own `extra.timestamp`, so a
 tool runs from the assistant message to the last observation after it. The tool
-is the first word of the single ```bash block (policies.toolparse), or the
+is the first word of the single ```bash block (traces.toolparse), or the
 tool call's name in tool-calling mode. Without `usage`, tokens are estimated from
 the message text (--tokenizer / --chars-per-token).
 
@@ -16,7 +16,7 @@ task text are shared by every trajectory that has them.
 """
 from __future__ import annotations
 
-from policies.toolparse import command_name, parse_tool_from_message
+from traces.toolparse import command_name, parse_tool_from_message
 from typing import Any
 
 from pydantic import StrictStr

@@ -10,7 +10,7 @@
 
 Calls of a program are ordered by start time. Token counts come from `usage` when
 logged, else from the named tokenizer or the chars/token estimate. The tool is the
-response message's tool call (policies.toolparse); its duration is the gap from
+response message's tool call (traces.toolparse); its duration is the gap from
 this call's end to the next call's start (chat logs have no tool timestamps).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, StrictStr
 
-from policies.toolparse import parse_tool_from_message
+from traces.toolparse import parse_tool_from_message
 from traces.importers.common import (TOKENS_MAX, Call, Notes, Program, fail, fill_gap_durations, labels, message_text, parse_time,
                                      read_json, read_jsonl, token_counter)
 from traces.validation import JSONInt, Model, validated

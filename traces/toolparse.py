@@ -1,4 +1,4 @@
-"""Which tool does an LLM output call? (stdlib only: runs inside the vLLM scheduler.)
+"""Which tool does an LLM output call? (stdlib only, never raises: safe on any log or engine output.)
 
 Continuum keys its tool-duration statistics by tool name, and the engine sees only
 the generated text. `parse_tool` recognises the common tool-call formats and
