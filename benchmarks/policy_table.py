@@ -3,6 +3,7 @@
     python benchmarks/policy_table.py [--trace swebench|bfcl|PATH] [--programs 300]
                                       [--num-blocks 6000] [--loads 0.15,0.25] [--seeds 0,1,2]
                                       [--policies vllm,program-fcfs,...] [--profile NAME] [--workers 2]
+                                      [--write-docs [PAGE]]
 
 Profile: --profile (default: the bundled default, llama3.1-8b-h100) with its
 GPU KV pool cut to --num-blocks to create memory pressure. Arrivals are Poisson at
@@ -10,19 +11,28 @@ each JPS, one run per seed; every cell is the mean over the seeds. Prints a Mark
 table, then per load in how many seeds the paper's ablation order held for mean JCT
 (Fig. 16: vllm > program-fcfs > static-ttl > continuum), whether continuum beat the
 fork's heuristic (continuum-static) and whether the oracle beat continuum.
+
+--write-docs puts that text into docs/results.md (or PAGE) in place of the block marked
+`<!-- policy_table: FLAGS -->` ... `<!-- end policy_table -->`, FLAGS being the flags that
+define the table (trace, programs, num-blocks, profile, loads, seeds, and policies when
+not the default), so the results page is written by this script, not by hand.
 """
 from __future__ import annotations
 
 import argparse
+import re
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
+from agentsim.files import atomic_write
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.profile import DEFAULT_PROFILE
 
 DEFAULT_POLICIES = "vllm,program-fcfs,static-ttl,continuum-static,continuum,autellix,oracle"
 ORDER = ("vllm", "program-fcfs", "static-ttl", "continuum")  # the paper's Fig. 16 ablation, worst first
+RESULTS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
 def one(args):
@@ -33,7 +43,70 @@ def one(args):
     return (jps, policy, seed), res.summary
 
 
-def main() -> None:
+def table_key(a, loads: list[float], pols: list[str], seeds: list[int]) -> str:
+    """The flags that define a table, as its docs marker names them (a command that redoes it)."""
+    key = (f"--trace {a.trace} --programs {a.programs} --num-blocks {a.num_blocks} --profile {a.profile} "
+           f"--loads {','.join(f'{j:g}' for j in loads)} --seeds {','.join(map(str, seeds))}")
+    return key + ("" if ",".join(pols) == DEFAULT_POLICIES else f" --policies {','.join(pols)}")
+
+
+END_MARK = "<!-- end policy_table -->"
+
+
+def replace_table(text: str, key: str, body: str) -> str:
+    """text with the block between the line `<!-- policy_table: KEY -->` and the next line
+    END_MARK replaced by body (a blank line either side); every other byte is kept."""
+    mark = f"<!-- policy_table: {key} -->"
+    found = [m.end() for m in re.finditer(rf"^{re.escape(mark)}$", text, re.M)]
+    if len(found) != 1:
+        have = re.findall(r"^<!-- policy_table: (.*?) -->$", text, re.M)
+        raise SystemExit(f"error: {len(found)} lines {mark!r} (need exactly one); marked tables: {have or 'none'}. "
+                         f"Put `{mark}` and `{END_MARK}`, each on its own line, around the table to replace")
+    end = re.compile(rf"^{re.escape(END_MARK)}$", re.M).search(text, found[0])
+    if end is None:
+        raise SystemExit(f"error: {mark!r} has no line {END_MARK!r} after it")
+    return text[:found[0]] + "\n\n" + body.strip("\n") + "\n\n" + text[end.start():]
+
+
+def write_docs(path: str | Path, key: str, body: str) -> None:
+    """Replace the table marked with key in path (a docs page), atomically."""
+    path = Path(path)
+    new = replace_table(path.read_bytes().decode("utf-8"), key, body).encode("utf-8")
+    atomic_write(path, lambda t: Path(t).write_bytes(new))
+
+
+def render(a, loads: list[float], pols: list[str], seeds: list[int], res: dict) -> str:
+    """The table as printed (and as written into the docs): a header line, the Markdown
+    table, and with the ablation's policies the seed counts per load."""
+    def cell(j, p, key):
+        return float(np.mean([res[(j, p, s)][key] for s in seeds]))
+
+    out = []
+    seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
+    out.append(f"{a.trace}, {a.programs} programs, profile {a.profile} with {a.num_blocks} KV blocks "
+               f"({a.num_blocks * 16} tokens), Poisson arrivals, {seed_txt}\n")
+    out.append("| policy | " + " | ".join(f"JPS {j}: mean JCT (s) | p95 (s) | hit ratio" for j in loads) + " |")
+    out.append("|" + "---|" * (1 + 3 * len(loads)))
+    for p in pols:
+        cells = []
+        for j in loads:
+            cells += [f"{cell(j, p, 'mean_jct'):.1f}", f"{cell(j, p, 'p95_jct'):.1f}", f"{cell(j, p, 'cache_hit_ratio'):.3f}"]
+        out.append(f"| {p} | " + " | ".join(cells) + " |")
+    if all(p in pols for p in ORDER):
+        out.append("")
+        for j in loads:
+            m = {s: {p: res[(j, p, s)]["mean_jct"] for p in pols} for s in seeds}
+            held = sum(all(m[s][x] > m[s][y] for x, y in zip(ORDER, ORDER[1:])) for s in seeds)
+            line = f"- JPS {j}: ablation order (mean JCT) held in {held}/{len(seeds)} seeds"
+            if "continuum-static" in pols:  # the fork's heuristic, not one of the paper's bars
+                line += f"; continuum < continuum-static in {sum(m[s]['continuum'] < m[s]['continuum-static'] for s in seeds)}/{len(seeds)}"
+            if "oracle" in pols:
+                line += f"; oracle <= continuum in {sum(m[s]['oracle'] <= m[s]['continuum'] for s in seeds)}/{len(seeds)}"
+            out.append(line)
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", default="swebench")
     ap.add_argument("--programs", type=int, default=300)
@@ -43,40 +116,28 @@ def main() -> None:
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
     ap.add_argument("--seeds", default="0", help="arrival seeds, comma-separated; cells are means over them")
     ap.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
-    ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
+    ap.add_argument("--workers", type=int, default=2, help="processes (1: in this one)")
+    ap.add_argument("--write-docs", nargs="?", const=str(RESULTS_PAGE), default=None, metavar="PAGE",
+                    help="also replace this table in PAGE (default docs/results.md) between "
+                         "`<!-- policy_table: FLAGS -->` and `<!-- end policy_table -->`, FLAGS the ones that "
+                         "define it (--trace ... --seeds ...); the rest of the page is kept byte for byte")
+    a = ap.parse_args(argv)
     loads = [float(x) for x in a.loads.split(",")]
     pols = a.policies.split(",")
     seeds = [a.seed] if a.seed is not None else [int(x) for x in a.seeds.split(",")]
     jobs = [(a.trace, a.programs, a.num_blocks, j, p, s, a.profile) for j in loads for p in pols for s in seeds]
-    with ProcessPoolExecutor(a.workers) as ex:
-        res = dict(ex.map(one, jobs))
-
-    def cell(j, p, key):
-        return float(np.mean([res[(j, p, s)][key] for s in seeds]))
-
-    seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
-    print(f"{a.trace}, {a.programs} programs, profile {a.profile} with {a.num_blocks} KV blocks "
-          f"({a.num_blocks * 16} tokens), Poisson arrivals, {seed_txt}\n")
-    head = "| policy | " + " | ".join(f"JPS {j}: mean JCT (s) | p95 (s) | hit ratio" for j in loads) + " |"
-    print(head)
-    print("|" + "---|" * (1 + 3 * len(loads)))
-    for p in pols:
-        cells = []
-        for j in loads:
-            cells += [f"{cell(j, p, 'mean_jct'):.1f}", f"{cell(j, p, 'p95_jct'):.1f}", f"{cell(j, p, 'cache_hit_ratio'):.3f}"]
-        print(f"| {p} | " + " | ".join(cells) + " |")
-    if all(p in pols for p in ORDER):
-        print()
-        for j in loads:
-            m = {s: {p: res[(j, p, s)]["mean_jct"] for p in pols} for s in seeds}
-            held = sum(all(m[s][x] > m[s][y] for x, y in zip(ORDER, ORDER[1:])) for s in seeds)
-            line = f"- JPS {j}: ablation order (mean JCT) held in {held}/{len(seeds)} seeds"
-            if "continuum-static" in pols:  # the fork's heuristic, not one of the paper's bars
-                line += f"; continuum < continuum-static in {sum(m[s]['continuum'] < m[s]['continuum-static'] for s in seeds)}/{len(seeds)}"
-            if "oracle" in pols:
-                line += f"; oracle <= continuum in {sum(m[s]['oracle'] <= m[s]['continuum'] for s in seeds)}/{len(seeds)}"
-            print(line)
+    if a.workers == 1:
+        res = dict(map(one, jobs))
+    else:
+        with ProcessPoolExecutor(a.workers) as ex:
+            res = dict(ex.map(one, jobs))
+    text = render(a, loads, pols, seeds, res)
+    print(text)
+    if a.write_docs:
+        key = table_key(a, loads, pols, seeds)
+        write_docs(a.write_docs, key, text)
+        print(f"\nwrote the table into {a.write_docs} (<!-- policy_table: {key} -->)")
+    return text
 
 
 if __name__ == "__main__":

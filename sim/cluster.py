@@ -14,15 +14,23 @@ Why this shape:
   router never does this); when a program ends, any pin it still holds on any
   replica is released ('last'), so nothing outlives a program. Such releases wait
   for the end of the other replica's step in flight (Engine.release_pin_later).
+- Own clocks: behind the session router a replica's decode stretch stops only at
+  events that can touch it (a first arrival, which the router routes by every
+  replica's load; a tool return of one of its own programs; its pin expiries), not at
+  every other replica's step. Sticky programs never move, so nothing else on another
+  replica reads or changes it; the results are those of step-by-step. Other routers
+  (any arrival may land anywhere) and the proxy keep one clock for all.
 """
 from __future__ import annotations
 
 import copy
+import heapq
+import math
 
 from policies.base import Release
 from sim.cpu_tier import TierSpec, build_tiers
 from sim.engine import Engine
-from sim.router import make_router
+from sim.router import Session, make_router
 from agentsim.errors import InputError
 
 
@@ -40,12 +48,32 @@ class Cluster:
                         for i, p in enumerate(policies)]
         self.controller = policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size)
         self.held: dict[str, object] = {}  # program -> its request held back by the proxy
+        self.own_clocks = replicas > 1 and fast_forward and self.controller is None and isinstance(self.router, Session)
 
     def start(self, work) -> None:
         """After work.start(self): the proxy's periodic rounds, while programs remain."""
         self.work = work
         if self.controller is not None:
             self.env.process(self._rounds())
+        if self.own_clocks:
+            self._first = sorted(arrival for _, _, arrival in work.programs)
+            self._next_first = 0
+            self._returns: list[list[float]] = [[] for _ in self.engines]  # per replica: tool returns due
+            for e in self.engines:
+                e.horizon = lambda i=e.index: self._horizon(i)
+
+    def _horizon(self, i: int) -> float:
+        """The next event that can touch replica i: a program's first arrival (routed by
+        every replica's load) or a tool return of a program homed there. Events before
+        now have happened; one at now may not have yet, so it counts."""
+        now, first = self.env.now, self._first
+        while self._next_first < len(first) and first[self._next_first] < now:
+            self._next_first += 1
+        nxt = first[self._next_first] if self._next_first < len(first) else math.inf
+        due = self._returns[i]
+        while due and due[0] < now:
+            heapq.heappop(due)
+        return min(nxt, due[0]) if due else nxt
 
     def _rounds(self):
         ctl = self.controller
@@ -81,6 +109,11 @@ class Cluster:
     def _finished(self, call, now: float) -> None:
         self.router.finished(call)
         req = call.req
+        if self.own_clocks and not req.is_last_step:
+            # the program's next call arrives when its tool returns: now + the tool's
+            # time, the float sim/workload.py's timeout lands on; its home replica must
+            # know before its next step is planned (the program's process runs later)
+            heapq.heappush(self._returns[call.replica], now + req.true_tool_duration)
         if req.is_last_step:
             for e in self.engines:
                 e.release_pin_later(req.program_id, Release.LAST)

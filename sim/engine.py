@@ -16,6 +16,7 @@ review pins every step (`reviews_pins`, InferCept) get no stretches while pins e
 """
 from __future__ import annotations
 
+import heapq
 import math
 
 import simpy
@@ -27,14 +28,15 @@ from sim.profile import Profile
 from sim.scheduler import EngineConfig, Scheduler
 
 
-def _delay_to(now: float, end: float) -> float:
-    """The delay d with now + d == end exactly (SimPy schedules at now + delay)."""
-    d = end - now
-    while now + d < end:
-        d = math.nextafter(d, math.inf)
-    while now + d > end:
-        d = math.nextafter(d, -math.inf)
-    return d
+def _timeout_at(env: simpy.Environment, at: float) -> simpy.Event:
+    """An event that fires at exactly `at`. A stretch ends where step-by-step gets by
+    adding its step times one by one; SimPy's timeouts land on now + delay, and no
+    delay may give that float (when the sum rounds to even across a power of two), so
+    the event goes on SimPy's queue directly, as Environment.schedule does."""
+    ev = env.event()
+    ev._ok, ev._value = True, None
+    heapq.heappush(env._queue, (at, simpy.core.NORMAL, next(env._eid), ev))
+    return ev
 
 
 class Engine:
@@ -54,6 +56,10 @@ class Engine:
         self._arrivals: list[Call] = []  # calls that arrived mid-step, delivered at its end
         self.on_finish = on_finish  # callback(call, now) for metrics and program processes
         self.fast_forward = fast_forward
+        # When the next outside event that can read or change this replica lands (a
+        # stretch stops before the step it falls in). A cluster narrows it to this
+        # replica's own events (sim/cluster.py); alone, every event in SimPy's queue.
+        self.horizon = env.peek
         self._wakeup = env.event()
         self.stats = FinishStats()
         self.steps = 0
@@ -139,11 +145,11 @@ class Engine:
             self._wakeup.succeed()  # the freed memory may let a blocked head in
 
     # --- the step loop --------------------------------------------------------------------
-    def _next_event(self) -> float:
-        """Earliest time something outside the batch can change: an event in SimPy's
-        queue (arrival, tool return) or a pin expiry."""
+    def _next_event(self, horizon) -> float:
+        """Earliest time something outside the batch can change: an event `horizon()`
+        names (arrival, tool return) or a pin expiry."""
         expiry = min((p.expiry for p in self.policy.pins.values()), default=math.inf)
-        return min(self.env.peek(), expiry)
+        return min(horizon(), expiry)
 
     def _loop(self):
         env, sched = self.env, self.sched
@@ -169,7 +175,7 @@ class Engine:
                     continue
                 # Waiting calls blocked with nothing running: only an arrival or a pin
                 # expiry can change that.
-                nxt = self._next_event()
+                nxt = self._next_event(env.peek)  # any event: pins elsewhere may be released
                 if math.isinf(nxt):
                     raise RuntimeError(f"deadlock at t={now:.3f}: {len(sched.waiting)} waiting, "
                                        f"{sched.pinned_blocks} pinned blocks, nothing can run")
@@ -193,14 +199,13 @@ class Engine:
             dts = [dt]
             if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):
                 dts = self._stretch(scheduled, dt, now, sum_qk, sum_k, sum_qc)
+            self._account(now, dts, scheduled)
             end = now
             for d in dts:  # as step-by-step adds them: the same float, so the same event order
                 end += d
-            dt = _delay_to(now, end)
             n = len(dts)
-            self._account(now, dt)
             self._in_step = True
-            yield env.timeout(dt)
+            yield _timeout_at(env, end)
             self._in_step = False
             self.steps += n
             for call, _ in scheduled:
@@ -237,7 +242,7 @@ class Engine:
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
         max_steps = self.sched.decode_stretch_limit(scheduled, max(1, max_steps))
-        nxt = self._next_event()
+        nxt = self._next_event(self.horizon)
         dts, t = [dt0], now + dt0
         step_time = self.profile.step_time
         while len(dts) < max_steps:
@@ -249,13 +254,27 @@ class Engine:
             t += d
         return dts
 
-    def _account(self, now: float, dt: float) -> None:
-        used = self.sched.pool.num_used
-        self._used_area += used * dt
-        self.busy_time += dt
-        self.peak_used = max(self.peak_used, used)
-        if not self.kv_samples or now - self.kv_samples[-1][0] >= 1.0:
-            self.kv_samples.append((now, used, self.sched.pinned_blocks))
+    def _account(self, now: float, dts: list[float], scheduled) -> None:
+        """KV use and busy time per step, as step-by-step records them: inside a stretch
+        step j also holds the blocks steps 1..j allocated (applied at the stretch's end),
+        so the figures do not depend on where stretches end."""
+        used, pinned = self.sched.pool.num_used, self.sched.pinned_blocks
+        grow = [0] * len(dts)
+        if len(dts) > 1:
+            bs = self.cfg.block_size
+            for call, _ in scheduled:  # step j writes position num_computed + j
+                for j in range(-call.num_computed % bs or bs, len(dts), bs):
+                    grow[j] += 1
+        t = now
+        for g, d in zip(grow, dts):
+            used += g
+            self._used_area += used * d
+            self.busy_time += d
+            if used > self.peak_used:
+                self.peak_used = used
+            if not self.kv_samples or t - self.kv_samples[-1][0] >= 1.0:
+                self.kv_samples.append((t, used, pinned))
+            t += d
 
     def mean_used_blocks(self, horizon: float) -> float:
         return self._used_area / horizon if horizon > 0 else 0.0

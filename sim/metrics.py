@@ -75,10 +75,78 @@ def summarize(turns: pd.DataFrame, progs: pd.DataFrame, extra: dict) -> dict:
     }
 
 
+# Unit and meaning of every column `sim run --out` writes, stored in each parquet file as
+# the field's metadata (`unit`, `description`; pyarrow: `pq.read_schema(path).field(c).metadata`)
+# and tabled in docs/cli.md ("Output tables"). Times are simulated seconds from the start
+# of the run. Units: s, tokens, blocks, count, index, id, name, bool.
+COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
+    "turns": {
+        "program_id": ("id", "the program (agent session) the call belongs to, as in the trace"),
+        "turn": ("index", "the call's position in its program, from 0"),
+        "arrival": ("s", "when the call arrived: the program's arrival, or the return of the previous call's tool"),
+        "program_arrival": ("s", "when the program's first call arrived"),
+        "scheduled": ("s", "when the call was first scheduled (admitted to the running batch)"),
+        "first_token": ("s", "when the call's first output token was sampled"),
+        "finish": ("s", "when the call's last output token was sampled"),
+        "queue_delay": ("s", "scheduled - arrival"),
+        "prompt_tokens": ("tokens", "the call's prompt (context at arrival)"),
+        "output_tokens": ("tokens", "tokens the call generated"),
+        "cached_tokens": ("tokens", "prompt tokens found in the prefix cache at first admission"),
+        "computed_prompt_tokens": ("tokens", "prompt tokens actually prefilled, recomputation after preemption included"),
+        "preemptions": ("count", "times the call was preempted (its KV freed, recomputed later)"),
+        "exec_time": ("s", "model execution time of the steps the call took part in"),
+        "tool": ("name", "the tool run after this call (none after the last call or where the trace names none)"),
+        "is_last": ("bool", "the program's last call (no tool after it)"),
+        "replica": ("index", "the replica that served the call, from 0"),
+        "loaded_tokens": ("tokens", "tokens reloaded from an offload tier instead of recomputed"),
+        "reload_s": ("s", "transfer time of those reloads"),
+    },
+    "programs": {
+        "program_id": ("id", "the program, as in the trace"),
+        "arrival": ("s", "when the program's first call arrived"),
+        "finish": ("s", "when its last call's last token was sampled"),
+        "jct": ("s", "job completion time: finish - arrival"),
+        "turns": ("count", "calls (turns) of the program"),
+        "queue_delay": ("s", "sum over its calls of scheduled - arrival"),
+        "prompt_tokens": ("tokens", "sum of its calls' prompts"),
+        "cached_tokens": ("tokens", "sum of its calls' prefix-cache hits"),
+        "computed_prompt_tokens": ("tokens", "sum of its calls' prefilled prompt tokens"),
+        "output_tokens": ("tokens", "sum of its calls' output tokens"),
+        "preemptions": ("count", "sum of its calls' preemptions"),
+        "loaded_tokens": ("tokens", "sum of its calls' tokens reloaded from an offload tier"),
+        "reload_s": ("s", "sum of its calls' reload transfer times"),
+    },
+    "kv_usage": {
+        "t": ("s", "the sample's time (a scheduler step's start; samples at least 1 s apart)"),
+        "used_blocks": ("blocks", "KV blocks in use (running calls and pins) of the replica's num_gpu_blocks (summary.json)"),
+        "pinned_blocks": ("blocks", "of those, blocks held by retention pins"),
+        "replica": ("index", "the replica sampled, from 0"),
+    },
+}
+
+
+def with_units(df: pd.DataFrame, table: str):
+    """df as a pyarrow Table whose fields carry COLUMNS[table]'s unit and description."""
+    import pyarrow as pa
+
+    t = pa.Table.from_pandas(df, preserve_index=False)
+    cols = COLUMNS[table]
+    fields = [f.with_metadata({"unit": cols[f.name][0], "description": cols[f.name][1]}) if f.name in cols else f
+              for f in t.schema]
+    return pa.Table.from_arrays(t.columns, schema=pa.schema(fields, metadata=t.schema.metadata))
+
+
+def write_table(df: pd.DataFrame, path, table: str) -> None:
+    """One output table as parquet, units in its field metadata (read back by pandas as before)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(with_units(df, table), path)
+
+
 def write_results(out: Path, turns: pd.DataFrame, progs: pd.DataFrame, kv: pd.DataFrame, summary: dict) -> None:
-    """turns/programs/kv_usage parquet, then summary.json last (its presence = run complete)."""
+    """turns/programs/kv_usage parquet (each column's unit in its field metadata), then
+    summary.json last (its presence = run complete)."""
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "turns.parquet", lambda p: turns.to_parquet(p, index=False))
-    atomic_write(out / "programs.parquet", lambda p: progs.to_parquet(p, index=False))
-    atomic_write(out / "kv_usage.parquet", lambda p: kv.to_parquet(p, index=False))
+    for name, df in (("turns", turns), ("programs", progs), ("kv_usage", kv)):
+        atomic_write(out / f"{name}.parquet", lambda p, df=df, name=name: write_table(df, p, name))
     atomic_write(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n"))

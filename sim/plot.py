@@ -63,6 +63,43 @@ def row_labels(table: pd.DataFrame, exclude=()) -> tuple[list[str], list[str]]:
     return labels, contexts
 
 
+def _values(values) -> str:
+    """Distinct values, ascending: up to three listed, more as a range."""
+    vals = sorted({v for v in values if not _null(v)}, key=lambda v: (isinstance(v, str), v))
+    if not vals:
+        return "?"
+    if len(vals) > 3 and all(isinstance(v, (int, float, np.integer, np.floating)) for v in vals):
+        return f"{_fmt(vals[0])}-{_fmt(vals[-1])}"
+    return "/".join(_fmt(v) for v in vals)
+
+
+def _trace_name(v) -> str:
+    return Path(str(v)).stem if ("/" in str(v) or str(v).endswith(".parquet")) else str(v)
+
+
+def runs_subtitle(table: pd.DataFrame) -> str:
+    """What runs a figure shows, from the sweep table (the runs' own summaries): the trace,
+    how many programs each ran and the KV pool size (blocks per replica), e.g.
+    `trace swebench, 20 programs, KV pool 6000 blocks`; profile and replicas when set."""
+    parts = []
+    if "trace" in table:
+        parts.append(f"trace {_values(_trace_name(v) for v in table['trace'] if not _null(v))}")
+    if "n_programs" in table:
+        parts.append(f"{_values(table['n_programs'].astype(int))} programs")
+    if "num_gpu_blocks" in table:
+        parts.append(f"KV pool {_values(table['num_gpu_blocks'].astype(int))} blocks")
+    if "replicas" in table and (table["replicas"].fillna(1) > 1).any():
+        parts.append(f"{_values(table['replicas'].fillna(1).astype(int))} replicas")
+    if "profile" in table and table["profile"].notna().any():
+        parts.append(f"profile {_values(_trace_name(v) if not _null(v) else 'default' for v in table['profile'])}")
+    return ", ".join(parts)
+
+
+def _subtitle(fig: Figure, table: pd.DataFrame) -> Figure:
+    fig.suptitle(runs_subtitle(table), fontsize=9)
+    return fig
+
+
 @dataclass
 class Line:
     label: str
@@ -102,7 +139,7 @@ def jct_vs_load(table: pd.DataFrame, metrics=("mean_jct",)) -> Figure:
         ax.set(xlabel="load (programs/s)", ylabel=name, title=f"{name.split(' (')[0]} against load")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return fig
+    return _subtitle(fig, table)
 
 
 def improvement_vs_turns(table: pd.DataFrame, policy: str = "continuum", base: str = "vllm", metric: str = "mean_jct") -> Figure:
@@ -133,7 +170,7 @@ def improvement_vs_turns(table: pd.DataFrame, policy: str = "continuum", base: s
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return fig
+    return _subtitle(fig, t)
 
 
 def kv_over_time(out: str | Path, table: pd.DataFrame, max_points: int = 12) -> Figure:
@@ -153,12 +190,11 @@ def kv_over_time(out: str | Path, table: pd.DataFrame, max_points: int = 12) -> 
     ax.set(xlabel="simulated time (s)", ylabel="share of KV blocks", title="KV cache usage over time", ylim=(0, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return fig
+    return _subtitle(fig, table)
 
 
-def ttl_table(table: pd.DataFrame, jps: float | None = None) -> tuple[float, pd.DataFrame]:
-    """Mean TTL chosen per tool (pin-weighted over seeds and repetitions) at one load (default:
-    the highest with pins): rows = series label, columns = tools by pins, most first."""
+def _ttl_rows(table: pd.DataFrame, jps: float | None) -> tuple[float, pd.DataFrame]:
+    """The load (default: the highest with pins) and the table's pinning rows at it."""
     t = table[table["pins"] > 0]
     if t.empty:
         raise InputError("no point of the sweep pinned anything; sweep a TTL policy (continuum, continuum-static, oracle)")
@@ -166,6 +202,13 @@ def ttl_table(table: pd.DataFrame, jps: float | None = None) -> tuple[float, pd.
     t = t[np.isclose(t["jps"].astype(float), jps)]
     if t.empty:
         raise InputError(f"no pinning point at load {jps:g}; give one of {sorted(set(table['jps']))}")
+    return jps, t
+
+
+def ttl_table(table: pd.DataFrame, jps: float | None = None) -> tuple[float, pd.DataFrame]:
+    """Mean TTL chosen per tool (pin-weighted over seeds and repetitions) at one load (default:
+    the highest with pins): rows = series label, columns = tools by pins, most first."""
+    jps, t = _ttl_rows(table, jps)
     labels, _ = row_labels(t, exclude=("jps", "seed", "rep"))
     recs = [(lab, tool, v["pins"], v["pins"] * v["mean_ttl_s"])
             for lab, raw in zip(labels, t["ttl_by_tool"]) for tool, v in json.loads(raw).items()]
@@ -188,14 +231,16 @@ def ttl_by_tool(table: pd.DataFrame, jps: float | None = None, top: int = 12) ->
     ax.set(xlabel="tool", ylabel="mean TTL chosen (s)", title=f"TTL chosen per tool at load {jps:g} programs/s")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    return fig
+    return _subtitle(fig, _ttl_rows(table, jps)[1])
 
 
 def figure_data(fig: Figure) -> list[dict]:
-    """What each axes draws: labelled lines (x, y) and bar groups (category, height)."""
+    """What each axes draws: its title, the figure's subtitle (which runs: `runs_subtitle`),
+    labelled lines (x, y) and bar groups (category, height)."""
     out = []
     for ax in fig.axes:
-        d = {"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "lines": {}, "bars": {}}
+        d = {"title": ax.get_title(), "subtitle": fig.get_suptitle(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+             "lines": {}, "bars": {}}
         for ln in ax.get_lines():
             if not ln.get_label().startswith("_"):
                 d["lines"][ln.get_label()] = {"x": np.asarray(ln.get_xdata(), float).tolist(),

@@ -161,7 +161,24 @@ def format_summary(s: dict) -> str:
         rows.append(("simulated s per wall s", f"{s['sim_s_per_wall_s']:.0f} ({s['makespan_s']:.0f} s in {s['wall_s']:.1f} s)"))
     w = max(len(k) for k, _ in rows)
     out = "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
-    if s["peak_kv_usage"] < 0.9:  # retention policies differ only when memory runs short
-        out += (f"\nnote: the KV pool was never full (peak {s['peak_kv_usage']:.0%} of {s['num_gpu_blocks']} blocks): "
-                "retention policies cannot differ here; raise --jps or cut --num-blocks to create memory pressure")
-    return out
+    note = pressure_note(s["peak_kv_usage"], s["num_gpu_blocks"])
+    return out + f"\n{note}" if note else out
+
+
+# A retention policy acts only when blocks run short: pinned or cached KV is evicted, or a
+# request waits, when an allocation finds no free block. Below 90% peak use, even the
+# fullest moment of the run left over a tenth of the pool free (2,600 blocks on the
+# default profile, 2.5 times the 1,024 blocks one step can allocate under its
+# 16,384-token budget), so no pin was ever a victim and no call waited for memory; all a
+# policy could still change is which long-freed prefix the LRU pool reuses, and sweeps on
+# such pools show the policies within noise of each other (issue 16: peak 35%, no
+# difference). The pressured runs of the golden fixtures peak at 99.97-100%, well clear.
+PRESSURE_PEAK = 0.9
+
+
+def pressure_note(peak: float, blocks, where: str = "", flag: str = "--num-blocks N") -> str | None:
+    """One line when the KV pool was never under pressure (peak use below PRESSURE_PEAK)."""
+    if peak >= PRESSURE_PEAK:
+        return None
+    return (f"note: the KV pool was never under pressure (peak {peak:.0%} of {blocks} blocks{where}), so "
+            f"retention policies cannot differ here; give a smaller pool with {flag} (or more load) for memory pressure")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.sweep import RESULTS, RUN_AXES, expand_grid, load_results, parse_value, sweep
+from sim.sweep import RESULTS, RUN_AXES, canonical, expand_grid, load_results, parse_value, point_key, sweep
 from agentsim.errors import InputError
 
 PLOTS = {
@@ -88,7 +88,30 @@ def run_sweep(args) -> int:
                 progress=not args.no_progress and sys.stderr.isatty())
     print(f"{rep.points} points: {rep.skipped} already in {Path(args.out) / RESULTS}, {rep.ran} run in "
           f"{time.perf_counter() - t0:.1f} s; the table has {len(rep.table)} rows")
+    note = sweep_pressure_note(rep.table, points)
+    if note:
+        print(note)
     return 0
+
+
+def sweep_pressure_note(table, points: list[dict]) -> str | None:
+    """One line when the grid's points never put the KV pool under pressure (sim/run_cmd.py's
+    PRESSURE_PEAK): all of them (policies cannot differ anywhere) or some (not there)."""
+    from sim.run_cmd import PRESSURE_PEAK, pressure_note
+
+    if table.empty or "peak_kv_usage" not in table:
+        return None
+    t = table[table["key"].isin({point_key(canonical(p)) for p in points})]
+    low = t[t["peak_kv_usage"] < PRESSURE_PEAK]
+    if low.empty:
+        return None
+    blocks = sorted(set(low["num_gpu_blocks"].astype(int)))
+    pool = str(blocks[0]) if len(blocks) == 1 else f"{blocks[0]}-{blocks[-1]}"
+    if len(low) == len(t):
+        return pressure_note(float(low["peak_kv_usage"].max()), pool, f" in every one of the {len(t)} points",
+                             flag="--axis num_blocks=N")
+    return (f"note: in {len(low)} of {len(t)} points the KV pool was never under pressure (peak below "
+            f"{PRESSURE_PEAK:.0%} of {pool} blocks), so retention policies cannot differ at those points")
 
 
 def _where(table, items: list[str]):

@@ -1,6 +1,7 @@
 """Clusters of replicas behind routers: stickiness, balance, conservation (every call
 finishes exactly once across replicas, no leaks), exact stretches, bad input."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import linear_profile, make_trace, random_trace
@@ -195,3 +196,47 @@ def test_routers_read_the_state_step_by_step_would_show(monkeypatch):
     assert seen[True] == seen[False]
     # at 1.3 s (~118 decode steps of 11 ms) replica 0 holds (20 + 118) / 16 -> 9 blocks, not its first 2
     assert seen[True][-2] == (1, 9)
+
+
+def test_a_stretch_ends_on_a_float_no_timeout_delay_reaches():
+    # found by `make fuzz` once stretches had to match step-by-step to the last bit: the
+    # stretch from 0.0984... to 0.356524 crosses a power of two, where now + delay rounds
+    # to even and no delay lands on 0.356524; SimPy's timeout ended one ulp early
+    # (0.35652399999999995)
+    tr = make_trace([[(55, 23, None, None)]])
+    kw = dict(replicas=1, blocks=30, budget=16, seqs=1, c2=1e-6, c4=1e-5)
+    fast, step = (run(tr, [0.0], ff=ff, **kw).turns for ff in (True, False))
+    assert fast["finish"].tolist() == step["finish"].tolist() == [0.356524]
+
+
+def _stretches(monkeypatch):
+    """Records every decode stretch's (replica, steps)."""
+    from sim.engine import Engine
+
+    seen, orig = [], Engine._stretch
+
+    def record(self, *a):
+        dts = orig(self, *a)
+        seen.append((self.index, len(dts)))
+        return dts
+    monkeypatch.setattr(Engine, "_stretch", record)
+    return seen
+
+
+@pytest.mark.parametrize("router, own", [("session", True), ("round_robin", False)])
+def test_replicas_on_their_own_clocks_behind_the_session_router(monkeypatch, router, own):
+    # replica 0: one long decode; replica 1: a program whose many short turns (prefill
+    # steps, tool returns) land while it runs. Behind the sticky session router nothing
+    # on replica 1 can touch replica 0, so replica 0's decode is one stretch up to its
+    # last step; with round robin any arrival may land on it, so it stops at every event.
+    chatty = [(20, 1, "ls", 0.01)] * 30 + [(20, 1, None, None)]
+    tr = make_trace([[(20, 400, None, None)], chatty])
+    seen = _stretches(monkeypatch)
+    kw = dict(router=router, replicas=2, blocks=200)
+    fast = run(tr, [0.0, 0.0], **kw)
+    long = [n for r, n in seen if r == 0]
+    assert (max(long) > 300) == own, long
+    step = run(tr, [0.0, 0.0], ff=False, **kw)  # and exactly what step-by-step gives
+    pd.testing.assert_frame_equal(fast.turns, step.turns, check_exact=True)
+    pd.testing.assert_frame_equal(fast.kv_usage, step.kv_usage, check_exact=True)
+    assert fast.summary == step.summary

@@ -118,6 +118,22 @@ def test_cli_plot(results, tmp_path, kind, extra):
     data = json.loads((tmp_path / f"{kind}.json").read_text())
     assert any(d["lines"] or d["bars"] for d in data)
     assert (tmp_path / f"{kind}.png").stat().st_size > 1000
+    # every figure says which runs it shows: trace, programs, KV pool (issue 16)
+    assert all(d["subtitle"] == "trace t, 24 programs, KV pool 64 blocks, profile prof" for d in data), data[0]["subtitle"]
+
+
+def test_figures_say_which_trace_programs_and_pool_they_show(results):
+    _, t = results
+    t = turn1(t)
+    for fig in (plot.jct_vs_load(t), plot.jct_vs_load(t, ("p90_jct", "p95_jct")), plot.ttl_by_tool(t)):
+        subs = {d["subtitle"] for d in plot.figure_data(fig)}
+        assert subs == {"trace t, 24 programs, KV pool 64 blocks, profile prof"}
+    # taken from the runs' summaries (n_programs, num_gpu_blocks), several values listed
+    two = pd.concat([t.assign(trace="traces/data/swebench.parquet", n_programs=20, num_gpu_blocks=6000, replicas=3),
+                     t.assign(trace="bfcl", n_programs=40, profile=None)])
+    sub = plot.runs_subtitle(two)
+    assert sub == "trace bfcl/swebench, 20/40 programs, KV pool 64/6000 blocks, 1/3 replicas, profile default/prof"
+    assert plot.figure_data(plot.jct_vs_load(two))[0]["subtitle"] == sub
 
 
 def test_cli_plot_bad_input(results, tmp_path, capsys):
