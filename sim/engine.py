@@ -199,10 +199,7 @@ class Engine:
             dts = [dt]
             if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):
                 dts = self._stretch(scheduled, dt, now, sum_qk, sum_k, sum_qc)
-            self._account(now, dts, scheduled)
-            end = now
-            for d in dts:  # as step-by-step adds them: the same float, so the same event order
-                end += d
+            end = self._account(now, dts, scheduled)
             n = len(dts)
             self._in_step = True
             yield _timeout_at(env, end)
@@ -254,27 +251,39 @@ class Engine:
             t += d
         return dts
 
-    def _account(self, now: float, dts: list[float], scheduled) -> None:
-        """KV use and busy time per step, as step-by-step records them: inside a stretch
-        step j also holds the blocks steps 1..j allocated (applied at the stretch's end),
-        so the figures do not depend on where stretches end."""
+    def _account(self, now: float, dts: list[float], scheduled) -> float:
+        """KV use and busy time per step, as step-by-step records them (inside a stretch
+        step j also holds the blocks steps 1..j allocated, applied at the stretch's end),
+        so no figure depends on where stretches end. Returns the end of the last step:
+        the step times added one by one, the float step-by-step reaches."""
         used, pinned = self.sched.pool.num_used, self.sched.pinned_blocks
-        grow = [0] * len(dts)
-        if len(dts) > 1:
-            bs = self.cfg.block_size
-            for call, _ in scheduled:  # step j writes position num_computed + j
-                for j in range(-call.num_computed % bs or bs, len(dts), bs):
-                    grow[j] += 1
-        t = now
-        for g, d in zip(grow, dts):
-            used += g
-            self._used_area += used * d
-            self.busy_time += d
-            if used > self.peak_used:
-                self.peak_used = used
-            if not self.kv_samples or t - self.kv_samples[-1][0] >= 1.0:
-                self.kv_samples.append((t, used, pinned))
+        samples = self.kv_samples
+        last = samples[-1][0] if samples else -math.inf
+        area, busy, t = self._used_area, self.busy_time, now
+        if len(dts) == 1:
+            d = dts[0]
+            area += used * d
+            busy += d
+            if t - last >= 1.0:
+                samples.append((t, used, pinned))
             t += d
+        else:
+            n, bs = len(dts), self.cfg.block_size
+            grow = [0] * n
+            for call, _ in scheduled:  # step j writes position num_computed + j
+                for j in range(-call.num_computed % bs or bs, n, bs):
+                    grow[j] += 1
+            for d, g in zip(dts, grow):
+                used += g
+                area += used * d
+                busy += d
+                if t - last >= 1.0:
+                    samples.append((t, used, pinned))
+                    last = t
+                t += d
+        self._used_area, self.busy_time = area, busy
+        self.peak_used = max(self.peak_used, used)
+        return t
 
     def mean_used_blocks(self, horizon: float) -> float:
         return self._used_area / horizon if horizon > 0 else 0.0
