@@ -192,14 +192,14 @@ def read_config(path: str | Path) -> dict:
 def check_limits(profile: Profile, e: EngineLimits) -> None:
     """Refuse engine limits that contradict what the profile measured."""
     pe = profile.engine
-    if e.block_size is not None and e.block_size != int(pe["block_size"]):
-        raise InputError(f"--block-size {e.block_size} contradicts profile {profile.name!r} (measured with block_size {pe['block_size']}); "
+    if e.block_size is not None and e.block_size != pe.block_size:
+        raise InputError(f"--block-size {e.block_size} contradicts profile {profile.name!r} (measured with block_size {pe.block_size}); "
                          f"recalibrate with that block size or drop the flag")
-    if e.num_blocks is not None and e.num_blocks > int(pe["num_gpu_blocks"]):
-        raise InputError(f"--num-blocks {e.num_blocks} exceeds the {pe['num_gpu_blocks']} KV blocks profile {profile.name!r} "
+    if e.num_blocks is not None and e.num_blocks > pe.num_gpu_blocks:
+        raise InputError(f"--num-blocks {e.num_blocks} exceeds the {pe.num_gpu_blocks} KV blocks profile {profile.name!r} "
                          f"allocated; give at most that many")
-    if e.max_model_len is not None and e.max_model_len > int(pe["max_model_len"]):
-        raise InputError(f"--max-model-len {e.max_model_len} exceeds the max_model_len {pe['max_model_len']} of profile {profile.name!r}")
+    if e.max_model_len is not None and e.max_model_len > pe.max_model_len:
+        raise InputError(f"--max-model-len {e.max_model_len} exceeds the max_model_len {pe.max_model_len} of profile {profile.name!r}")
 
 
 @functools.lru_cache(maxsize=8)

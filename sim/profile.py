@@ -82,7 +82,7 @@ class StepModel:
 class Profile:
     name: str
     model: dict
-    engine: dict
+    engine: ProfileLimits
     step: StepModel
     pcie_bandwidth: float | None = None  # bytes/s; None = not measured
     pcie_latency: float = 0.0
@@ -91,7 +91,7 @@ class Profile:
 
     @property
     def block_size(self) -> int:
-        return int(self.engine["block_size"])
+        return self.engine.block_size
 
     def step_time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
         return self.step.time(tokens, seqs, sum_qk, sum_k, sum_q_cached)
@@ -105,7 +105,7 @@ class Profile:
     def prefill_time(self, n: int) -> float:
         """An uncached prefill of n tokens running alone, in chunks of the engine's token
         budget as the scheduler runs it (one chunk = the paper's quadratic)."""
-        budget, done, t = int(self.engine["max_num_batched_tokens"]), 0, 0.0
+        budget, done, t = self.engine.max_num_batched_tokens, 0, 0.0
         while done < n:
             q = min(budget, n - done)
             k = done + q
@@ -137,7 +137,10 @@ class _Shape(Model):  # needed only to derive kv_bytes_per_block
     dtype_bytes: JSONInt | None = Field(None, gt=0)
 
 
-class _Engine(Model):
+class ProfileLimits(Model):
+    """The engine limits the profile was measured under (its `engine` section; typed).
+    Not sim.config.EngineLimits, the run's overrides of them."""
+
     block_size: JSONInt = Field(gt=0)
     num_gpu_blocks: JSONInt = Field(gt=1, le=MAX_BLOCKS)  # one is vLLM's null block
     max_num_batched_tokens: JSONInt = Field(gt=0)
@@ -166,7 +169,7 @@ class _Link(Model):  # pcie, ssd
 
 class _ProfileModel(Model):
     model: _Shape
-    engine: _Engine
+    engine: ProfileLimits
     step_time: _Step
     pcie: _Link | None = None
     ssd: _Link | None = None
@@ -193,7 +196,7 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes * m.engine.block_size
     pcie = m.pcie or _Link()
     return Profile(
-        name=name, model=raw["model"], engine=dict(raw["engine"]), step=step,
+        name=name, model=raw["model"], engine=m.engine, step=step,
         pcie_bandwidth=None if pcie.bandwidth_GBps is None else pcie.bandwidth_GBps * 1e9,
         pcie_latency=pcie.latency_s or 0.0,
         kv_bytes_per_block=int(kv), raw=raw,

@@ -29,10 +29,9 @@ class Result:
 def engine_config(profile: Profile, **overrides) -> EngineConfig:
     """The profile's engine limits, with explicit overrides (None = keep the profile's)."""
     e = profile.engine
-    cfg = dict(num_gpu_blocks=int(e["num_gpu_blocks"]), block_size=int(e["block_size"]),
-               max_num_batched_tokens=int(e["max_num_batched_tokens"]), max_num_seqs=int(e["max_num_seqs"]),
-               enable_chunked_prefill=bool(e.get("enable_chunked_prefill", True)), max_model_len=int(e["max_model_len"]),
-               reserve_full_prompt=bool(e.get("scheduler_reserve_full_isl", True)))
+    cfg = dict(num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
+               max_num_seqs=e.max_num_seqs, enable_chunked_prefill=e.enable_chunked_prefill, max_model_len=e.max_model_len,
+               reserve_full_prompt=e.scheduler_reserve_full_isl)
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     return EngineConfig(**cfg)
 

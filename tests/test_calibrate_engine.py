@@ -76,12 +76,12 @@ def test_profile_limits_equal_the_engines(calibrated):
 
     llm, raw, prof, _ = calibrated
     vc = llm.llm_engine.vllm_config
-    assert prof.engine == read_limits(llm)["engine"] == raw["engine"]
-    assert prof.engine["num_gpu_blocks"] == BLOCKS == vc.cache_config.num_gpu_blocks
+    assert prof.raw["engine"] == read_limits(llm)["engine"] == raw["engine"]
+    assert prof.engine.num_gpu_blocks == BLOCKS == vc.cache_config.num_gpu_blocks
     assert prof.block_size == vc.cache_config.block_size
-    assert prof.engine["max_num_batched_tokens"] == vc.scheduler_config.max_num_batched_tokens
-    assert prof.engine["max_num_seqs"] == vc.scheduler_config.max_num_seqs
-    assert prof.engine["max_model_len"] == vc.model_config.max_model_len
+    assert prof.engine.max_num_batched_tokens == vc.scheduler_config.max_num_batched_tokens
+    assert prof.engine.max_num_seqs == vc.scheduler_config.max_num_seqs
+    assert prof.engine.max_model_len == vc.model_config.max_model_len
     m = prof.model
     assert (m["num_layers"], m["num_kv_heads"], m["head_dim"], m["dtype_bytes"]) == (6, 4, 64, 2)
     assert prof.kv_bytes_per_block == 2 * 6 * 4 * 64 * 2 * prof.block_size

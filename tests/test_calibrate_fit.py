@@ -101,7 +101,7 @@ def test_profile_written_atomically_loads_in_the_simulator(tmp_path):
     assert [f.name for f in tmp_path.iterdir()] == ["p.json"]  # no temp file left
     prof = load_profile(str(out))
     np.testing.assert_allclose(prof.step.coefficients, TRUE, rtol=1e-3)
-    assert prof.engine["num_gpu_blocks"] == 1365 and prof.block_size == 128
+    assert prof.engine.num_gpu_blocks == 1365 and prof.block_size == 128
     assert prof.pcie_bandwidth is None  # CPU: not measured
     raw = json.loads(out.read_text())
     assert raw["pcie"] == {**raw["pcie"], "measured": False, "bandwidth_GBps": None}

@@ -39,7 +39,7 @@ def test_every_combination_that_fits_parses():
         fitted += 1
         assert "roofline estimate, not measured" in raw["device"]
         assert raw["pcie"]["measured"] is False and p.pcie_bandwidth > 0
-        assert p.engine["max_model_len"] <= p.engine["num_gpu_blocks"] * p.block_size
+        assert p.engine.max_model_len <= p.engine.num_gpu_blocks * p.block_size
         assert all(v >= 0 for v in p.step.coefficients)
     assert fitted >= 30  # 35 today: 70B on one GPU fits only a B200; 32B not on one 48 GB card
 
