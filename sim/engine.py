@@ -241,10 +241,9 @@ class Engine:
         max_steps = self.sched.decode_stretch_limit(scheduled, max(1, max_steps))
         nxt = self._next_event(self.horizon)
         dts, t = [dt0], now + dt0
-        step_time = self.profile.step_time
+        steps = self.profile.step.decode_steps(r, sum_qk + r, sum_k + r, sum_qc + r)
         while len(dts) < max_steps:
-            i = len(dts)
-            d = step_time(r, r, sum_qk + i * r, sum_k + i * r, sum_qc + i * r)
+            d = next(steps)
             if t + d >= nxt:
                 break
             dts.append(d)

@@ -73,6 +73,19 @@ class StepModel:
         t = self.c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         return _smax(self.launch, t, self.p) if self.launch and tokens > seqs else t
 
+    def decode_steps(self, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float):
+        """The times of consecutive steps of one pure-decode batch of `seqs` calls (every
+        context one token longer each step): the floats `time` gives for each, with the
+        terms that do not change from step to step computed once (a decode stretch's
+        inner loop; same operations in the same order, so the same bits)."""
+        head = self.c0 + (self.c1 * seqs if self.w == 0 else _smax(self.w, self.c1 * seqs, self.p))
+        c2, c3s, c4, c5 = self.c2, self.c3 * seqs, self.c4, self.c5
+        while True:
+            yield head + c2 * sum_qk + c3s + c4 * sum_k + c5 * sum_q_cached
+            sum_qk += seqs
+            sum_k += seqs
+            sum_q_cached += seqs
+
     def scaled(self, factor: float) -> StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
         return replace(self, **{k: getattr(self, k) * factor for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch")})

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calibrate.fit import _x, gpu_step_time
 from calibrate.measured import build_measured_profile, load_measurements, pcie_from, probe_rows
 from sim.cli import main
-from sim.profile import BUNDLED_DIR, load_profile, parse_profile
+from sim.profile import BUNDLED_DIR, StepModel, load_profile, parse_profile
 from agentsim.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,3 +167,15 @@ def test_a_scaled_step_model_scales_every_step_time():
     for shape in [(1, 1, 900.0, 900.0, 0.0), (32, 32, 32e4, 32e4, 31e4), (2048, 3, 2e6, 3e6, 1e6), (100, 1, 1e4, 100.0, 0.0)]:
         assert s.scaled(1.7).time(*shape) == pytest.approx(1.7 * s.time(*shape), rel=1e-12)
     assert s.scaled(1.7).p == s.p and s.coefficients[4] == 3e-8
+
+
+@settings(max_examples=300, deadline=None)
+@given(coef=st.lists(st.floats(0, 1e-2, allow_nan=False), min_size=8, max_size=8), p=st.sampled_from([math.inf, 1.5, 4.0, 9.3]),
+       seqs=st.integers(1, 256), base=st.tuples(st.integers(0, 10**9), st.integers(0, 10**7), st.integers(0, 10**9)))
+def test_decode_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base):
+    # a decode stretch's inner loop must give the floats step-by-step gets from time()
+    m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p)
+    steps = m.decode_steps(seqs, *map(float, base))
+    for i in range(40):
+        qk, k, qc = (float(b + i * seqs) for b in base)
+        assert next(steps) == m.time(seqs, seqs, qk, k, qc)
