@@ -15,6 +15,7 @@ from policies.continuum_offload import ContinuumOffloadPolicy
 from policies.infercept import PRESERVE, RESUME_ORDERS, InferceptPolicy
 from policies.oracle import OraclePolicy
 from policies.program_fcfs import ProgramFCFSPolicy
+from policies.rebuild_priced_ttl import RebuildPricedTTLPolicy
 from policies.static import ContinuumStaticPolicy
 from policies.thunderagent import ThunderAgentPolicy
 from traces.validation import Model, validated
@@ -38,6 +39,7 @@ POLICIES: dict[str, type[Policy]] = {
     "thunderagent": ThunderAgentPolicy,
     "continuum-offload": ContinuumOffloadPolicy,
     "contextserve": ContextServePolicy,
+    "rebuild-priced-ttl": RebuildPricedTTLPolicy,
 }
 
 
@@ -60,6 +62,7 @@ RANGES: dict[str, object] = {
     "force_resume_s": Field(ge=0),
     "fast_ttl": Field(ge=0), "quantile": Field(gt=0, lt=1), "min_samples": Field(ge=1),
     "prior_median_s": Field(gt=0), "prior_kappa": Field(gt=0), "prior_alpha": Field(gt=0), "prior_beta": Field(gt=0),
+    "kappa": Field(gt=0), "slack": Field(ge=0),
 }
 
 

@@ -1,0 +1,73 @@
+"""rebuild-priced-ttl against the other retention policies: mean and p95 JCT per trace,
+load and memory tier (GPU only, or with an LMCache-like CPU tier), mean over seeds.
+
+    python benchmarks/rebuild_priced_ttl_table.py [--cells swebench:6000:0.3,0.5 bfcl:12000:0.2,0.3 PATH:26124:0.1]
+        [--programs 300] [--seeds 0,1,2] [--offload cpu:100GiB] [--tiers gpu,cpu] [--policies ...]
+
+A cell is TRACE:BLOCKS:JPS[,JPS...] (TRACE a bundled name or a parquet path; the KV pool
+cut to BLOCKS on the default profile). InferCept runs without its oracle tool time
+(`true_tool_time=0`), as a deployment would. Runs one simulation at a time. Prints one
+Markdown table per trace: rows are policies, each cell "mean (p95)" in seconds, and a
+last row with rebuild-priced-ttl's gain over the best other policy (positive = lower JCT).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+
+OURS = "rebuild-priced-ttl"
+POLICIES = f"{OURS},continuum,continuum-static,infercept,thunderagent,vllm"
+ARGS = {"infercept": {"true_tool_time": False}}  # no oracle
+
+
+def run(trace, programs, blocks, jps, policy, offload, seed):
+    res = execute(build_run(SimConfig(
+        workload=WorkloadConfig(trace=trace, programs=programs, jps=jps, seed=seed),
+        policy=PolicyConfig(name=policy, args=ARGS.get(policy, {})),
+        engine=EngineLimits(num_blocks=blocks), cluster=ClusterConfig(offload=offload))))
+    return res.summary["mean_jct"], res.summary["p95_jct"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", nargs="+", default=["swebench:6000:0.3,0.5", "bfcl:12000:0.2,0.3"])
+    ap.add_argument("--programs", type=int, default=300)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--offload", default="cpu:100GiB")
+    ap.add_argument("--tiers", default="gpu,cpu", help="gpu: no offload; cpu: with --offload")
+    ap.add_argument("--policies", default=POLICIES)
+    a = ap.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    pols = a.policies.split(",")
+    tiers = [(t, None if t == "gpu" else a.offload) for t in a.tiers.split(",")]
+    t0 = time.time()
+    for cell in a.cells:
+        trace, blocks, loads = cell.rsplit(":", 2)
+        blocks, loads = int(blocks), [float(j) for j in loads.split(",")]
+        cols = [(j, t, off) for j in loads for t, off in tiers]
+        res = {(j, t, p): np.mean([run(trace, a.programs, blocks, j, p, off, s) for s in seeds], axis=0)
+               for j, t, off in cols for p in pols}
+        name = os.path.basename(trace)
+        print(f"{name}, {a.programs} programs, {blocks} KV blocks, mean over seeds {a.seeds}; "
+              f"mean JCT (p95) in s; cpu = offload {a.offload}\n")
+        print("| policy | " + " | ".join(f"JPS {j} {t}" for j, t, _ in cols) + " |")
+        print("|" + "---|" * (1 + len(cols)))
+        for p in pols:
+            label = "infercept (no oracle)" if p == "infercept" else p
+            print(f"| {label} | " + " | ".join(f"{res[(j, t, p)][0]:.1f} ({res[(j, t, p)][1]:.1f})" for j, t, _ in cols) + " |")
+        if OURS in pols and len(pols) > 1:
+            gains = []
+            for j, t, _ in cols:
+                best = min((res[(j, t, p)][0], p) for p in pols if p != OURS)
+                gains.append(f"{100 * (1 - res[(j, t, OURS)][0] / best[0]):+.1f}% vs {best[1]}")
+            print(f"| gain of {OURS} | " + " | ".join(gains) + " |")
+        print(f"\n({len(cols) * len(pols) * len(seeds)} runs, {time.time() - t0:.0f} s so far)\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
