@@ -30,6 +30,7 @@ import numpy as np
 
 from policies.base import Action, EngineView, Policy, Release, Request, Retention
 from policies.continuum import SortedSamples
+from policies.static import ContinuumStaticPolicy
 
 
 def priced_ttl(samples: np.ndarray, benefit: float) -> float | None:
@@ -79,24 +80,11 @@ class RebuildPricedTTLPolicy(Policy):
             return Retention(Action.OFFLOAD if self.demote else Action.FREE)
         return Retention(Action.PIN, ttl + self.slack)
 
-    def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
-        return (0 if req.program_id in self.pins else 1, req.program_arrival, req.turn, req.arrival, req.req_id)
-
-    def unpin_victims(self, need_blocks: int, view: EngineView, exclude: str | None = None) -> list[str]:
-        """In a deadlock (nothing runs): latest expiry first until the head fits."""
-        victims, freed = [], 0
-        for pid in sorted(self.pins, key=lambda p: self.pins[p].expiry, reverse=True):
-            if freed >= need_blocks:
-                break
-            if pid != exclude:
-                victims.append(pid)
-                freed += view.blocks_of(pid)
-        return victims
-
-    def preemption_victim(self, running: list[Request], view: EngineView) -> Request:
-        """The running non-last call of the latest program (the fork's)."""
-        pool = [r for r in running if not r.is_last_step] or running
-        return max(pool, key=lambda r: r.program_arrival)
+    # the fork's waiting order (pinned programs first, then program FCFS), no-deadlock
+    # victims (latest expiry first) and preemption victim (latest program's non-last call)
+    order_key = ContinuumStaticPolicy.order_key
+    unpin_victims = ContinuumStaticPolicy.unpin_victims
+    preemption_victim = ContinuumStaticPolicy.preemption_victim
 
     def release_action(self, program_id: str, reason: Release) -> Action:
         return Action.OFFLOAD if self.demote else Action.FREE
