@@ -1,6 +1,7 @@
 """`sim calibrate`: fit a hardware profile on a real vLLM engine.
 
-    sim calibrate --out sim/profiles/cpu-tiny-llama.json            # CPU, shipped tiny model
+    sim calibrate --out sim/profiles/cpu-tiny-llama.json            # CPU, shipped tiny model (bf16 CPUs)
+    sim calibrate --model calibrate/models/micro-llama --out sim/profiles/cpu-micro-llama.json
     sim calibrate --model meta-llama/Llama-3.1-8B-Instruct --device cuda --out my-gpu.json
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ def register(sub) -> None:
                                    "engine, fit the step-time model and the paper's prefill quadratic, and write "
                                    "a profile for `sim run --profile`.")
     p.add_argument("--model", default=None,
-                   help="model dir or hub name (default: the shipped tiny config calibrate/models/tiny-llama; "
+                   help="model dir or hub name (default: the shipped calibrate/models/tiny-llama, or micro-llama on a CPU "
+                        "without native bf16; "
                         "weights are never loaded, load_format=dummy)")
     p.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write (atomically)")
     p.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks (vLLM num_gpu_blocks_override)")

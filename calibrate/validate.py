@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.engine import TINY_MODEL, start_engine
+from calibrate.engine import start_engine
 from calibrate.limits import read_limits
 from calibrate.probes import Probe, Runner
 from calibrate.replay import TraceReplay, replay_in_process
@@ -210,9 +210,9 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
     profile_ref None the engine is profiled first (quick probes); info['profile'] holds
     that profile, and the policy inside the engine uses it too."""
     core = one_core() if device == "cpu" else None
-    llm = start_engine(model or TINY_MODEL, device, seed=seed, scheduler_cls=SCHEDULER_CLS,
-                       additional_config={"agentsim": {"policy": policy, "policy_args": policy_args or {},
-                                                       "profile": profile_ref or "cpu-tiny-llama"}},
+    # no profile yet: the policy starts on the bundled one of the shipped model
+    conf = {"policy": policy, "policy_args": policy_args or {}, **({"profile": profile_ref} if profile_ref else {})}
+    llm = start_engine(model, device, seed=seed, scheduler_cls=SCHEDULER_CLS, additional_config={"agentsim": conf},
                        **{k: v for k, v in limits.items() if v is not None})
     try:
         info = {"limits": read_limits(llm), "cpu_core": core}

