@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from calibrate.engine import default_model, engine_dtype
-
-MODEL = default_model("cpu")
 from calibrate.replay import TraceReplay, replay_server
 from calibrate.validate import fit_trace
 from traces.schema import read_trace
+
+MODEL = default_model("cpu")
 
 pytestmark = pytest.mark.engine
 

@@ -60,8 +60,8 @@ def test_missing_vllm_is_one_line(tmp_path):
         import sys
         sys.modules["vllm"] = None
         from sim.cli import main
-        from calibrate.engine import MICRO_MODEL
-        sys.exit(main(["calibrate", "--model", str(MICRO_MODEL), "--out", {str(tmp_path / "p.json")!r}]))
+        from calibrate.engine import TINY_MODEL
+        sys.exit(main(["calibrate", "--model", str(TINY_MODEL), "--out", {str(tmp_path / "p.json")!r}]))
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=Path(__file__).resolve().parents[1])
