@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from calibrate.fit import fit_step_model
+from calibrate.validate import step_check
 from sim.profile import parse_profile
 
 RULES = {"min": np.min, "median": np.median}
@@ -33,22 +35,22 @@ def refit(raw: dict, rule: str):
 
 
 def errors(prof, steps: pd.DataFrame) -> dict:
-    pred = np.array([prof.step_time(int(r.tokens), int(r.seqs), float(r.sum_qk), float(r.sum_k), float(r.sum_qc))
-                     for r in steps.itertuples()])
-    real = steps["seconds"].to_numpy()
-    decode = (steps["tokens"] == steps["seqs"]).to_numpy()
-    return {"all": pred.sum() / real.sum() - 1, "prefill_steps": pred[~decode].sum() / real[~decode].sum() - 1,
-            "decode_steps": pred[decode].sum() / real[decode].sum() - 1}
+    """validate.step_check's error over all steps, prefill-bearing steps and decode-only steps."""
+    decode = steps["tokens"] == steps["seqs"]
+    return {name: step_check(part, prof)["step_model_error"]
+            for name, part in (("all", steps), ("prefill_steps", steps[~decode]), ("decode_steps", steps[decode]))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shape_dir", type=Path, help="a validation output directory of one shape (has profile.json)")
     args = ap.parse_args()
-    raw = json.loads((args.shape_dir / "profile.json").read_text())
     runs = sorted(args.shape_dir.glob("real_steps_*.parquet"))
-    if not runs:
-        raise SystemExit(f"error: no real_steps_*.parquet in {args.shape_dir}")
+    if not (args.shape_dir / "profile.json").is_file() or not runs:
+        print(f"error: {args.shape_dir} has no profile.json or no real_steps_*.parquet (a validation shape directory)",
+              file=sys.stderr)
+        sys.exit(2)
+    raw = json.loads((args.shape_dir / "profile.json").read_text())
     spread = {}
     for p in raw["probes"]:
         s = np.asarray(p["samples"], float)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import replay_step_error as rse  # noqa: E402
@@ -39,3 +40,11 @@ def test_the_calibrations_rule_reproduces_its_own_prices_and_the_median_is_slowe
     rse.main()
     out = capsys.readouterr().out
     assert "median over min" in out and "vllm_0" in out and out.count("\n") == 4
+
+
+def test_a_directory_without_a_run_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["replay_step_error.py", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        rse.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
