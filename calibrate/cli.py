@@ -3,6 +3,7 @@
     sim calibrate --out sim/profiles/cpu-tiny-llama.json            # CPU, shipped tiny model (bf16 CPUs)
     sim calibrate --model calibrate/models/micro-llama --out sim/profiles/cpu-micro-llama.json
     sim calibrate --model meta-llama/Llama-3.1-8B-Instruct --device cuda --out my-gpu.json
+    sim calibrate --refit sim/profiles/cpu-micro-llama.json --out sim/profiles/cpu-micro-llama.json
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--from-probes", default=None, metavar="FILE",
                    help="fit a kernel-timing file instead of running an engine (calibrate/measured.py), e.g. "
                         "../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json")
+    p.add_argument("--refit", default=None, metavar="PROFILE.json",
+                   help="re-derive a profile written by `sim calibrate` from its stored probe repeats under the "
+                        "current rule (median of repeats), without an engine; --out may be the same file")
     p.add_argument("--backend", default="vllm", choices=("vllm", "torch"),
                    help="vllm: time a real vLLM engine (default); torch: time the same steps on a pure-torch "
                         "Llama-family forward pass with random weights (calibrate/torch_backend.py; no vLLM needed, "
@@ -100,6 +104,8 @@ def _run(args) -> int:
         raise InputError(f"--out {args.out!r} is a directory; give a file name ending in .json")
     if args.from_probes:
         return _from_probes(args, out)
+    if args.refit:
+        return _refit(args, out)
     from calibrate.run import run_calibration
 
     t0 = time.perf_counter()
@@ -134,6 +140,29 @@ def _from_probes(args, out: Path) -> int:
     print(f"linear model c0..c5 on the same probes, held-out MAPE: prefill {lin['heldout_mape_prefill']:.1f}%, "
           f"cached {lin['heldout_mape_cached_prefill']:.1f}%, decode {lin['heldout_mape_decode']:.1f}%")
     print(f"wrote {out} from {args.from_probes} ({profile['provenance']['source']})")
+    return 0
+
+
+def _refit(args, out: Path) -> int:
+    import json
+
+    from calibrate.run import refit_profile, write_profile
+
+    try:
+        raw = json.loads(Path(args.refit).read_text())
+        probes = raw["probes"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(f"--refit {args.refit}: not a readable profile JSON with probes ({type(err).__name__}: {err})") from None
+    if not probes or not all(isinstance(r, dict) and len(r.get("samples") or ()) >= 1 for r in probes):
+        raise InputError(f"--refit {args.refit}: its probes carry no repeats ('samples'); only profiles written by "
+                         "`sim calibrate` on an engine can be refitted")
+    try:
+        profile = refit_profile(raw)
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"--refit {args.refit}: malformed profile ({type(err).__name__}: {err})") from None
+    write_profile(profile, out)
+    print(_summary(profile))
+    print(f"wrote {out}: {args.refit} refitted on the median of each probe's repeats")
     return 0
 
 

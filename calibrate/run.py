@@ -6,6 +6,7 @@ Python API (used by `sim calibrate`, the engine tests and sim-vs-real validation
 """
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import os
@@ -17,7 +18,7 @@ from calibrate.engine import resolve_device, start_engine
 from calibrate.fit import fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
-from calibrate.probes import Runner, plan
+from calibrate.probes import Runner, plan, repeat_time
 from agentsim.files import atomic_write
 
 HOW = {
@@ -27,7 +28,7 @@ HOW = {
     "cached_prefill": "prefix of P tokens sent first; then prefix + n new tokens (engine reports P cached), same timing",
     "decode": "B distinct prefixes of L tokens sent first (cached); B prompts = own prefix + 16 tokens sent together; "
               "(last_token_ts - first_token_ts) / steps, median over the batch",
-    "repeats": "each probe repeated, interleaved with the others; the minimum is kept",
+    "repeats": "each probe repeated, interleaved with the others; the median is kept",
     "step_time": "non-negative least squares (relative error) of all training probes (prefill, cached_prefill, "
                  "decode) on features [steps, tokens, sum q*k, seqs, sum k, sum q*(k-q)] summed over a prefill's chunks "
                  "(max_num_batched_tokens each) or averaged over decode steps",
@@ -107,6 +108,22 @@ def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: di
                        "engine_version": engine_version or f"vllm {eng['version']}",
                        "device": device, "date": dt.date.today().isoformat(), "how": how or HOW, **meta},
     }
+
+
+def refit_profile(raw: dict, rule=repeat_time) -> dict:
+    """The profile re-derived from its probes' stored repeats, each probe's time being
+    `rule` of its samples (the calibration's own rule by default): the same measurements,
+    refitted without an engine (a profile written under an older rule, or a diagnostic)."""
+    rows = copy.deepcopy(raw["probes"])
+    for row in rows:
+        row["seconds"] = round(float(rule(row["samples"])), 6)
+    lim = {k: raw[k] for k in ("model", "engine", "kv_bytes_per_block")}
+    prov = raw["provenance"]
+    meta = {k: v for k, v in prov.items() if k not in ("method", "model", "engine_version", "device", "date", "how")}
+    new = build_profile(lim, rows, raw["pcie"], raw["device"], meta, method=prov["method"],
+                        engine_version=prov["engine_version"], how={**prov["how"], "repeats": HOW["repeats"]})
+    new["provenance"]["date"] = prov["date"]
+    return new
 
 
 def write_profile(profile: dict, out: str | Path) -> Path:

@@ -6,7 +6,7 @@ empty its prefix cache, replay the trace in real time (calibrate/replay.py), tim
 clock probes again; then simulate the same trace, the same arrivals and the engine's
 own limits (read back from it, not asked for).
 
-The clock. The profile (calibrated on the first engine, quick probes, fastest repeat
+The clock. The profile (calibrated on the first engine, quick probes, median repeat
 kept) prices steps on a quiet machine; a shared machine drifts. The simulator runs on
 the profile scaled by the clock probes (a few prefill and decode steps timed right
 before and right after each replay, same rule as the calibration) over the profile's
@@ -160,7 +160,7 @@ def _warm_up(llm, vocab: int, budget: int) -> None:
 
 
 def clock_probes(llm, vocab: int, budget: int, seed: int) -> list[dict]:
-    """The clock probe set, repeats interleaved, the fastest kept (the calibration's rule)."""
+    """The clock probe set, repeats interleaved, the median kept (the calibration's rule)."""
     probes = [Probe(kind, new, prefix, batch) for kind, new, prefix, batch in CLOCK]
     runner = Runner(llm, vocab, budget, seed)
     for _ in range(CLOCK_REPS):

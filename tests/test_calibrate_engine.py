@@ -2,15 +2,15 @@
 
 Runs with `pytest -m engine` (about 2 minutes on 2 cores). The held-out timings are
 measured separately here, with sizes the calibration never probed; a prefill check takes
-the minimum of 3 runs like the calibration (timing noise only adds time), a decode check
-the median of paired ratios (see PAIRS).
+the median of 3 runs like the calibration (`repeat_time`), a decode check the median of
+paired ratios (see PAIRS).
 """
 import json
 
 import numpy as np
 import pytest
 
-from calibrate.probes import DECODE_SUFFIX
+from calibrate.probes import DECODE_SUFFIX, repeat_time
 
 pytestmark = pytest.mark.engine
 # Wall-clock checks on a shared 2-core machine: a neighbour's load can slow one
@@ -50,7 +50,7 @@ def _drift(raw, runner, ref=4000):
     sessions load these 2 cores and speed drifts 10-20% over minutes; the check is about
     the fitted model, so predictions are scaled by this factor (printed)."""
     cal = next(r["seconds"] for r in raw["probes"] if r["kind"] == "prefill" and r["new"] == ref and not r["heldout"])
-    now = min(runner.prefill_seconds(ref) for _ in range(3))
+    now = repeat_time([runner.prefill_seconds(ref) for _ in range(3)])
     print(f"machine drift since calibration: x{now / cal:.3f}")
     return now / cal
 
@@ -97,7 +97,7 @@ def test_profile_limits_equal_the_engines(calibrated):
 @pytest.mark.parametrize("n, tol", [(5000, TOL), (2500, 0.25)])
 def test_fresh_prefill_of_a_new_size(calibrated, n, tol):
     _, raw, prof, runner = calibrated
-    real = min(runner.prefill_seconds(n) for _ in range(3))
+    real = repeat_time([runner.prefill_seconds(n) for _ in range(3)])
     pred = prof.prefill_time(n) * _drift(raw, runner)
     print(f"fresh prefill {n}: sim {pred:.4f} s, engine {real:.4f} s ({100 * (pred / real - 1):+.1f}%)")
     assert abs(pred / real - 1) < tol, (n, pred, real)

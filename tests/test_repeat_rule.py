@@ -1,0 +1,69 @@
+"""The calibration's repeats rule (median of each probe's repeats) and `sim calibrate --refit`."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibrate.fit import fit_step_model
+from calibrate.probes import Probe, repeat_time
+from calibrate.run import refit_profile
+from sim.cli import main
+from sim.profile import BUNDLED_DIR, load_profile
+
+CPU_PROFILES = ["cpu-micro-llama", "cpu-tiny-llama"]  # written by `sim calibrate` on an engine: probes carry repeats
+
+
+def test_a_probe_keeps_the_median_of_its_repeats():
+    p = Probe("prefill", 512, samples=[0.30, 0.10, 0.20])
+    assert p.seconds == repeat_time(p.samples) == 0.20
+    assert p.to_json(4096)["seconds"] == 0.2
+
+
+@pytest.mark.parametrize("name", CPU_PROFILES)
+def test_bundled_cpu_profiles_are_fitted_under_the_current_rule(name):
+    raw = json.loads((BUNDLED_DIR / f"{name}.json").read_text())
+    for row in raw["probes"]:
+        assert row["seconds"] == pytest.approx(np.median(row["samples"]), abs=1e-6), row
+    assert refit_profile(raw)["step_time"] == pytest.approx(raw["step_time"], rel=1e-9)
+
+
+def test_refit_fits_the_rule_of_the_samples_and_keeps_the_rest():
+    raw = json.loads((BUNDLED_DIR / "cpu-micro-llama.json").read_text())
+    new = refit_profile(raw, np.min)
+    rows = [{**r, "seconds": round(float(np.min(r["samples"])), 6)} for r in raw["probes"]]
+    assert new["step_time"] == pytest.approx(fit_step_model(rows)["coef"], rel=1e-12)
+    assert all(r["seconds"] == round(min(r["samples"]), 6) for r in new["probes"])
+    # the minimum prices every step at most as dear as the median: noise adds time
+    assert load_profile_from(new).prefill_time(2000) < load_profile("cpu-micro-llama").prefill_time(2000)
+    for key in ("model", "engine", "kv_bytes_per_block", "pcie", "device"):
+        assert new[key] == raw[key]
+    assert new["provenance"]["date"] == raw["provenance"]["date"]
+    assert new["provenance"]["how"]["repeats"].endswith("the median is kept")
+
+
+def load_profile_from(raw: dict):
+    from sim.profile import parse_profile
+
+    return parse_profile(raw, "refit")
+
+
+def test_refit_command_writes_the_same_profile_as_the_bundled_one(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--refit", str(BUNDLED_DIR / "cpu-tiny-llama.json"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["step_time"] == pytest.approx(load_profile("cpu-tiny-llama").raw["step_time"])
+    assert "refitted on the median" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["missing", "not json", "no repeats"])
+def test_refit_refuses_what_it_cannot_refit_in_one_line(tmp_path, capsys, bad):
+    src = tmp_path / "src.json"
+    if bad == "not json":
+        src.write_text("{")
+    elif bad == "no repeats":  # measured elsewhere (kernel timings): nothing to refit
+        src.write_text((BUNDLED_DIR / "llama3.1-8b-h100.json").read_text())
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--refit", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --refit") and err.count("\n") == 1, err
+    assert not out.exists()
