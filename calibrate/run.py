@@ -18,7 +18,7 @@ from calibrate.engine import resolve_device, start_engine
 from calibrate.fit import fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
-from calibrate.probes import Runner, plan, repeat_time
+from calibrate.probes import REPEATS, Runner, plan, repeat_time
 from agentsim.files import atomic_write
 
 HOW = {
@@ -28,7 +28,7 @@ HOW = {
     "cached_prefill": "prefix of P tokens sent first; then prefix + n new tokens (engine reports P cached), same timing",
     "decode": "B distinct prefixes of L tokens sent first (cached); B prompts = own prefix + 16 tokens sent together; "
               "(last_token_ts - first_token_ts) / steps, median over the batch",
-    "repeats": "each probe repeated, interleaved with the others; the median is kept",
+    "repeats": "each probe repeated (5 times unless given), interleaved with the others; the median is kept",
     "step_time": "non-negative least squares (relative error) of all training probes (prefill, cached_prefill, "
                  "decode) on features [steps, tokens, sum q*k, seqs, sum k, sum q*(k-q)] summed over a prefill's chunks "
                  "(max_num_batched_tokens each) or averaged over decode steps",
@@ -62,7 +62,7 @@ def calibrate_engine(llm, device: str, quick: bool = False, reps: int | None = N
     eng = lim["engine"]
     budget = eng["max_num_batched_tokens"]
     probes = plan(eng, quick)
-    reps = reps or 3
+    reps = reps or REPEATS
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     runner = Runner(llm, vocab, budget, seed)
     runner.warm_up(max((p for p in probes if p.kind == "decode"), key=lambda p: (p.batch, -p.prefix)))

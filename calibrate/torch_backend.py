@@ -285,7 +285,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     net = TorchLlama(cfg, device, DTYPES[dtype], seed=seed)
     budget = eng["max_num_batched_tokens"]
     plan = probes.plan(eng, quick) + mixed_plan(eng, quick)
-    reps = reps or 3
+    reps = reps or probes.REPEATS
     runner = TorchRunner(net, budget, device, seed)
     started = time.perf_counter() - t0
     gc.collect()

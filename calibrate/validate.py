@@ -39,7 +39,7 @@ import pandas as pd
 
 from calibrate.engine import start_engine
 from calibrate.limits import read_limits
-from calibrate.probes import Probe, Runner
+from calibrate.probes import REPEATS, Probe, Runner
 from calibrate.replay import TraceReplay, replay_in_process
 from calibrate.run import write_profile
 from policies.registry import POLICIES, make_policy
@@ -105,7 +105,7 @@ SHAPES = {
 # Clock probes: single-step prefills (fresh and over a cached prefix) and decode steps.
 CLOCK = (("prefill", 512, 0, 1), ("prefill", 1024, 0, 1), ("cached_prefill", 512, 1024, 1),
          ("decode", 16, 512, 8), ("decode", 16, 1024, 2))
-CLOCK_REPS = 3
+CLOCK_REPS = REPEATS
 
 
 def fit_trace(trace: pd.DataFrame, programs: int | None = None, max_turns: int | None = None,

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from calibrate.probes import DECODE_SUFFIX, repeat_time
+from calibrate.probes import DECODE_SUFFIX, REPEATS, repeat_time
 
 pytestmark = pytest.mark.engine
 # Wall-clock checks on a shared 2-core machine: a neighbour's load can slow one
@@ -68,6 +68,7 @@ def test_fit_errors_reported_and_small(calibrated):
     assert fe["step_model_mape"] < 15, fe
     assert fe["prefill_quadratic_mape"] < 15, fe
     assert all(r["heldout"] for r in raw["probes"] if r["new"] in (1500, 3000))
+    assert raw["provenance"]["repeats"] == REPEATS and all(len(r["samples"]) == REPEATS for r in raw["probes"])
 
 
 def test_profile_limits_equal_the_engines(calibrated):
