@@ -20,19 +20,18 @@ not the default), so the results page is written by this script, not by hand.
 from __future__ import annotations
 
 import argparse
-import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from agentsim.files import atomic_write
+from docs_tables import DOCS, write_block
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.profile import DEFAULT_PROFILE
 
 DEFAULT_POLICIES = "vllm,program-fcfs,static-ttl,continuum-static,continuum,autellix,oracle"
 ORDER = ("vllm", "program-fcfs", "static-ttl", "continuum")  # the paper's Fig. 16 ablation, worst first
-RESULTS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+RESULTS_PAGE = DOCS / "results.md"
 
 
 def one(args):
@@ -50,29 +49,9 @@ def table_key(a, loads: list[float], pols: list[str], seeds: list[int]) -> str:
     return key + ("" if ",".join(pols) == DEFAULT_POLICIES else f" --policies {','.join(pols)}")
 
 
-END_MARK = "<!-- end policy_table -->"
-
-
-def replace_table(text: str, key: str, body: str) -> str:
-    """text with the block between the line `<!-- policy_table: KEY -->` and the next line
-    END_MARK replaced by body (a blank line either side); every other byte is kept."""
-    mark = f"<!-- policy_table: {key} -->"
-    found = [m.end() for m in re.finditer(rf"^{re.escape(mark)}$", text, re.M)]
-    if len(found) != 1:
-        have = re.findall(r"^<!-- policy_table: (.*?) -->$", text, re.M)
-        raise SystemExit(f"error: {len(found)} lines {mark!r} (need exactly one); marked tables: {have or 'none'}. "
-                         f"Put `{mark}` and `{END_MARK}`, each on its own line, around the table to replace")
-    end = re.compile(rf"^{re.escape(END_MARK)}$", re.M).search(text, found[0])
-    if end is None:
-        raise SystemExit(f"error: {mark!r} has no line {END_MARK!r} after it")
-    return text[:found[0]] + "\n\n" + body.strip("\n") + "\n\n" + text[end.start():]
-
-
 def write_docs(path: str | Path, key: str, body: str) -> None:
     """Replace the table marked with key in path (a docs page), atomically."""
-    path = Path(path)
-    new = replace_table(path.read_bytes().decode("utf-8"), key, body).encode("utf-8")
-    atomic_write(path, lambda t: Path(t).write_bytes(new))
+    write_block(path, "policy_table", key, body)
 
 
 def render(a, loads: list[float], pols: list[str], seeds: list[int], res: dict) -> str:

@@ -3,12 +3,16 @@ load and memory tier (GPU only, or with an LMCache-like CPU tier), mean over see
 
     python benchmarks/rebuild_priced_ttl_table.py [--cells swebench:6000:0.3,0.5 bfcl:12000:0.2,0.3 PATH:26124:0.1]
         [--programs 300] [--seeds 0,1,2] [--offload cpu:100GiB] [--tiers gpu,cpu] [--policies ...]
+        [--write-docs [PAGE]]
 
 A cell is TRACE:BLOCKS:JPS[,JPS...] (TRACE a bundled name or a parquet path; the KV pool
 cut to BLOCKS on the default profile). InferCept runs without its oracle tool time
 (`true_tool_time=0`), as a deployment would. Runs one simulation at a time. Prints one
 Markdown table per trace: rows are policies, each cell "mean (p95)" in seconds, and a
 last row with rebuild-priced-ttl's gain over the best other policy (positive = lower JCT).
+--write-docs puts each table into docs/policies.md (or PAGE) in place of the block marked
+`<!-- rebuild_priced_ttl_table: FLAGS -->` ... `<!-- end rebuild_priced_ttl_table -->`,
+FLAGS the flags that define that table (benchmarks/docs_tables.py).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import time
 
 import numpy as np
 
+from docs_tables import DOCS, write_block
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
 OURS = "rebuild-priced-ttl"
@@ -33,7 +38,31 @@ def run(trace, programs, blocks, jps, policy, offload, seed):
     return res.summary["mean_jct"], res.summary["p95_jct"]
 
 
-def main() -> None:
+def render(trace: str, blocks: int, cols: list, pols: list[str], res: dict, a) -> str:
+    """One cell's table as printed (and as written into the docs)."""
+    out = [f"Table: {os.path.basename(trace)}, {a.programs} programs, {blocks} KV blocks, mean over seeds {a.seeds}; "
+           f"mean JCT (p95) in s; cpu = offload {a.offload}", "",
+           "| policy | " + " | ".join(f"JPS {j:g} {t}" for j, t, _ in cols) + " |",
+           "|" + "---|" * (1 + len(cols))]
+    for p in pols:
+        label = "infercept (no oracle)" if p == "infercept" else p
+        out.append(f"| {label} | " + " | ".join(f"{res[(j, t, p)][0]:.1f} ({res[(j, t, p)][1]:.1f})" for j, t, _ in cols) + " |")
+    if OURS in pols and len(pols) > 1:
+        gains = []
+        for j, t, _ in cols:
+            best = min((res[(j, t, p)][0], p) for p in pols if p != OURS)
+            gains.append(f"{100 * (1 - res[(j, t, OURS)][0] / best[0]):+.1f}% vs {best[1]}")
+        out.append(f"| gain of {OURS} | " + " | ".join(gains) + " |")
+    return "\n".join(out)
+
+
+def table_key(cell: str, a) -> str:
+    """The flags that define one cell's table, as its docs marker names them."""
+    key = f"--cells {cell} --programs {a.programs} --seeds {a.seeds} --offload {a.offload} --tiers {a.tiers}"
+    return key + ("" if a.policies == POLICIES else f" --policies {a.policies}")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", nargs="+", default=["swebench:6000:0.3,0.5", "bfcl:12000:0.2,0.3"])
     ap.add_argument("--programs", type=int, default=300)
@@ -41,7 +70,10 @@ def main() -> None:
     ap.add_argument("--offload", default="cpu:100GiB")
     ap.add_argument("--tiers", default="gpu,cpu", help="gpu: no offload; cpu: with --offload")
     ap.add_argument("--policies", default=POLICIES)
-    a = ap.parse_args()
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "policies.md"), default=None, metavar="PAGE",
+                    help="also replace each cell's table in PAGE (default docs/policies.md) between "
+                         "`<!-- rebuild_priced_ttl_table: FLAGS -->` and `<!-- end rebuild_priced_ttl_table -->`")
+    a = ap.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
     pols = a.policies.split(",")
     tiers = [(t, None if t == "gpu" else a.offload) for t in a.tiers.split(",")]
@@ -52,20 +84,11 @@ def main() -> None:
         cols = [(j, t, off) for j in loads for t, off in tiers]
         res = {(j, t, p): np.mean([run(trace, a.programs, blocks, j, p, off, s) for s in seeds], axis=0)
                for j, t, off in cols for p in pols}
-        name = os.path.basename(trace)
-        print(f"{name}, {a.programs} programs, {blocks} KV blocks, mean over seeds {a.seeds}; "
-              f"mean JCT (p95) in s; cpu = offload {a.offload}\n")
-        print("| policy | " + " | ".join(f"JPS {j} {t}" for j, t, _ in cols) + " |")
-        print("|" + "---|" * (1 + len(cols)))
-        for p in pols:
-            label = "infercept (no oracle)" if p == "infercept" else p
-            print(f"| {label} | " + " | ".join(f"{res[(j, t, p)][0]:.1f} ({res[(j, t, p)][1]:.1f})" for j, t, _ in cols) + " |")
-        if OURS in pols and len(pols) > 1:
-            gains = []
-            for j, t, _ in cols:
-                best = min((res[(j, t, p)][0], p) for p in pols if p != OURS)
-                gains.append(f"{100 * (1 - res[(j, t, OURS)][0] / best[0]):+.1f}% vs {best[1]}")
-            print(f"| gain of {OURS} | " + " | ".join(gains) + " |")
+        text = render(trace, blocks, cols, pols, res, a)
+        print(text)
+        if a.write_docs:
+            write_block(a.write_docs, "rebuild_priced_ttl_table", table_key(cell, a), text)
+            print(f"\nwrote the table into {a.write_docs}")
         print(f"\n({len(cols) * len(pols) * len(seeds)} runs, {time.time() - t0:.0f} s so far)\n", flush=True)
 
 

@@ -1,0 +1,62 @@
+"""Results tables written into the docs by their scripts (benchmarks/docs_tables.py):
+`rebuild_priced_ttl_table.py --write-docs` on a tiny run into a copy of docs/policies.md,
+and the page's marked tables against the script's format."""
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import docs_tables  # noqa: E402
+import rebuild_priced_ttl_table as rpt  # noqa: E402
+
+PAGE = ROOT / "docs" / "policies.md"
+TINY = ["--cells", "swebench:3000:0.5", "--programs", "5", "--seeds", "0", "--tiers", "gpu",
+        "--policies", "rebuild-priced-ttl,vllm"]
+TINY_KEY = "--cells swebench:3000:0.5 --programs 5 --seeds 0 --offload cpu:100GiB --tiers gpu --policies rebuild-priced-ttl,vllm"
+
+
+def test_write_docs_replaces_only_its_table(tmp_path, capsys):
+    page = tmp_path / "policies.md"
+    before = PAGE.read_bytes()
+    start, end = f"<!-- rebuild_priced_ttl_table: {TINY_KEY} -->".encode(), b"<!-- end rebuild_priced_ttl_table -->"
+    page.write_bytes(before + b"\n" + start + b"\n\nstale\n\n" + end + b"\n")
+    rpt.main([*TINY, "--write-docs", str(page)])
+    printed = capsys.readouterr().out
+    after = page.read_bytes()
+    assert after.startswith(before + b"\n" + start) and after.endswith(end + b"\n")
+    body = after[len(before) + 1 + len(start):-len(end) - 1].decode()
+    assert body.strip() in printed and "stale" not in body
+    assert body.startswith("\n\nTable: swebench, 5 programs, 3000 KV blocks, mean over seeds 0;")
+    assert "| rebuild-priced-ttl | " in body and "| vllm | " in body and "| gain of rebuild-priced-ttl | " in body
+    rpt.main([*TINY, "--write-docs", str(page)])  # the same run again: nothing moves
+    assert page.read_bytes() == after
+
+
+def test_an_unmarked_table_is_refused_and_the_page_kept(tmp_path):
+    page = tmp_path / "policies.md"
+    shutil.copy(PAGE, page)
+    with pytest.raises(SystemExit, match="marked tables: .*--cells bfcl:12000:0.2,0.3"):
+        docs_tables.write_block(page, "rebuild_priced_ttl_table", TINY_KEY, "x")
+    assert page.read_bytes() == PAGE.read_bytes()
+
+
+def test_the_policies_page_marks_each_table_in_the_scripts_format():
+    text = PAGE.read_text()
+    blocks = re.findall(r"^<!-- rebuild_priced_ttl_table: (.*?) -->\n\n(.*?)\n\n<!-- end rebuild_priced_ttl_table -->$",
+                        text, re.S | re.M)
+    assert len(blocks) == 3
+    for key, body in blocks:
+        a = dict(re.findall(r"--([\w-]+) (\S+)", key))
+        trace, blocks_, loads = a["cells"].rsplit(":", 2)
+        head, rows = body.split("\n\n", 1)
+        assert head.startswith(f"Table: {Path(trace).name}, {a['programs']} programs, {blocks_} KV blocks, "
+                               f"mean over seeds {a['seeds']}; mean JCT (p95) in s; cpu = offload {a['offload']}")
+        cols = [f"JPS {j} {t}" for j in loads.split(",") for t in a["tiers"].split(",")]
+        assert rows.split("\n")[0] == "| policy | " + " | ".join(cols) + " |"
+        assert [r.split(" | ")[0] for r in rows.split("\n")[2:]] == [
+            "| " + ("infercept (no oracle)" if p == "infercept" else p) for p in rpt.POLICIES.split(",")] + [
+            "| gain of rebuild-priced-ttl"]
