@@ -4,7 +4,7 @@ switched off one at a time, and with all of them off (which is exactly continuum
 
     python benchmarks/infercept_ablation.py [--traces swebench,bfcl] [--programs 300]
         [--num-blocks 6000,12000] [--jps 0.5,0.3] [--seeds 0,1,2] [--profile NAME]
-        [--one-on] [--workers 1]
+        [--one-on] [--workers 1] [--write-docs [PAGE]]
 
 --num-blocks and --jps give one value per trace. The ingredients (InferceptPolicy's
 switches, policies/infercept.py), each switched off towards Continuum:
@@ -16,7 +16,10 @@ switches, policies/infercept.py), each switched off towards Continuum:
                        when nothing runs (Continuum's no-deadlock rule)
   resume order         resume_order=continuum: preempted, pinned, program arrival
 --one-on adds rows with all ingredients off but one. No offload (there are no swaps).
-Each cell is the mean JCT over the seeds (Poisson arrivals). Prints a Markdown table.
+Each cell is the mean JCT over the seeds (Poisson arrivals). Prints a Markdown table;
+--write-docs also puts it into docs/results.md (or PAGE) in place of the block marked
+`<!-- infercept_ablation: FLAGS -->` ... `<!-- end infercept_ablation -->`
+(benchmarks/docs_tables.py).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from docs_tables import DOCS, write_block
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.profile import DEFAULT_PROFILE
 
@@ -59,7 +63,13 @@ def one(job):
     return res.summary["mean_jct"]
 
 
-def main() -> None:
+def table_key(a) -> str:
+    """The flags that define the table, as its docs marker names them."""
+    return (f"--traces {a.traces} --programs {a.programs} --num-blocks {a.num_blocks} --jps {a.jps} "
+            f"--seeds {a.seeds} --profile {a.profile}" + (" --one-on" if a.one_on else ""))
+
+
+def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", default="swebench,bfcl")
     ap.add_argument("--programs", type=int, default=300)
@@ -69,7 +79,10 @@ def main() -> None:
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
     ap.add_argument("--one-on", action="store_true", help="also all ingredients off but one")
     ap.add_argument("--workers", type=int, default=1)
-    a = ap.parse_args()
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "results.md"), default=None, metavar="PAGE",
+                    help="also replace the table in PAGE (default docs/results.md) between "
+                         "`<!-- infercept_ablation: FLAGS -->` and `<!-- end infercept_ablation -->`")
+    a = ap.parse_args(argv)
     traces = a.traces.split(",")
     blocks = [int(x) for x in a.num_blocks.split(",")]
     rates = [float(x) for x in a.jps.split(",")]
@@ -79,17 +92,19 @@ def main() -> None:
     rows = variants(a.one_on)
     jobs = [(t, a.programs, b, j, pol, tuple(sorted(kw.items())), s, a.profile)
             for t, b, j in zip(traces, blocks, rates) for _, pol, kw in rows for s in seeds]
-    with ProcessPoolExecutor(a.workers) as ex:
-        res = dict(zip(jobs, ex.map(one, jobs)))
+    if a.workers == 1:
+        res = dict(zip(jobs, map(one, jobs)))
+    else:
+        with ProcessPoolExecutor(a.workers) as ex:
+            res = dict(zip(jobs, ex.map(one, jobs)))
 
     def mean(t, b, j, pol, kw):
         return float(np.mean([res[(t, a.programs, b, j, pol, tuple(sorted(kw.items())), s, a.profile)] for s in seeds]))
 
-    print(f"{a.programs} programs per trace, profile {a.profile}, no offload, Poisson arrivals, "
-          f"mean JCT (s) over seeds {','.join(map(str, seeds))}; in brackets: the share of the "
-          f"continuum - infercept gap that switching the ingredient off gives back\n")
-    print("| variant | " + " | ".join(f"{t} ({b} blocks, JPS {j})" for t, b, j in zip(traces, blocks, rates)) + " |")
-    print("|---|" + "---|" * len(traces))
+    out = [f"Table: profile `{a.profile}`, no offload, {a.programs} programs, mean JCT (s) over seeds "
+           f"{','.join(map(str, seeds))}", "",
+           "| variant | " + " | ".join(f"{t} ({b} blocks, JPS {j:g})" for t, b, j in zip(traces, blocks, rates)) + " |",
+           "|---|" + "---|" * len(traces)]
     for label, pol, kw in rows:
         cells = []
         for t, b, j in zip(traces, blocks, rates):
@@ -97,8 +112,14 @@ def main() -> None:
             c, i = mean(t, b, j, "continuum", {}), mean(t, b, j, "infercept", {})
             share = f" ({(m - i) / (c - i):+.0%})" if label not in ("continuum", "infercept") and abs(c - i) > 1e-9 else ""
             cells.append(f"{m:.1f}{share}")
-        print(f"| {label} | " + " | ".join(cells) + " |")
-
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    text = "\n".join(out)
+    print(text)
+    print("\nIn brackets: the share of the continuum - infercept gap that switching the ingredient off gives back.")
+    if a.write_docs:
+        write_block(a.write_docs, "infercept_ablation", table_key(a), text)
+        print(f"wrote the table into {a.write_docs}")
+    return text
 
 if __name__ == "__main__":
     main()

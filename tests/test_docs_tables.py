@@ -60,3 +60,24 @@ def test_the_policies_page_marks_each_table_in_the_scripts_format():
         assert [r.split(" | ")[0] for r in rows.split("\n")[2:]] == [
             "| " + ("infercept (no oracle)" if p == "infercept" else p) for p in rpt.POLICIES.split(",")] + [
             "| gain of rebuild-priced-ttl"]
+
+
+def test_infercept_ablation_writes_its_table_and_the_results_page_marks_it(tmp_path, capsys):
+    import infercept_ablation as ia
+
+    results = ROOT / "docs" / "results.md"
+    marked = re.findall(r"^<!-- infercept_ablation: (.*?) -->\n\n(Table: .*?)\n\n<!-- end infercept_ablation -->$",
+                        results.read_text(), re.S | re.M)
+    assert len(marked) == 1
+    key, body = marked[0]
+    assert body.split("\n")[0] == "Table: profile `llama3.1-8b-h100`, no offload, 300 programs, mean JCT (s) over seeds 0,1,2"
+    assert [r.split(" | ")[0][2:] for r in body.split("\n")[4:]] == [label for label, _, _ in ia.variants("--one-on" in key)]
+    tiny = ["--traces", "swebench", "--programs", "4", "--num-blocks", "3000", "--jps", "0.5", "--seeds", "0"]
+    tiny_key = "--traces swebench --programs 4 --num-blocks 3000 --jps 0.5 --seeds 0 --profile llama3.1-8b-h100"
+    page = tmp_path / "results.md"
+    page.write_text(f"before\n<!-- infercept_ablation: {tiny_key} -->\nold\n<!-- end infercept_ablation -->\nafter\n")
+    text = ia.main([*tiny, "--write-docs", str(page)])
+    assert text in capsys.readouterr().out
+    assert page.read_text() == (f"before\n<!-- infercept_ablation: {tiny_key} -->\n\n{text}\n\n"
+                                "<!-- end infercept_ablation -->\nafter\n")
+    assert "| infercept, all off (= continuum) | " in text
