@@ -242,8 +242,9 @@ class BlockPool:
             self.cached[key] = block
             self._keyed[block] = True
 
-    def cache_many(self, blocks: list[int], keys: list[Hashable]) -> None:
-        """cache(b, k) for each pair in order; vectorised when no block or key is taken yet."""
+    def cache_many(self, blocks: list[int], keys: list[Hashable], parent: Hashable | None = None) -> None:
+        """cache(b, k) for each pair in order; vectorised when no block or key is taken yet.
+        `parent` (the key before keys[0]) is the radix cache's tree edge; vLLM's pool needs none."""
         new = dict(zip(keys, blocks))
         if len(blocks) < 8 or len(new) < len(blocks) or not self.cached.keys().isdisjoint(new):
             for b, k in zip(blocks, keys):

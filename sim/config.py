@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policies.base import Policy, PolicyError
 from policies.registry import make_policy, params_model, policy_params
@@ -40,6 +40,7 @@ from traces.transform import repeat_turns
 from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated
 
 Count = Annotated[JSONInt, Field(ge=1)]
+CACHES = ("vllm", "radix")  # KV cache models of a replica (sim/block_pool.py, sim/radix_cache.py)
 
 
 class _Section(BaseModel):
@@ -81,6 +82,16 @@ class ClusterConfig(_Section):
     router: str | None = Field(None, description="which replica serves a call: round_robin (default), least_loaded, session, prefix, cache_aware")
     offload: str | None = Field(
         None, description="offload tiers per replica, LMCache-like: cpu:200GiB, cpu:200GiB,ssd:1TiB (optional @GB/s: cpu:100GiB@25)")
+    cache: str = Field(
+        "vllm", description="each replica's KV cache model: vllm (vLLM's block pool, the default) or radix (SGLang's radix tree: "
+                            "unlocked leaves evicted LRU first; matched in whole blocks; docs/model.md)")
+
+    @field_validator("cache")
+    @classmethod
+    def _known_cache(cls, v: str) -> str:
+        if v not in CACHES:
+            raise ValueError(f"no such cache model; give one of: {', '.join(CACHES)}")
+        return v
 
 
 class SimConfig(_Section):
@@ -251,7 +262,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
     trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(trace, w.programs, w.turn_repeat)
     cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
-                        enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt)
+                        enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache)
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
     if arrivals is None:

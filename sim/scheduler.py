@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from policies.base import Action, Policy, Release, Retention
 from policies.pins import PinTable
 from sim.block_pool import BlockPool
+from sim.radix_cache import RadixCache
 from sim.call import Call
 
 
@@ -29,6 +30,8 @@ class EngineConfig:
     # vLLM 0.32's scheduler_reserve_full_isl (default on): a waiting call is admitted
     # only when blocks for its whole prompt are free, not just for its first chunk.
     reserve_full_prompt: bool = True
+    # the replica's KV cache model: "vllm" (vLLM's block pool) or "radix" (SGLang's radix tree)
+    cache: str = "vllm"
 
 
 def cdiv(a: int, b: int) -> int:
@@ -40,7 +43,7 @@ class Scheduler:
         self.cfg = cfg
         self.policy = policy
         # vLLM's BlockPool keeps one of num_gpu_blocks as its null block (never allocated).
-        self.pool = BlockPool(cfg.num_gpu_blocks - 1, cfg.block_size)
+        self.pool = (RadixCache if cfg.cache == "radix" else BlockPool)(cfg.num_gpu_blocks - 1, cfg.block_size)
         self.waiting: list[Call] = []
         self.running: list[Call] = []
         self.pins = PinTable()  # program -> blocks held by its pin (policies/pins.py)
@@ -259,7 +262,8 @@ class Scheduler:
             full = call.num_computed // bs
             if full > call.num_keyed:
                 call.block_key(full - 1)  # computes the program's keys up to there
-                self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full])
+                parent = call.content.keys[call.num_keyed - 1] if call.num_keyed else None  # the radix tree's edge
+                self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full], parent)
                 call.num_keyed = full
             if prefill and self.tier is not None:
                 self.tier.write_through(call)  # LMCache stores new full chunks on prefill steps

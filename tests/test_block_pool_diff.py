@@ -237,8 +237,8 @@ class CheckedPool(BlockPool):
         assert got == _evictable(self.ref, blocks)
         return got
 
-    def cache_many(self, blocks, keys):
-        super().cache_many(blocks, keys)  # its fallback goes through self.cache: both pools
+    def cache_many(self, blocks, keys, parent=None):
+        super().cache_many(blocks, keys, parent)  # its fallback goes through self.cache: both pools
         for b, k in zip(blocks, keys):
             self.ref.cache(b, k)  # idempotent where the fallback already did it
         same_state(self, self.ref)

@@ -1,5 +1,6 @@
 """Property-based tests (hypothesis): random small traces x every policy x pool sizes,
-token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off; and
+token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off, both
+KV cache models (vLLM's block pool, SGLang's radix tree); and
 random wrong values in profiles and anywhere in importer records. `make test` runs a
 bounded number of examples; `make fuzz` sets AGENTSIM_FUZZ_EXAMPLES=10000."""
 import json
@@ -41,12 +42,13 @@ def configs(draw):
         budget=draw(st.sampled_from([16, 64, 256, 8192])), seqs=draw(st.integers(1, 16)),
         chunked=draw(st.booleans()), replicas=draw(st.integers(1, 3)), router=draw(st.sampled_from(ROUTERS)),
         offload=draw(st.sampled_from([None, "cpu:1MiB@0.05", "cpu:1MiB@0.05,ssd:2MiB@0.01"])),
+        cache=draw(st.sampled_from(["vllm", "radix"])),
     )
 
 
 def _simulate(c, policy, ff=True):
     prof = linear_profile(blocks=c["blocks"], budget=c["budget"], seqs=c["seqs"], c2=1e-6, c4=1e-5)
-    cfg = engine_config(prof, enable_chunked_prefill=c["chunked"])
+    cfg = engine_config(prof, enable_chunked_prefill=c["chunked"], cache=c["cache"])
     return run_simulation(c["trace"], make_policy(policy), prof, cfg, c["arrivals"], fast_forward=ff,
                           replicas=c["replicas"], router=c["router"], offload=c["offload"])
 
