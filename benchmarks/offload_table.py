@@ -4,7 +4,7 @@ and a sweep over GPU memory size: where does offload without pinning overtake pi
     python benchmarks/offload_table.py [--programs 300] [--traces swebench,bfcl] [--jps 0.25,0.12]
         [--num-blocks 6000] [--offload cpu:100GB] [--policies vllm,autellix,infercept,continuum,...]
         [--sweep-trace swebench] [--sweep-blocks 2000,3000,4000,6000,9000,12000,18000,24766]
-        [--profile NAME] [--seeds 0,1,2] [--workers 2]
+        [--profile NAME] [--seeds 0,1,2] [--workers 2] [--write-docs [PAGE]]
 
 --traces are bundled names or trace parquet paths; --jps is one rate per trace (BFCL's
 contexts are ~2.5x SWE-bench's, so it saturates at a lower rate). --sweep-blocks ""
@@ -12,7 +12,9 @@ skips the memory sweep.
 Profile: --profile (default: the bundled default, llama3.1-8b-h100), its GPU KV pool
 cut to --num-blocks; 100 GB of CPU DRAM per GPU as the paper gives its A100 runs.
 Cells are means over --seeds (Poisson arrival seeds; default --seed 0).
-Prints two Markdown tables.
+Prints two Markdown tables; --write-docs also puts them into docs/results.md (or PAGE) in
+place of the block marked `<!-- offload_table: FLAGS -->` ... `<!-- end offload_table -->`
+(benchmarks/docs_tables.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from docs_tables import DOCS, write_block
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.profile import DEFAULT_PROFILE
 
@@ -34,7 +37,16 @@ def one(job):
     return job, res.summary
 
 
-def main() -> None:
+def table_key(a) -> str:
+    """The flags that define the tables, as their docs marker names them."""
+    seeds = f"--seeds {a.seeds}" if a.seeds else f"--seed {a.seed}"
+    sweep = a.sweep_blocks or '""'
+    return (f"--programs {a.programs} --traces {a.traces} --jps {a.jps} --num-blocks {a.num_blocks} "
+            f"--offload {a.offload} --policies {a.policies} --sweep-trace {a.sweep_trace} "
+            f"--sweep-blocks {sweep} {seeds} --profile {a.profile}")
+
+
+def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--programs", type=int, default=300)
     ap.add_argument("--jps", default="0.25,0.12", help="programs/s, one per trace")
@@ -48,7 +60,10 @@ def main() -> None:
     ap.add_argument("--seeds", default=None, help="arrival seeds, comma-separated; cells are means over them")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
     ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "results.md"), default=None, metavar="PAGE",
+                    help="also replace the tables in PAGE (default docs/results.md) between "
+                         "`<!-- offload_table: FLAGS -->` and `<!-- end offload_table -->`")
+    a = ap.parse_args(argv)
     traces, pols = a.traces.split(","), a.policies.split(",")
     rates = [float(j) for j in str(a.jps).split(",")]
     jps = dict(zip(traces, rates if len(rates) == len(traces) else rates[:1] * len(traces)))
@@ -61,36 +76,44 @@ def main() -> None:
     jobs += [(a.sweep_trace, a.programs, b, jps[a.sweep_trace], p, off, sd, a.profile)
              for b in sweep for p, off in sweep_cfgs for sd in seeds]
     jobs = list(dict.fromkeys(jobs))
-    with ProcessPoolExecutor(a.workers) as ex:
-        res = dict(ex.map(one, jobs))
+    if a.workers == 1:
+        res = dict(map(one, jobs))
+    else:
+        with ProcessPoolExecutor(a.workers) as ex:
+            res = dict(ex.map(one, jobs))
 
     def s(t, b, p, off):
         runs = [res[(t, a.programs, b, jps[t], p, off, sd, a.profile)] for sd in seeds]
         return {k: float(np.mean([r[k] for r in runs])) for k in ("mean_jct", "p95_jct", "cpu_hit_ratio")}
 
     seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
-    print(f"{a.programs} programs per trace, JPS " + ", ".join(f"{t} {jps[t]}" for t in traces) + f", {seed_txt}; "
-          f"profile {a.profile} with {a.num_blocks} GPU KV blocks ({a.num_blocks * 16} tokens); offload {a.offload}, 1 replica\n")
-    head = "| policy | " + " | ".join(f"{t}: mean JCT, offload (s) | p95 (s) | CPU hit | no offload (s)" for t in traces) + " |"
-    print(head)
-    print("|" + "---|" * (1 + 4 * len(traces)))
+    out = [f"Table: {a.programs} programs per trace, JPS " + ", ".join(f"{t} {jps[t]:g}" for t in traces) +
+           f", {seed_txt}; profile `{a.profile}` with {a.num_blocks} GPU KV blocks ({a.num_blocks * 16} tokens); "
+           f"offload {a.offload}, 1 replica", "",
+           "| policy | " + " | ".join(f"{t}: mean JCT, offload (s) | p95 (s) | CPU hit | no offload (s)" for t in traces) + " |",
+           "|" + "---|" * (1 + 4 * len(traces))]
     for p in pols:
         cells = []
         for t in traces:
             on, off = s(t, a.num_blocks, p, a.offload), s(t, a.num_blocks, p, None)
             cells += [f"{on['mean_jct']:.1f}", f"{on['p95_jct']:.1f}", f"{on['cpu_hit_ratio']:.2f}", f"{off['mean_jct']:.1f}"]
-        print(f"| {p} | " + " | ".join(cells) + " |")
-    if not sweep:
-        return
-    print(f"\nGPU memory sweep, {a.sweep_trace} at JPS {jps[a.sweep_trace]}, mean JCT (s): offload without pinning "
-          f"(vllm + {a.offload}) vs pinning (continuum, no offload)\n")
-    print("| GPU KV blocks (tokens) | vllm + offload | continuum | continuum + offload | vllm | offload beats pinning |")
-    print("|---|---|---|---|---|---|")
-    for b in sweep:
-        vo, c, co, v = (s(a.sweep_trace, b, p, off)["mean_jct"] for p, off in sweep_cfgs)
-        verdict = "tie" if abs(vo - c) <= 0.01 * c else "yes" if vo < c else "no"
-        print(f"| {b} ({b * 16 // 1000}K) | {vo:.1f} | {c:.1f} | {co:.1f} | {v:.1f} | {verdict} |")
-
+        out.append(f"| {p} | " + " | ".join(cells) + " |")
+    if sweep:
+        out += ["", f"Table: GPU memory sweep, {a.sweep_trace} at JPS {jps[a.sweep_trace]:g}, {a.programs} programs, "
+                    f"{seed_txt}, profile `{a.profile}`, mean JCT (s): offload without pinning (vllm + {a.offload}) "
+                    "vs pinning (continuum, no offload)", "",
+                "| GPU KV blocks (tokens) | vllm + offload | continuum | continuum + offload | vllm | offload beats pinning |",
+                "|---|---|---|---|---|---|"]
+        for b in sweep:
+            vo, c, co, v = (s(a.sweep_trace, b, p, off)["mean_jct"] for p, off in sweep_cfgs)
+            verdict = "tie" if abs(vo - c) <= 0.01 * c else "yes" if vo < c else "no"
+            out.append(f"| {b} ({b * 16 // 1000}K) | {vo:.1f} | {c:.1f} | {co:.1f} | {v:.1f} | {verdict} |")
+    text = "\n".join(out)
+    print(text)
+    if a.write_docs:
+        write_block(a.write_docs, "offload_table", table_key(a), text)
+        print(f"\nwrote the tables into {a.write_docs}")
+    return text
 
 if __name__ == "__main__":
     main()

@@ -81,3 +81,29 @@ def test_infercept_ablation_writes_its_table_and_the_results_page_marks_it(tmp_p
     assert page.read_text() == (f"before\n<!-- infercept_ablation: {tiny_key} -->\n\n{text}\n\n"
                                 "<!-- end infercept_ablation -->\nafter\n")
     assert "| infercept, all off (= continuum) | " in text
+
+
+def test_offload_table_writes_its_tables_and_the_results_page_marks_them(tmp_path, capsys):
+    import offload_table as ot
+
+    results = (ROOT / "docs" / "results.md").read_text()
+    marked = re.findall(r"^<!-- offload_table: (.*?) -->\n\n(Table: .*?)\n\n<!-- end offload_table -->$", results, re.S | re.M)
+    assert len(marked) == 1
+    key, body = marked[0]
+    a = dict(re.findall(r"--([\w-]+) (\S+)", key))
+    assert body.startswith(f"Table: {a['programs']} programs per trace, JPS swebench 0.25, bfcl 0.12, seed {a['seed']}; "
+                           f"profile `{a['profile']}` with {a['num-blocks']} GPU KV blocks")
+    assert [r.split(" | ")[0][2:] for r in body.split("\n") if r.startswith("| ") and "(" not in r.split(" | ")[0]
+            and r.split(" | ")[0] != "| policy"] == a["policies"].split(",")
+    assert body.count("\n| ") - 2 == len(a["policies"].split(",")) + len(a["sweep-blocks"].split(","))
+    tiny = ["--programs", "4", "--traces", "swebench", "--jps", "0.5", "--policies", "vllm,continuum",
+            "--sweep-blocks", "3000", "--workers", "1"]
+    page = tmp_path / "results.md"
+    args = ot.main([*tiny])  # the text it prints
+    tiny_key = ("--programs 4 --traces swebench --jps 0.5 --num-blocks 6000 --offload cpu:100GB --policies vllm,continuum "
+                "--sweep-trace swebench --sweep-blocks 3000 --seed 0 --profile llama3.1-8b-h100")
+    page.write_text(f"<!-- offload_table: {tiny_key} -->\nold\n<!-- end offload_table -->\n")
+    text = ot.main([*tiny, "--write-docs", str(page)])
+    assert text == args and text in capsys.readouterr().out
+    assert page.read_text() == f"<!-- offload_table: {tiny_key} -->\n\n{text}\n\n<!-- end offload_table -->\n"
+    assert "Table: GPU memory sweep, swebench at JPS 0.5, 4 programs, seed 0" in text
