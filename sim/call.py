@@ -32,6 +32,9 @@ class Call:
     loaded_tokens: int = 0  # tokens reloaded from an offload tier (all admissions)
     reload_s: float = 0.0  # transfer time of those reloads
     saved_chunks: int = 0  # leading chunks LMCache holds or has stored for this call
+    # prefill/decode disaggregation (sim/disagg.py)
+    prefilled_on: int | None = None  # the prefill replica that prefilled it (None: prefilled where it decodes)
+    received_blocks: int = 0  # leading blocks whose KV it brings to its decode replica (used at admission)
 
     def __post_init__(self) -> None:
         if self.content is None:  # a call on its own (tests): the shared prefix, then its own tokens

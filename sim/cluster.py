@@ -20,35 +20,64 @@ Why this shape:
   every other replica's step. Sticky programs never move, so nothing else on another
   replica reads or changes it; the results are those of step-by-step. Other routers
   (any arrival may land anywhere) and the proxy keep one clock for all.
+- Prefill/decode disaggregation (`disagg`, sim/disagg.py): the first x engines are
+  prefill replicas, the other y decode replicas; the router and the proxy choose among
+  the decode replicas, and a call whose prefill runs remotely goes to the least loaded
+  prefill replica, then, after the KV transfer, to its decode replica. Replicas then
+  keep one clock (a prefill's end starts a transfer that lands on a decode replica).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 import math
 
 from policies.base import Release
+from sim.call import Call
 from sim.cpu_tier import TierSpec, build_tiers
+from sim.disagg import Disagg, Inbox, PrefillOnly, check_replicas
 from sim.engine import Engine
-from sim.router import Session, make_router
+from sim.router import Session, least_loaded, make_router
 from agentsim.errors import InputError
 
 
 class Cluster:
     def __init__(self, env, cfg, profile, policy, replicas: int = 1, router: str | None = None,
-                 tiers: tuple[TierSpec, ...] = (), fast_forward: bool = True, on_finish=None) -> None:
+                 tiers: tuple[TierSpec, ...] = (), fast_forward: bool = True, on_finish=None,
+                 disagg: Disagg | None = None) -> None:
         if not isinstance(replicas, int) or replicas < 1:
             raise InputError(f"--replicas must be an integer >= 1 (got {replicas!r})")
         self.env, self.on_finish = env, on_finish
+        self.disagg = disagg
+        n_prefill = 0
+        if disagg is not None:
+            check_replicas(disagg.spec, (disagg.prefill, disagg.decode), replicas)
+            n_prefill, replicas = disagg.prefill, disagg.decode
         self.router = make_router(router)
-        # fresh copies before anything runs: every replica starts from the same state
+
+        def engine(i, p, done):
+            return Engine(env, cfg, profile, p, on_finish=done, fast_forward=fast_forward,
+                          tiers=build_tiers(tiers, profile, cfg.block_size) if tiers else None, index=i)
+
+        # prefill replicas first (none without disaggregation), then the decode replicas,
+        # which serve calls to the end: fresh copies of the policy before anything runs
+        self.prefill = [engine(i, PrefillOnly(), self._prefilled) for i in range(n_prefill)]
         policies = [policy] + [copy.deepcopy(policy) for _ in range(replicas - 1)]
-        self.engines = [Engine(env, cfg, profile, p, on_finish=self._finished, fast_forward=fast_forward,
-                               tiers=build_tiers(tiers, profile, cfg.block_size) if tiers else None, index=i)
-                        for i, p in enumerate(policies)]
+        self.decode = [engine(n_prefill + i, p, self._finished) for i, p in enumerate(policies)]
+        self.engines = self.prefill + self.decode
+        if disagg is not None:
+            for e in self.decode:
+                e.sched.tier = Inbox(e.tier)  # admits handed-over calls with their KV present
+            self.kv_bytes_per_block = profile.kv_bytes_per_block
+            self._handoffs: dict[int, tuple[Call, Engine]] = {}  # id(prefill call) -> (call, its decode replica)
+            self._prefilled_by: dict[int, Call] = {}  # id(call) -> its prefill call, until the call finishes
+            self.dstats = {"remote_prefills": 0, "local_prefills": 0, "transfer_blocks": 0, "transfer_s": 0.0}
+            self.pstats = [{"prefills": 0, "prompt_tokens": 0, "cached_tokens": 0} for _ in self.prefill]
         self.controller = policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size)
         self.held: dict[str, object] = {}  # program -> its request held back by the proxy
-        self.own_clocks = replicas > 1 and fast_forward and self.controller is None and isinstance(self.router, Session)
+        self.own_clocks = (replicas > 1 and fast_forward and self.controller is None and isinstance(self.router, Session)
+                           and disagg is None)
 
     def start(self, work) -> None:
         """After work.start(self): the proxy's periodic rounds, while programs remain."""
@@ -87,7 +116,7 @@ class Cluster:
     def submit(self, call) -> None:
         ctl = self.controller
         if ctl is None:
-            self._send(call, 0 if len(self.engines) == 1 else self.router.route(call, self.engines))
+            self._send(call, 0 if len(self.decode) == 1 else self.router.route(call, self.decode))
             return
         pid, now = call.req.program_id, self.env.now
         if pid not in ctl.progs:
@@ -100,13 +129,74 @@ class Cluster:
             self._send(call, r)
 
     def _send(self, call, r: int) -> None:
+        """Serve `call` on decode replica r (the r-th of self.decode; without
+        disaggregation every replica is one)."""
         pid = call.req.program_id
-        for e in self.engines:
-            if e.index != r and pid in e.sched.pins:
+        target = self.decode[r]
+        for e in self.decode:
+            if e is not target and pid in e.sched.pins:
                 e.release_pin_later(pid, Release.MOVED)
-        self.engines[r].submit(call)
+        if self.disagg is None or not self._prefill_remotely(call, target):
+            target.submit(call)
+            return
+        # a remote prefill: the prompt with one output token, on the least loaded prefill replica
+        pre = Call(req=dataclasses.replace(call.req), seq_no=call.seq_no, prompt_len=call.prompt_len, max_output=1,
+                   block_size=call.block_size, shared_prefix=call.shared_prefix, content=call.content)
+        self._handoffs[id(pre)] = (call, target)
+        self.prefill[least_loaded(self.prefill)].submit(pre)
+
+    def _prefill_remotely(self, call, d: Engine) -> bool:
+        """Dynamo's conditional disaggregation, asked on the call's decode replica `d`:
+        the tokens it would compute (prompt minus what it can serve without recompute)
+        and the calls waiting for a prefill replica (sim/disagg.py)."""
+        gpu = len(d.sched._prefix_hit(call))
+        cpu = d.tier.prefix_blocks(call) if d.tier is not None else 0
+        uncached = call.num_tokens - max(gpu, cpu) * d.cfg.block_size
+        queued = sum(len(e.sched.waiting) + len(e._arrivals) for e in self.prefill)
+        remote = self.disagg.remote(uncached, queued)
+        self.dstats["remote_prefills" if remote else "local_prefills"] += 1
+        return remote
+
+    def _prefilled(self, pre, now: float) -> None:
+        """A prefill replica finished `pre`: the prompt's full blocks the decode replica
+        lacks cross the link, then the call goes to it with them (sim/disagg.py Inbox)."""
+        call, d = self._handoffs.pop(id(pre))
+        full = (call.prompt_len - 1) // call.block_size  # the decode replica computes the rest (>= 1 token)
+        n = full - min(len(d.sched._prefix_hit(call)), full)
+        dt = self.disagg.link.time(n * self.kv_bytes_per_block)
+        call.received_blocks = full
+        call.prefilled_on = pre.replica
+        call.req.exec_time += pre.req.exec_time
+        self._prefilled_by[id(call)] = pre
+        s = self.dstats
+        s["transfer_blocks"] += n
+        s["transfer_s"] += dt
+        p = self.pstats[pre.replica]
+        p["prefills"] += 1
+        p["prompt_tokens"] += pre.prompt_len
+        p["cached_tokens"] += pre.cached_tokens
+        ev = self.env.timeout(dt)
+        ev.callbacks.append(lambda _ev: d.submit(call))
+
+    def in_flight(self) -> int:
+        """Calls between a prefill replica and their decode replica (0 at a run's end)."""
+        return len(self._handoffs) + len(self._prefilled_by) if self.disagg is not None else 0
+
+    def disagg_summary(self) -> dict:
+        d, s = self.disagg, self.dstats
+        return {"spec": d.spec, "link": d.link.name, "link_GBps": d.link.bandwidth / 1e9, "link_latency_s": d.link.latency,
+                "max_local_prefill": d.max_local_prefill, "max_prefill_queue": d.max_prefill_queue,
+                "remote_prefills": s["remote_prefills"], "local_prefills": s["local_prefills"],
+                "transfer_blocks": s["transfer_blocks"], "transfer_bytes": s["transfer_blocks"] * self.kv_bytes_per_block,
+                "transfer_s": s["transfer_s"], "received_tokens": sum(e.sched.tier.received_tokens for e in self.decode)}
 
     def _finished(self, call, now: float) -> None:
+        pre = self._prefilled_by.pop(id(call), None) if self.disagg is not None else None
+        if pre is not None:  # the call's record: first admitted, cached and computed where it was prefilled
+            call.scheduled_at = pre.scheduled_at
+            call.cached_tokens = pre.cached_tokens
+            call.computed_prompt_tokens += pre.computed_prompt_tokens
+            call.preemptions += pre.preemptions
         self.router.finished(call)
         req = call.req
         if self.own_clocks and not req.is_last_step:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policies.base import Policy, PolicyError
 from policies.registry import make_policy, params_model, policy_params
 from sim.cpu_tier import TierSpec, build_tiers, parse_offload
+from sim.disagg import DEFAULT_LINK, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, check_replicas, make_disagg
 from sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.router import make_router
 from sim.scheduler import EngineConfig
@@ -82,6 +83,18 @@ class ClusterConfig(_Section):
     router: str | None = Field(None, description="which replica serves a call: round_robin (default), least_loaded, session, prefix, cache_aware")
     offload: str | None = Field(
         None, description="offload tiers per replica, LMCache-like: cpu:200GiB, cpu:200GiB,ssd:1TiB (optional @GB/s: cpu:100GiB@25)")
+    disagg: str | None = Field(
+        None, description="prefill/decode disaggregation xPyD, e.g. 1P1D or 2P1D: x prefill + y decode replicas, the KV "
+                          "handed over a link (default off; --replicas must be x+y or left at 1; docs/disaggregation.md)")
+    disagg_link: str = Field(
+        DEFAULT_LINK, description="with --disagg, the prefill->decode KV link: rdma-ndr (InfiniBand 400 Gb/s, the default), "
+                                  "rdma-hdr, nvlink4, nvlink5 (figures and sources: sim/specs/gpus.json kv_transfer)")
+    disagg_local_prefill: Annotated[JSONInt, Field(ge=0)] = Field(
+        MAX_LOCAL_PREFILL, description="with --disagg, a prefill of at most this many tokens the decode replica has not "
+                                       "cached runs on it (Dynamo's max_local_prefill_length)")
+    disagg_prefill_queue: Annotated[JSONInt, Field(ge=0)] = Field(
+        MAX_PREFILL_QUEUE, description="with --disagg, prefill on the decode replica while this many calls wait for a "
+                                       "prefill replica (Dynamo's max_prefill_queue_size)")
     cache: str = Field(
         "vllm", description="each replica's KV cache model: vllm (vLLM's block pool, the default) or radix (SGLang's radix tree: "
                             "unlocked leaves evicted LRU first; matched in whole blocks; docs/model.md)")
@@ -259,6 +272,9 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
         check_limits(profile, e)
     tiers = parse_offload(c.offload)
     router = make_router(c.router).name  # an unknown router fails here, before the trace is read
+    disagg = make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue)  # bad spec or link: here too
+    if disagg is not None:
+        check_replicas(disagg.spec, (disagg.prefill, disagg.decode), c.replicas)
     trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(trace, w.programs, w.turn_repeat)
     cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
@@ -277,7 +293,8 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
             "block_size": cfg.block_size, "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
             "chunked_prefill": cfg.enable_chunked_prefill, "reserve_full_prompt": cfg.reserve_full_prompt}),
-        "cluster": c.model_copy(update={"router": router}),
+        "cluster": c.model_copy(update={"router": router, **({} if disagg is None else {
+            "disagg": disagg.spec, "disagg_link": disagg.link.name, "replicas": disagg.prefill + disagg.decode})}),
     })
     return Run(resolved, trace, policy, profile, cfg, np.asarray(arrivals, dtype=float), tiers)
 
@@ -287,4 +304,5 @@ def execute(run: Run, progress=None) -> Result:
     c = run.config.cluster
     return run_simulation(run.trace, run.policy, run.profile, run.cfg, run.arrivals,
                           fast_forward=run.config.engine.fast_forward, progress=progress,
-                          replicas=c.replicas, router=c.router, offload=run.tiers)
+                          replicas=c.replicas, router=c.router, offload=run.tiers,
+                          disagg=make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue))

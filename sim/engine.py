@@ -126,7 +126,11 @@ class Engine:
         self._deliver(call)
 
     def _deliver(self, call: Call) -> None:
-        self.policy.on_arrival(call.req, self.env.now)
+        # A call prefilled on a prefill replica (sim/disagg.py) reaches this decode replica
+        # after its prefill and KV transfer, but the request came to it at req.arrival
+        # (Dynamo routes a request to its decode worker first): the policy learns the tool's
+        # time from that arrival, not lengthened by the remote prefill.
+        self.policy.on_arrival(call.req, self.env.now if call.prefilled_on is None else call.req.arrival)
         self.sched.waiting.append(call)
         if not self._wakeup.triggered:
             self._wakeup.succeed()

@@ -24,7 +24,7 @@ from traces.validation import Model, validated
 
 _GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
            "cluster": "memory tiers and clusters"}
-_METAVAR = {"offload": "SPEC", "trace": "NAME|PATH", "profile": "NAME|PATH"}
+_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "trace": "NAME|PATH", "profile": "NAME|PATH"}
 
 
 def register(sub) -> None:
@@ -143,7 +143,12 @@ def format_summary(s: dict) -> str:
     if s.get("replicas", 1) > 1:
         rows.append(("replicas / router", f"{s['replicas']} / {s['router']}"))
         for r in s["per_replica"]:
-            rows.append((f"  replica {r['replica']}", f"{r['calls']} calls, KV {r['mean_kv_usage']:.1%} mean, hit {r['cache_hit_ratio']:.3f}"))
+            rows.append((f"  replica {r['replica']}", (f"prefill, {r['prefills']} prefills, " if r.get("role") == "prefill" else f"{r['calls']} calls, ")
+                         + f"KV {r['mean_kv_usage']:.1%} mean, hit {r['cache_hit_ratio']:.3f}"))
+    if "disaggregation" in s:
+        d = s["disaggregation"]
+        rows.append(("disaggregation", f"{d['spec']} over {d['link']} ({d['link_GBps']:g} GB/s): {d['remote_prefills']} remote / "
+                                       f"{d['local_prefills']} local prefills, {d['transfer_bytes'] / 1e9:.2f} GB in {d['transfer_s']:.3f} s"))
     if s.get("offload"):
         rows.append(("offload tiers", ", ".join(f"{n}: {t['bytes_written'] / 1e9:.1f} GB in, {t['bytes_read'] / 1e9:.1f} GB out"
                                                 for n, t in s["tiers"].items())))

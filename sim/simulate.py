@@ -12,6 +12,7 @@ from policies.base import Policy
 from policies.pins import pin_counts
 from sim.cluster import Cluster
 from sim.cpu_tier import TierSpec, parse_offload
+from sim.disagg import Disagg, make_disagg
 from sim.metrics import Recorder, program_table, summarize, turn_table
 from sim.profile import Profile
 from sim.scheduler import EngineConfig
@@ -48,12 +49,15 @@ def arrivals_for(trace: pd.DataFrame, jps: float | None, seed: int) -> np.ndarra
 def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: EngineConfig,
                    arrivals: np.ndarray, fast_forward: bool = True, progress=None, *,
                    replicas: int = 1, router: str | None = None,
-                   offload: str | tuple[TierSpec, ...] | None = None) -> Result:
+                   offload: str | tuple[TierSpec, ...] | None = None, disagg: str | Disagg | None = None) -> Result:
     """Replay `trace` on `replicas` replicas (each its own engine, pool, offload tiers and
     copy of `policy`; `policy` itself serves replica 0) behind `router` (round_robin,
     least_loaded, session, prefix; None = round_robin), with `offload` tiers per replica
-    ('cpu:200GiB', 'cpu:200GiB,ssd:1TiB', or parsed TierSpecs; None = GPU only)."""
+    ('cpu:200GiB', 'cpu:200GiB,ssd:1TiB', or parsed TierSpecs; None = GPU only); with `disagg`
+    ('1P1D', or a sim.disagg.Disagg for a link or thresholds of its own) x prefill + y decode
+    replicas instead of `replicas` (sim/disagg.py)."""
     tiers = offload if isinstance(offload, tuple) else parse_offload(offload)
+    split = make_disagg(disagg) if isinstance(disagg, str) else disagg
     env = simpy.Environment()
     rec = Recorder()
     work = Workload(env, trace, arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks,
@@ -66,7 +70,7 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
             progress.update(1)
 
     cluster = Cluster(env, cfg, profile, policy, replicas=replicas, router=router, tiers=tiers,
-                      fast_forward=fast_forward, on_finish=on_finish)
+                      fast_forward=fast_forward, on_finish=on_finish, disagg=split)
     work.start(cluster)
     cluster.start(work)
     env.run()
@@ -99,6 +103,13 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
         **offload_stats,
         "per_replica": per_replica,
     }
+    if cluster.disagg is not None:  # prefill/decode disaggregation: roles, prefills, transfers
+        for e, r in zip(engines, per_replica):
+            r["role"] = "prefill" if e.index < len(cluster.prefill) else "decode"
+            if r["role"] == "prefill":
+                p = cluster.pstats[e.index]
+                r.update(prefills=p["prefills"], cache_hit_ratio=p["cached_tokens"] / p["prompt_tokens"] if p["prompt_tokens"] else 0.0)
+        extra["disaggregation"] = cluster.disagg_summary()
     if policy.DECISIONS:  # InferCept: preserve / discard / swap counts
         extra["decisions"] = {k: sum(p.decisions.get(k, 0) for p in pols) for k in policy.DECISIONS}
     if cluster.controller is not None:  # ThunderAgent's proxy
@@ -120,6 +131,8 @@ def check_end(cluster: Cluster, rec: Recorder, trace: pd.DataFrame) -> None:
         sched.pool.check()
         if e.tier is not None:
             e.tier.check()
+    if cluster.in_flight():
+        raise RuntimeError(f"{cluster.in_flight()} calls still between a prefill and a decode replica")
     if cluster.held:
         raise RuntimeError(f"requests still held by the proxy: {sorted(cluster.held)}")
     done = [(t["program_id"], t["turn"]) for t in rec.turns]

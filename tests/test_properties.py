@@ -1,7 +1,8 @@
 """Property-based tests (hypothesis): random small traces x every policy x pool sizes,
 token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off, both
-KV cache models (vLLM's block pool, SGLang's radix tree); and
-random wrong values in profiles and anywhere in importer records. `make test` runs a
+KV cache models (vLLM's block pool, SGLang's radix tree), prefill/decode
+disaggregation (1P1D, 2P1D, 1P2D); and random wrong values in profiles and anywhere
+in importer records. `make test` runs a
 bounded number of examples; `make fuzz` sets AGENTSIM_FUZZ_EXAMPLES=10000."""
 import json
 import os
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from conftest import linear_profile, make_trace
 from policies.registry import POLICIES, make_policy
 from sim.router import ROUTERS
+from sim.disagg import Disagg, Link, find_link, parse_disagg
 from sim.simulate import engine_config, run_simulation
 from agentsim.errors import InputError
 
@@ -43,14 +45,20 @@ def configs(draw):
         chunked=draw(st.booleans()), replicas=draw(st.integers(1, 3)), router=draw(st.sampled_from(ROUTERS)),
         offload=draw(st.sampled_from([None, "cpu:1MiB@0.05", "cpu:1MiB@0.05,ssd:2MiB@0.01"])),
         cache=draw(st.sampled_from(["vllm", "radix"])),
+        disagg=draw(st.sampled_from([None, None, "1P1D", "2P1D", "1P2D"])), local_prefill=draw(st.sampled_from([0, 64, 1000])),
+        slow_link=draw(st.booleans()),
     )
 
 
 def _simulate(c, policy, ff=True):
     prof = linear_profile(blocks=c["blocks"], budget=c["budget"], seqs=c["seqs"], c2=1e-6, c4=1e-5)
     cfg = engine_config(prof, enable_chunked_prefill=c["chunked"], cache=c["cache"])
+    dg = None
+    if c["disagg"]:  # x prefill + y decode replicas instead of `replicas`; a slow link makes transfers count
+        x, y = parse_disagg(c["disagg"])
+        dg = Disagg(x, y, Link("slow", 4096 * 100.0, 0.01) if c["slow_link"] else find_link(None), max_local_prefill=c["local_prefill"])
     return run_simulation(c["trace"], make_policy(policy), prof, cfg, c["arrivals"], fast_forward=ff,
-                          replicas=c["replicas"], router=c["router"], offload=c["offload"])
+                          replicas=1 if dg else c["replicas"], router=c["router"], offload=c["offload"], disagg=dg)
 
 
 @SETTINGS
