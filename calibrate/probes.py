@@ -34,9 +34,9 @@ REPEATS = 5  # a probe's runs, interleaved with the other probes'
 def repeat_time(samples) -> float:
     """A probe's time: the median of its repeats. Not the minimum ("noise only adds time"):
     a replay's steps run at the engine's typical speed, not its best, and on a 2-core AVX2
-    CPU the repeats' median lay 10-26% above their minimum; fitted on the minimum the
-    simulator ran 10-32% fast against three validation matrices' replays, on the median
-    1-17% (docs/validation.md, `benchmarks/replay_step_error.py`). Five repeats, not three:
+    CPU the repeats' median lay 10-37% above their minimum; fitted on the minimum the
+    simulator's unscaled mean JCT was 10-37% short of three validation runs' replays, on
+    the median 0-17% (docs/validation.md, `benchmarks/replay_step_error.py`). Five repeats, not three:
     the median of three kept a slow first round (warm-up) or one disturbed run too often,
     and held-out fit errors went up to 18%."""
     return float(np.median(np.asarray(samples, float)))
