@@ -41,6 +41,16 @@ def _array(blocks: list[int]) -> np.ndarray:
     return np.fromiter(blocks, np.intp, len(blocks))
 
 
+def drop_refs(ref_cnt: np.ndarray, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """One reference fewer on each of `blocks` (distinct, non-empty): (the blocks as an
+    array, the references each has left). Both cache models free through it."""
+    a = _array(blocks)
+    left = ref_cnt[a] - 1
+    assert left.min() >= 0, f"block {blocks[int(np.argmin(left))]} freed twice"
+    ref_cnt[a] = left
+    return a, left
+
+
 class BlockPool:
     _compact_slack = 1024  # stale queue entries tolerated beyond the live ones (tests lower it)
     _memo_max = 4096  # owners whose last prefix hit is remembered
@@ -267,10 +277,7 @@ class BlockPool:
         instead, to be reused before any cached block is evicted (vLLM 0.32 does so)."""
         if not blocks:
             return
-        a = _array(blocks)
-        left = self.ref_cnt[a] - 1
-        assert left.min() >= 0, f"block {blocks[int(np.argmin(left))]} freed twice"
-        self.ref_cnt[a] = left
+        a, left = drop_refs(self.ref_cnt, blocks)
         zero = a[left == 0]
         if not len(zero):
             return

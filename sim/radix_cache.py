@@ -79,12 +79,10 @@ from typing import Hashable
 
 import numpy as np
 
+from sim.block_pool import _array, drop_refs
+
 _ROOT = -1  # parent of a block at the start of a context
 _NONE = -2  # "no block": a parent missing from the tree
-
-
-def _array(blocks: list[int]) -> np.ndarray:
-    return np.fromiter(blocks, np.intp, len(blocks))
 
 
 class RadixCache:
@@ -224,10 +222,7 @@ class RadixCache:
         one holds that the tree does not hold join the free blocks."""
         if not blocks:
             return
-        a = _array(blocks)
-        left = self.ref_cnt[a] - 1
-        assert left.min() >= 0, f"block {blocks[int(np.argmin(left))]} freed twice"
-        self.ref_cnt[a] = left
+        a, left = drop_refs(self.ref_cnt, blocks)
         t = self._targets(a)
         np.add.at(self._lock, t, -1)
         self._tick += 1
