@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policies.base import Policy, PolicyError
 from policies.registry import make_policy, params_model, policy_params
 from sim.cpu_tier import TierSpec, build_tiers, parse_offload
-from sim.disagg import DEFAULT_LINK, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, check_replicas, make_disagg
+from sim.disagg import DEFAULT_LINK, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, Disagg, check_replicas, make_disagg
 from sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.router import make_router
 from sim.scheduler import EngineConfig
@@ -254,7 +254,8 @@ class Run:
     profile: Profile
     cfg: EngineConfig
     arrivals: np.ndarray
-    tiers: tuple[TierSpec, ...]
+    tiers: tuple[TierSpec, ...]  # specs: each replica builds its own tiers (they hold state)
+    disagg: Disagg | None = None  # parsed once by build_run; execute uses it as is
 
 
 def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: Profile | None = None,
@@ -296,7 +297,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
         "cluster": c.model_copy(update={"router": router, **({} if disagg is None else {
             "disagg": disagg.spec, "disagg_link": disagg.link.name, "replicas": disagg.prefill + disagg.decode})}),
     })
-    return Run(resolved, trace, policy, profile, cfg, np.asarray(arrivals, dtype=float), tiers)
+    return Run(resolved, trace, policy, profile, cfg, np.asarray(arrivals, dtype=float), tiers, disagg)
 
 
 def execute(run: Run, progress=None) -> Result:
@@ -304,5 +305,4 @@ def execute(run: Run, progress=None) -> Result:
     c = run.config.cluster
     return run_simulation(run.trace, run.policy, run.profile, run.cfg, run.arrivals,
                           fast_forward=run.config.engine.fast_forward, progress=progress,
-                          replicas=c.replicas, router=c.router, offload=run.tiers,
-                          disagg=make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue))
+                          replicas=c.replicas, router=c.router, offload=run.tiers, disagg=run.disagg)
