@@ -34,6 +34,16 @@ RUNS: dict[str, list[str]] = {
     "fcfs_nochunk_limits": [*_SWE, "--policy", "program-fcfs", "--no-chunked-prefill",
                             "--max-num-seqs", "32", "--max-num-batched-tokens", "16384"],
 }
+# content segments shared across programs (a system prompt, task texts, repeated tool
+# results; built from 40 SWE-bench programs): prefix hits by content, radix cache, routers
+_SEG = ["--trace", "tests/fixtures/golden/segments_trace.parquet", "--jps", "1", "--num-blocks", "3000"]
+RUNS.update({
+    "segments_continuum": [*_SEG, "--policy", "continuum"],
+    "segments_radix_cache_aware": [*_SEG, "--policy", "continuum", "--cache", "radix", "--router", "cache_aware", "--replicas", "2"],
+    "disagg_1p1d_continuum": [*_SWE, "--policy", "continuum", "--disagg", "1P1D"],
+    "contextserve_replicas4_session": [*_SWE, "--policy", "contextserve", "--replicas", "4", "--router", "session",
+                                       "--num-blocks", "1200", "--offload", "cpu:1GiB"],
+})
 _WALL = ("wall_s", "sim_s_per_wall_s")  # wall-clock figures: not part of the result
 
 
@@ -50,11 +60,15 @@ def golden_run(name: str, tmp: Path) -> dict:
     import pandas as pd
 
     out = tmp / name
-    rc = _main()(["run", *RUNS[name], "--no-progress", "--out", str(out)])
+    root = GOLDEN.parents[2]  # fixture paths are relative to the repository, wherever it is cloned
+    args = [str(root / a) if a.startswith("tests/") else a for a in RUNS[name]]
+    rc = _main()(["run", *args, "--no-progress", "--out", str(out)])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     for k in _WALL:
         summary.pop(k)
+    if summary.get("trace", "").startswith(str(root)):
+        summary["trace"] = str(Path(summary["trace"]).relative_to(root))
     progs = pd.read_parquet(out / "programs.parquet")
     return {"args": RUNS[name], "summary": summary,
             "program_jct": dict(zip(progs["program_id"].astype(str), progs["jct"].astype(float)))}
