@@ -5,8 +5,8 @@ requests share a block exactly when their contexts agree up to its end. Here a
 program's context is a list of runs (segment id, length): an input segment, or the
 output of a call, named by the content of the prompt it continues (greedy decoding:
 the same prompt yields the same output, and a shorter output is a prefix of a
-longer one). Block i's key hashes block i-1's key with the (id, start, end) pieces of
-the runs it covers. One object per program, shared by its calls: the context is
+longer one). Block i's key hashes the digest of the runs before the one holding its
+last token with that run's id and the block's end offset in it. One object per program, shared by its calls: the context is
 append-only, so keys once computed never change, and each is computed once.
 
 Where the runs come from (sim/workload.py): a trace's content segments
@@ -24,15 +24,15 @@ class ContentKeys:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.runs: list[tuple[object, int, int]] = []  # (id, first token's position, length)
+        self.runs: list[tuple[object, int, int, int]] = []  # (id, first token's position, length, digest of the runs before)
         self.length = 0
         self.keys: list[int] = []
         self.digest = 0  # hash of all runs so far: names the output that follows
-        self._run = 0  # run holding the first token of block len(keys)
+        self._run = 0  # run holding the last token of block len(keys)
 
     def append(self, cid, n: int) -> None:
         if n > 0:
-            self.runs.append((cid, self.length, n))
+            self.runs.append((cid, self.length, n, self.digest))
             self.length += n
             self.digest = hash((self.digest, cid, n))
 
@@ -47,20 +47,25 @@ class ContentKeys:
         return self.keys[:n]
 
     def key(self, i: int) -> int:
-        keys, runs, bs = self.keys, self.runs, self.block_size
-        while len(keys) <= i:
-            lo = len(keys) * bs
-            hi = lo + bs
-            if hi > self.length:
-                raise IndexError(f"block {i} is not full: the context has {self.length} tokens")
-            pieces = []
-            r = self._run
-            while True:
-                cid, start, n = runs[r]
-                pieces.append((cid, max(lo, start) - start, min(hi, start + n) - start))
-                if start + n >= hi:
-                    break
+        """Block i's key: the digest of the runs before the run holding its last token,
+        that run's id, and how far into it the block ends. Equal keys, equal runs up to the
+        block's end (as chaining each block's pieces to its parent's key would give), but
+        the blocks ending inside one run are keyed by one comprehension."""
+        keys, bs = self.keys, self.block_size
+        if i < len(keys):
+            return keys[i]
+        last = (i + 1) * bs
+        if last > self.length:
+            raise IndexError(f"block {i} is not full: the context has {self.length} tokens")
+        runs, r, hi = self.runs, self._run, (len(keys) + 1) * bs
+        while hi <= last:
+            cid, start, n, d = runs[r]
+            end = start + n
+            if end < hi:  # the block ends past this run
                 r += 1
-            self._run = r if start + n > hi else r + 1
-            keys.append(hash((keys[-1] if keys else 0, tuple(pieces))))
+                continue
+            stop = min(end, last)
+            keys.extend([hash((d, cid, h - start)) for h in range(hi, stop + 1, bs)])
+            hi += ((stop - hi) // bs + 1) * bs
+        self._run = r
         return keys[i]

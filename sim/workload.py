@@ -34,8 +34,10 @@ class Workload:
         self._events: dict[int, object] = {}
         self._seq = 0
         self.by_content = segments.COLUMN in trace.columns
-        for (pid, g), arr in zip(trace.groupby("program_id", sort=False), arrivals):
-            rows = g.to_dict("records")
+        groups: dict[object, list[dict]] = {}  # program -> its rows, programs in order of first row
+        for r in trace.to_dict("records"):  # one conversion, not one per program
+            groups.setdefault(r["program_id"], []).append(r)
+        for (pid, rows), arr in zip(groups.items(), arrivals):
             self._check_fits(pid, rows, max_model_len, num_blocks, whole_prompt_budget)
             self.programs.append((str(pid), rows, float(arr)))
 
