@@ -76,6 +76,8 @@ class Cluster:
             self.pstats = [{"prefills": 0, "prompt_tokens": 0, "cached_tokens": 0} for _ in self.prefill]
         self.controller = policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size)
         self.held: dict[str, object] = {}  # program -> its request held back by the proxy
+        if len(self.engines) == 1 and self.controller is None:
+            self.engines[0].mid_step_reads = False  # a lone replica: arrivals wait for the step's end, unread
         self.own_clocks = (replicas > 1 and fast_forward and self.controller is None and isinstance(self.router, Session)
                            and disagg is None)
 

@@ -60,6 +60,11 @@ class Engine:
         # stretch stops before the step it falls in). A cluster narrows it to this
         # replica's own events (sim/cluster.py); alone, every event in SimPy's queue.
         self.horizon = env.peek
+        # Whether an event landing mid-step may read this replica's state (a router
+        # routing by load, another replica releasing a pin here): then a stretch stops
+        # before the step that event falls in. A lone replica (sim/cluster.py) hears of
+        # an event only at the step's end, so its stretch runs through that step.
+        self.mid_step_reads = True
         self._wakeup = env.event()
         self.stats = FinishStats()
         self.steps = 0
@@ -237,8 +242,8 @@ class Engine:
         would fail, or the step in which the next outside event lands begins (that step
         runs alone, as step-by-step: an event mid-step reads the replica's state, e.g. a
         router its used blocks, and a stretch applies its steps' allocations only at its
-        end). Each step's time is the profile's for that step (every context one token
-        longer), so the stretch ends at the same float time as step-by-step, and events
+        end; a lone replica's stretch runs through that step instead, see mid_step_reads).
+        Each step's time is the profile's for that step (every context one token longer), so the stretch ends at the same float time as step-by-step, and events
         keep their order (a different last bit reorders arrivals across replicas)."""
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
@@ -246,9 +251,10 @@ class Engine:
         nxt = self._next_event(self.horizon)
         dts, t = [dt0], now + dt0
         steps = self.profile.step.decode_steps(r, sum_qk + r, sum_k + r, sum_qc + r)
-        while len(dts) < max_steps:
+        stop_before = self.mid_step_reads
+        while len(dts) < max_steps and t < nxt:
             d = next(steps)
-            if t + d >= nxt:
+            if stop_before and t + d >= nxt:
                 break
             dts.append(d)
             t += d

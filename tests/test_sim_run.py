@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import linear_profile, make_trace, random_trace
@@ -64,6 +65,27 @@ def test_decode_stretches_match_step_by_step(gpu):
     assert fast.summary["preemptions"] == slow.summary["preemptions"]
     np.testing.assert_allclose(fast.turns["finish"], slow.turns["finish"], rtol=1e-9)
     assert (fast.turns["cached_tokens"] == slow.turns["cached_tokens"]).all()
+
+
+def test_lone_replica_stretch_runs_through_the_step_an_arrival_lands_in(monkeypatch):
+    """A lone replica hears of an arrival only at the end of the step it lands in, so its
+    stretch runs through that step (sim/engine.py mid_step_reads) instead of stopping
+    before it: one step fewer run alone per arrival, and the same results bit for bit."""
+    import sim.engine
+
+    # p000 decodes 200 tokens (0.011 s a step); p001 arrives at 0.5 s, inside a step
+    tr = make_trace([[(100, 200, None, None)], [(50, 3, None, None)]])
+    lengths = []
+    account = sim.engine.Engine._account
+    monkeypatch.setattr(sim.engine.Engine, "_account", lambda self, now, dts, sch: lengths.append(len(dts)) or account(self, now, dts, sch))
+    fast = run(tr, [0.0, 0.5])
+    ff_lengths, lengths[:] = lengths[:], []
+    slow = run(tr, [0.0, 0.5], ff=False)
+    pd.testing.assert_frame_equal(fast.turns, slow.turns, check_exact=True)
+    assert fast.summary["steps"] == slow.summary["steps"] == len(lengths)
+    # prefill, one stretch to the end of the step p001 arrives in, p001's prefill, then decodes
+    assert ff_lengths[0] == 1 and ff_lengths[2] == 1
+    assert 0.11 + sum(0.011 for _ in range(ff_lengths[1])) >= 0.5 > 0.11 + 0.011 * (ff_lengths[1] - 1)
 
 
 @pytest.mark.parametrize("offload", [None, "cpu:1MiB@0.05,ssd:2MiB@0.01"])
