@@ -14,12 +14,14 @@ Why this shape:
   router never does this); when a program ends, any pin it still holds on any
   replica is released ('last'), so nothing outlives a program. Such releases wait
   for the end of the other replica's step in flight (Engine.release_pin_later).
-- Own clocks: behind the session router a replica's decode stretch stops only at
-  events that can touch it (a first arrival, which the router routes by every
+- Own clocks: alone, or behind the session router, a replica's decode stretch stops
+  only at events that can touch it (a first arrival, which the router routes by every
   replica's load; a tool return of one of its own programs; its pin expiries), not at
   every other replica's step. Sticky programs never move, so nothing else on another
-  replica reads or changes it; the results are those of step-by-step. Other routers
-  (any arrival may land anywhere) and the proxy keep one clock for all.
+  replica reads or changes it; the results are those of step-by-step. Only a first
+  arrival reads a replica mid-step (the router), so a stretch runs through the step in
+  which a tool return or a pin expiry lands. Other routers (any arrival may land
+  anywhere) and the proxy keep one clock for all.
 - Prefill/decode disaggregation (`disagg`, sim/disagg.py): the first x engines are
   prefill replicas, the other y decode replicas; the router and the proxy choose among
   the decode replicas, and a call whose prefill runs remotely goes to the least loaded
@@ -76,10 +78,8 @@ class Cluster:
             self.pstats = [{"prefills": 0, "prompt_tokens": 0, "cached_tokens": 0} for _ in self.prefill]
         self.controller = policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size)
         self.held: dict[str, object] = {}  # program -> its request held back by the proxy
-        if len(self.engines) == 1 and self.controller is None:
-            self.engines[0].mid_step_reads = False  # a lone replica: arrivals wait for the step's end, unread
-        self.own_clocks = (replicas > 1 and fast_forward and self.controller is None and isinstance(self.router, Session)
-                           and disagg is None)
+        self.own_clocks = (fast_forward and self.controller is None and disagg is None
+                           and (replicas == 1 or isinstance(self.router, Session)))
 
     def start(self, work) -> None:
         """After work.start(self): the proxy's periodic rounds, while programs remain."""
@@ -92,16 +92,21 @@ class Cluster:
             self._returns: list[list[float]] = [[] for _ in self.engines]  # per replica: tool returns due
             for e in self.engines:
                 e.horizon = lambda i=e.index: self._horizon(i)
+                # a lone replica is read by no one; several are, by the router, at first arrivals
+                e.read_horizon = (lambda: math.inf) if len(self.engines) == 1 else self._next_first_arrival
 
-    def _horizon(self, i: int) -> float:
-        """The next event that can touch replica i: a program's first arrival (routed by
-        every replica's load) or a tool return of a program homed there. Events before
+    def _next_first_arrival(self) -> float:
+        """A program's next first arrival (routed by every replica's load). Events before
         now have happened; one at now may not have yet, so it counts."""
         now, first = self.env.now, self._first
         while self._next_first < len(first) and first[self._next_first] < now:
             self._next_first += 1
-        nxt = first[self._next_first] if self._next_first < len(first) else math.inf
-        due = self._returns[i]
+        return first[self._next_first] if self._next_first < len(first) else math.inf
+
+    def _horizon(self, i: int) -> float:
+        """The next event that can touch replica i: a first arrival or a tool return of a
+        program homed there (at now counts, as above)."""
+        nxt, now, due = self._next_first_arrival(), self.env.now, self._returns[i]
         while due and due[0] < now:
             heapq.heappop(due)
         return min(nxt, due[0]) if due else nxt

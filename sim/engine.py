@@ -60,11 +60,12 @@ class Engine:
         # stretch stops before the step it falls in). A cluster narrows it to this
         # replica's own events (sim/cluster.py); alone, every event in SimPy's queue.
         self.horizon = env.peek
-        # Whether an event landing mid-step may read this replica's state (a router
-        # routing by load, another replica releasing a pin here): then a stretch stops
-        # before the step that event falls in. A lone replica (sim/cluster.py) hears of
-        # an event only at the step's end, so its stretch runs through that step.
-        self.mid_step_reads = True
+        # When the next event that may read this replica's state mid-step lands (a router
+        # routing by load): a stretch stops before the step it falls in, since a stretch
+        # applies its allocations only at its end. Other events (a call of a program
+        # homed here arriving, a pin running out) reach the replica at the step's end, so
+        # a stretch runs through the step they fall in. Alone: every event may read.
+        self.read_horizon = env.peek
         self._wakeup = env.event()
         self.stats = FinishStats()
         self.steps = 0
@@ -242,7 +243,8 @@ class Engine:
         would fail, or the step in which the next outside event lands begins (that step
         runs alone, as step-by-step: an event mid-step reads the replica's state, e.g. a
         router its used blocks, and a stretch applies its steps' allocations only at its
-        end; a lone replica's stretch runs through that step instead, see mid_step_reads).
+        end; an event nothing reads mid-step ends the stretch after its step instead, see
+        read_horizon).
         Each step's time is the profile's for that step (every context one token longer), so the stretch ends at the same float time as step-by-step, and events
         keep their order (a different last bit reorders arrivals across replicas)."""
         r = len(scheduled)
@@ -251,10 +253,10 @@ class Engine:
         nxt = self._next_event(self.horizon)
         dts, t = [dt0], now + dt0
         steps = self.profile.step.decode_steps(r, sum_qk + r, sum_k + r, sum_qc + r)
-        stop_before = self.mid_step_reads
+        reader = self.read_horizon()
         while len(dts) < max_steps and t < nxt:
             d = next(steps)
-            if stop_before and t + d >= nxt:
+            if t + d >= reader:
                 break
             dts.append(d)
             t += d
