@@ -111,6 +111,8 @@ class Scheduler:
     # --- one step ---------------------------------------------------------------------
     def expire_pins(self, now: float) -> None:
         """Drop pins whose TTL ran out, except those whose program's next call waits."""
+        if not self.policy.pins:
+            return
         waiting_pids = {c.req.program_id for c in self.waiting}
         for pid in self.policy.expired_pins(now, waiting_pids):
             self.release_pin(pid, now, Release.EXPIRED)
