@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PAGE = ROOT / "docs" / "results.md"
 
 # Runs inside the tree under test (its own sim package first on sys.path); prints one JSON line.
 CHILD = """
@@ -71,14 +72,17 @@ def exponent(sizes: list[float], walls: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", default="HEAD~1", help="git revision to compare with (default HEAD~1)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--points", default="1x500,4x2000", help="replicas x programs, comma-separated (e.g. 1x500,1x2000,1x8000,16x8000)")
     ap.add_argument("--policies", default="vllm,continuum")
     ap.add_argument("--jps-per-replica", type=float, default=0.2)
-    a = ap.parse_args()
+    ap.add_argument("--write-docs", nargs="?", const=str(RESULTS_PAGE), default=None, metavar="PAGE",
+                    help=f"also write the table into PAGE (default {RESULTS_PAGE.relative_to(ROOT)}) between its "
+                         "`<!-- sim_speed: FLAGS -->` and `<!-- end sim_speed -->` lines")
+    a = ap.parse_args(argv)
     points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
     trees = {"current": ROOT, "baseline": worktree(a.baseline)}
     with tempfile.TemporaryDirectory() as d:
@@ -92,10 +96,11 @@ def main() -> None:
                         out = run_point(trees[name], trace, n, r, a.jps_per_replica * r, policy)
                         res.setdefault((policy, r, n, name), []).append(out)
                         print(f"  rep {rep} {policy} {r}x{n} {name}: {out['wall_s']:.1f} s", file=sys.stderr, flush=True)
-    print(f"baseline {a.baseline} ({trees['baseline'].name}) against this tree; synthetic swebench, session router, "
-          f"{a.jps_per_replica} programs/s per replica, medians of {a.reps} interleaved reps, 2-core machine")
-    print("| policy | replicas x programs | simulated s | tree | whole process s | sim s / wall s | event loop s | steps |")
-    print("|---|---|---|---|---|---|---|---|")
+    out = [f"baseline {a.baseline} ({trees['baseline'].name}) against this tree; synthetic swebench, session router, "
+           f"{a.jps_per_replica} programs/s per replica, medians of {a.reps} interleaved reps, 2-core machine",
+           "",
+           "| policy | replicas x programs | simulated s | tree | whole process s | sim s / wall s | event loop s | steps |",
+           "|---|---|---|---|---|---|---|---|"]
     for policy in a.policies.split(","):
         for r, n in points:
             med = {}
@@ -103,11 +108,13 @@ def main() -> None:
                 runs = res[(policy, r, n, name)]
                 med[name] = {k: statistics.median(x[k] for x in runs) for k in ("wall_s", "loop_s", "sim_s", "steps")}
                 m = med[name]
-                print(f"| {policy} | {r}x{n} | {m['sim_s']:.0f} | {name} | {m['wall_s']:.2f} | {m['sim_s'] / m['wall_s']:.0f} | "
-                      f"{m['loop_s']:.2f} | {m['steps']:.0f} |")
-            same = all(x["mean_jct"] == res[(policy, r, n, "baseline")][0]["mean_jct"] for x in res[(policy, r, n, "current")])
-            print(f"| {policy} | {r}x{n} | | **ratio** | **{med['baseline']['wall_s'] / med['current']['wall_s']:.2f}x** | | "
-                  f"**{med['baseline']['loop_s'] / med['current']['loop_s']:.2f}x** | same mean JCT: {same} |")
+                out.append(f"| {policy} | {r}x{n} | {m['sim_s']:.0f} | {name} | {m['wall_s']:.2f} | {m['sim_s'] / m['wall_s']:.0f} | "
+                           f"{m['loop_s']:.2f} | {m['steps']:.0f} |")
+            ref = res[(policy, r, n, "baseline")][0]
+            same = all((x["mean_jct"], x["steps"]) == (ref["mean_jct"], ref["steps"]) for x in res[(policy, r, n, "current")])
+            out.append(f"| {policy} | {r}x{n} | | **ratio** | **{med['baseline']['wall_s'] / med['current']['wall_s']:.2f}x** | | "
+                       f"**{med['baseline']['loop_s'] / med['current']['loop_s']:.2f}x** | same steps and mean JCT: {same} |")
+    out.append("")
     for name in ("baseline", "current"):
         for policy in a.policies.split(","):
             one = [(n, statistics.median(x["wall_s"] for x in res[(policy, r, n, name)])) for r, n in points if r == 1]
@@ -116,8 +123,18 @@ def main() -> None:
                 per.setdefault(n // r, []).append((r, statistics.median(x["wall_s"] for x in res[(policy, r, n, name)])))
             k_prog = exponent([n for n, _ in one], [w for _, w in one])
             k_rep = [exponent([r for r, _ in v], [w for _, w in v]) for v in per.values() if len(v) > 1]
-            print(f"- {name}, {policy}: wall ~ programs^{k_prog:.2f}" if k_prog is not None else f"- {name}, {policy}:", end="")
-            print("".join(f"; wall ~ replicas^{k:.2f} at fixed programs per replica" for k in k_rep))
+            growth = ([f"wall ~ programs^{k_prog:.2f}"] if k_prog is not None else []) + \
+                [f"wall ~ replicas^{k:.2f} at fixed programs per replica" for k in k_rep]
+            if growth:
+                out.append(f"- {name}, {policy}: " + "; ".join(growth))
+    text = "\n".join(out)
+    print(text)
+    if a.write_docs:
+        from docs_tables import write_block
+
+        flags = f"--baseline {a.baseline} --reps {a.reps} --points {a.points} --policies {a.policies}"
+        write_block(a.write_docs, "sim_speed", flags, text)
+    return text
 
 
 def _gen(path: Path, programs: int) -> None:

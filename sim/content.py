@@ -6,8 +6,9 @@ program's context is a list of runs (segment id, length): an input segment, or t
 output of a call, named by the content of the prompt it continues (greedy decoding:
 the same prompt yields the same output, and a shorter output is a prefix of a
 longer one). Block i's key hashes the digest of the runs before the one holding its
-last token with that run's id and the block's end offset in it. One object per program, shared by its calls: the context is
-append-only, so keys once computed never change, and each is computed once.
+last token with that run's id and the block's end offset in it. One object per
+program, shared by its calls: the context is append-only, so keys once computed never
+change, and each is computed once.
 
 Where the runs come from (sim/workload.py): a trace's content segments
 (traces/segments.py); without them, turn 0's `shared_prefix_tokens` is one run every

@@ -2,10 +2,11 @@
 apply it, hand finished calls to the policy. It is also the policy's EngineView.
 
 Speed: a batch of decodes that will run unchanged (no call finishes, no allocation
-fails, nothing can be admitted, no arrival or pin expiry falls inside) is advanced as
-one stretch of n steps with a single SimPy timeout. Step j of the stretch costs
-A + B*j (every context grows by one token a step), so the stretch ends exactly where
-the step-by-step engine would, at the first step that completes after the next event.
+fails, nothing can be admitted) is advanced as one stretch of n steps with a single
+SimPy timeout. Step j of the stretch costs A + B*j (every context grows by one token a
+step), so the stretch ends exactly where the step-by-step engine would: at the end of
+the step in which the next arrival or pin expiry lands (the engine hears of it only
+then), or before the step in which an event lands that reads the replica mid-step.
 
 Offload (sim/cpu_tier.py): a step's transfer time is charged to that step — reloads
 of calls admitted in it add to it (LMCache's synchronous retrieve), offload copies

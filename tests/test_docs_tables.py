@@ -107,3 +107,23 @@ def test_offload_table_writes_its_tables_and_the_results_page_marks_them(tmp_pat
     assert text == args and text in capsys.readouterr().out
     assert page.read_text() == f"<!-- offload_table: {tiny_key} -->\n\n{text}\n\n<!-- end offload_table -->\n"
     assert "Table: GPU memory sweep, swebench at JPS 0.5, 4 programs, seed 0" in text
+
+
+def test_sim_speed_writes_its_table_and_the_results_page_marks_it(tmp_path, capsys):
+    """benchmarks/sim_speed.py on a tiny point against HEAD (the same code: same steps and
+    mean JCT), its table written into a page; the results page holds a written table."""
+    import sim_speed
+
+    results = (ROOT / "docs" / "results.md").read_text()
+    marked = re.findall(r"^<!-- sim_speed: (.*?) -->\n\n(.*?)\n\n<!-- end sim_speed -->$", results, re.S | re.M)
+    assert len(marked) == 1 and marked[0][1].startswith("baseline ")
+    assert "| **ratio** |" in marked[0][1] and "same steps and mean JCT: True" in marked[0][1]
+    page = tmp_path / "results.md"
+    key = "--baseline HEAD --reps 1 --points 1x4 --policies vllm"
+    page.write_text(f"<!-- sim_speed: {key} -->\nold\n<!-- end sim_speed -->\n")
+    text = sim_speed.main(["--baseline", "HEAD", "--reps", "1", "--points", "1x4", "--policies", "vllm", "--write-docs", str(page)])
+    assert text in capsys.readouterr().out
+    assert page.read_text() == f"<!-- sim_speed: {key} -->\n\n{text}\n\n<!-- end sim_speed -->\n"
+    rows = [r for r in text.split("\n") if r.startswith("| vllm | 1x4 |")]
+    assert [r.split(" | ")[3] for r in rows] == ["baseline", "current", "**ratio**"]
+    assert rows[2].endswith("same steps and mean JCT: True |")
