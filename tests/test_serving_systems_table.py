@@ -38,13 +38,13 @@ def finite(cell: str) -> bool:
         return False
 
 
-def check_rows(text: str, systems: list[str], n_tables: int) -> None:
+def check_rows(text: str, systems: list[str], n_tables: int, cols: int = 12) -> None:
     t = tables(text)
     assert len(t) == n_tables, list(t)
     for head, rows in t.items():
         assert [r[0] for r in rows] == systems, head
         for r in rows:
-            assert len(r) == 11, r
+            assert len(r) == cols, r
             bad = [c for c in r[1:] if not finite(c) and not re.fullmatch(r"n/a \[\d+\]", c)]
             assert not bad, (head, r)
             for n in re.findall(r"n/a \[(\d+)\]", " ".join(r)):  # a refused combination has its reason below
@@ -82,13 +82,15 @@ def test_real_cell_is_built_in_a_temporary_directory(capsys):
 
 def test_the_page_holds_the_default_command_s_block():
     text = PAGE.read_text()
-    blocks = BLOCK.findall(text)
-    assert len(blocks) == 1
-    key, body = blocks[0]
-    a = sst.parse_args([])
-    assert key == sst.table_key(a)  # what `--write-docs` with no other flag replaces
-    cells = [sst.parse_cell(c) for c in a.cells]
-    check_rows(body, sst.DEFAULT_SYSTEMS.split(","), sum(len(loads) for _, _, loads, _ in cells))
-    assert f"Profile `{a.profile}`" in body
-    assert "python benchmarks/serving_systems_table.py --write-docs" in text
+    blocks = dict(BLOCK.findall(text))
+    assert len(blocks) == len(BLOCK.findall(text))  # no key marked twice
+    default = sst.table_key(sst.parse_args([]))
+    assert default in blocks  # what `--write-docs` with no other flag replaces
+    assert "python benchmarks/serving_systems_table.py --write-docs\n" in text
     assert (ROOT / "docs" / "figures" / "serving_systems.png").is_file() and "figures/serving_systems.png" in text
+    for key, body in blocks.items():  # every block in the script's format, as its key defines it
+        a = sst.parse_args(key.split())
+        cells = [sst.parse_cell(c) for c in a.cells]
+        check_rows(body, a.systems.split(","), sum(len(loads) for _, _, loads, _ in cells),
+                   cols=1 + (7 if "gpu" in a.tiers else 0) + (4 if "cpu" in a.tiers else 0))
+        assert body.startswith(f"Profile `{a.profile}`")
