@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> str:
                 [f"wall ~ replicas^{k:.2f} at fixed programs per replica" for k in k_rep]
             if growth:
                 out.append(f"- {name}, {policy}: " + "; ".join(growth))
-    text = "\n".join(out)
+    text = "\n".join(out).rstrip("\n")
     print(text)
     if a.write_docs:
         from docs_tables import write_block

@@ -125,5 +125,5 @@ def test_sim_speed_writes_its_table_and_the_results_page_marks_it(tmp_path, caps
     assert text in capsys.readouterr().out
     assert page.read_text() == f"<!-- sim_speed: {key} -->\n\n{text}\n\n<!-- end sim_speed -->\n"
     rows = [r for r in text.split("\n") if r.startswith("| vllm | 1x4 |")]
-    assert [r.split(" | ")[3] for r in rows] == ["baseline", "current", "**ratio**"]
+    assert [r.split("|")[4].strip() for r in rows] == ["baseline", "current", "**ratio**"]
     assert rows[2].endswith("same steps and mean JCT: True |")
