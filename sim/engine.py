@@ -65,7 +65,8 @@ class Engine:
         # routing by load): a stretch stops before the step it falls in, since a stretch
         # applies its allocations only at its end. Other events (a call of a program
         # homed here arriving, a pin running out) reach the replica at the step's end, so
-        # a stretch runs through the step they fall in. Alone: every event may read.
+        # a stretch runs through the step they fall in. Default: any event may read
+        # (sim/cluster.py narrows it where it knows better).
         self.read_horizon = env.peek
         self._wakeup = env.event()
         self.stats = FinishStats()
@@ -245,8 +246,8 @@ class Engine:
         runs alone, as step-by-step: an event mid-step reads the replica's state, e.g. a
         router its used blocks, and a stretch applies its steps' allocations only at its
         end; an event nothing reads mid-step ends the stretch after its step instead, see
-        read_horizon).
-        Each step's time is the profile's for that step (every context one token longer), so the stretch ends at the same float time as step-by-step, and events
+        read_horizon). Each step's time is the profile's for that step (every context one
+        token longer), so the stretch ends at the same float time as step-by-step, and events
         keep their order (a different last bit reorders arrivals across replicas)."""
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
