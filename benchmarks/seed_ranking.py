@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--num-gpu-blocks", type=int, default=96)
     ap.add_argument("--max-tool-s", type=float, default=4.0)  # the cut's other options: sim validate's defaults
     ap.add_argument("--profile", default=None, help="profile to judge on (default: calibrate per seed)")
-    ap.add_argument("--policy-arg", action="append", default=["K=10"], metavar="K=V")
+    ap.add_argument("--policy-arg", action="append", default=["K=10"], metavar="K=V",
+                    help="added to K=10, which is always given (Continuum's cold-start threshold, as the "
+                         "validation shapes set it)")
     a = ap.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",") if s]
     others = [p for p in a.others.split(",") if p]
