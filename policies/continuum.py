@@ -48,32 +48,48 @@ def best_ttl(samples: np.ndarray, benefit: float) -> float:
 
 
 class SortedSamples:
-    """Tool durations kept sorted as they arrive, so Eq. 2 reads them with no sort: an
-    insertion shifts the tail of a buffer that doubles when full (a memmove, no new array)."""
+    """Tool durations kept sorted as they arrive, so Eq. 2 reads them with no full sort.
+    An add only queues the sample; a read merges what was queued: one sample by inserting
+    it (a memmove of the tail of a buffer that doubles when full), several by sorting the
+    queued ones and merging them in. So a read after every add costs one insertion, and
+    samples nobody reads (the global CDF once every tool has K of its own) cost nothing."""
 
-    __slots__ = ("_buf", "n")
+    __slots__ = ("_buf", "_sorted", "_pending")
 
     def __init__(self) -> None:
-        self._buf, self.n = np.empty(16), 0
+        self._buf, self._sorted, self._pending = np.empty(16), 0, []
 
     def add(self, t: float) -> None:
-        n, buf = self.n, self._buf
-        if n == len(buf):
-            buf = self._buf = np.concatenate([buf, np.empty(n)])
+        self._pending.append(t)
+
+    def _merge(self) -> None:
+        pending, n, buf = self._pending, self._sorted, self._buf
+        k = len(pending)
+        if n + k > len(buf):
+            buf = self._buf = np.concatenate([buf[:n], np.empty(max(n, k, 16))])
         head = buf[:n]
-        i = int(head.searchsorted(t))  # the method: no dispatch through np.searchsorted
-        if i < n:
-            buf[i + 1 : n + 1] = head[i:]  # numpy copies overlapping slices correctly
-        buf[i] = t
-        self.n = n + 1
+        if k == 1:
+            t = pending[0]
+            i = int(head.searchsorted(t))  # the method: no dispatch through np.searchsorted
+            if i < n:
+                buf[i + 1 : n + 1] = head[i:]  # numpy copies overlapping slices correctly
+            buf[i] = t
+        else:  # a sorted multiset of floats is the same array however it is built
+            new = np.sort(np.array(pending, dtype=float))
+            at = head.searchsorted(new, side="right")
+            buf[: n + k] = np.insert(head, at, new)
+        self._sorted = n + k
+        pending.clear()
 
     @property
     def values(self) -> np.ndarray:
         """The samples, sorted (a view: valid until the next add)."""
-        return self._buf[: self.n]
+        if self._pending:
+            self._merge()
+        return self._buf[: self._sorted]
 
     def __len__(self) -> int:
-        return self.n
+        return self._sorted + len(self._pending)
 
     def __iter__(self):
         return iter(self.values)

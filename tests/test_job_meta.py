@@ -1,6 +1,9 @@
 import pytest
 
-from calibrate.job_meta import parse_job_meta
+from hypothesis import given
+from hypothesis import strategies as st
+
+from calibrate.job_meta import _parse, parse_job_meta
 
 
 @pytest.mark.parametrize("xargs", [None, {}, "job=1", ["a"], {"job_id": None}, {"job_id": ""}, {"job_id": "  "},
@@ -47,3 +50,21 @@ def test_tool_duration_hint(value, want):
 def test_odd_tool_duration_is_ignored_with_a_problem(value):
     m = parse_job_meta({"job_id": "a", "tool_duration_s": value}, "r")
     assert m.tool_duration_s is None and m.problems and m.program_id == "a"
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.floats(allow_nan=True),
+                    st.sampled_from(["", " ", "a", " a", "a ", "true", "0", "1.5", "inf"]), st.lists(st.integers(), max_size=1))
+
+
+@given(st.dictionaries(st.sampled_from(["job_id", "is_last_step", "tool", "tool_hint", "tool_duration_s", "other"]),
+                       _values, max_size=6))
+def test_fast_path_reads_what_the_full_parser_reads(xargs):
+    """parse_job_meta's per-request fast path for well-formed metadata gives exactly the
+    full parser's result, on any mapping."""
+    assert parse_job_meta(xargs, "r") == _parse(xargs, "r")
+
+
+def test_fast_path_takes_the_replays_form():
+    xargs = {"job_id": "p1", "is_last_step": False, "tool": "pytest", "tool_duration_s": 2.5}
+    m = parse_job_meta(xargs, "r")
+    assert (m.program_id, m.is_last_step, m.tool, m.tool_duration_s, m.problems) == ("p1", False, "pytest", 2.5, [])

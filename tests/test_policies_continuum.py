@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from policies.base import FREE, Retention, Request
-from policies.continuum import ContinuumPolicy, Memoryfulness, StaticTTLPolicy, best_ttl, default_ttl
+from policies.continuum import ContinuumPolicy, Memoryfulness, SortedSamples, StaticTTLPolicy, best_ttl, default_ttl
 
 
 from conftest import FakeView  # noqa: E402
@@ -314,3 +314,18 @@ def test_best_ttl_identical_to_the_old_on_odd_benefits():
         s = np.sort(_durations(rng, n))
         for b in odd + list(rng.choice(s, min(n, 20))) + list(rng.exponential(3.0, 20)):
             assert best_ttl(s, b) == _old_best_ttl(s, b), (n, b)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sorted_samples_read_at_any_time_are_the_sorted_adds(seed):
+    """Adds are queued and merged on read (one by insertion, several by a sort-merge):
+    whatever the read pattern, values are the sorted samples, ties and repeats included."""
+    rng = np.random.default_rng(seed)
+    s, seen = SortedSamples(), []
+    for d in _durations(rng, 3000):
+        s.add(float(d))
+        seen.append(float(d))
+        assert len(s) == len(seen)
+        if rng.random() < [0.9, 0.3, 0.05, 0.01][seed]:
+            assert np.array_equal(s.values, np.sort(seen))
+    assert np.array_equal(s.values, np.sort(seen)) and list(s) == sorted(seen)

@@ -22,13 +22,15 @@ def parts():
 
 def test_adapter_running_vllm_schedules_what_vllm_does(parts):
     p, hasher = parts
-    base = scheduler_overhead.model_free_run(None, p, hasher, 40, 8)
-    mine = scheduler_overhead.model_free_run("vllm", p, hasher, 40, 8)
+    base, mine = scheduler_overhead.model_free_lockstep([None, "vllm"], p, hasher, 40, 8)
     # 40 programs x 3 turns x (1 prefill step + 7 decode steps) at 8 running: well over 100 steps
     assert len(base["schedule"]) > 100
     assert mine["schedule"] == base["schedule"]
     calls = {rid for step in base["schedule"] for rid in step}
     assert len(calls) == 120  # every turn of every program ran
+    # running in lockstep with others changes nothing a scheduler decides
+    assert scheduler_overhead.model_free_run("vllm", p, hasher, 40, 8)["schedule"] == base["schedule"]
+    assert len(mine["steps"]) == len(base["steps"]) and all(t > 0 for _, t in mine["steps"])
 
 
 def test_a_reordering_policy_runs_every_call(parts):
