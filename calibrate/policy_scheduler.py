@@ -334,14 +334,10 @@ class PolicyScheduler(Scheduler):
 
     def _order_running_for_victims(self) -> None:
         """vLLM preempts the tail of `running`: put the policy's victims there, in order."""
-        rest = list(self.running)
-        tail = []
-        while len(rest) > 1:
-            chosen = self.policy.preemption_victim([self.calls[r.request_id].req for r in rest], self)
-            victim = next(r for r in rest if self.calls[r.request_id].req is chosen)
-            rest.remove(victim)
-            tail.append(victim)
-        self.running[:] = rest + tail[::-1]
+        calls = self.calls
+        request_of = {id(calls[r.request_id].req): r for r in self.running}
+        order = self.policy.preemption_order([calls[r.request_id].req for r in self.running], self)
+        self.running[:] = [request_of[id(req)] for req in reversed(order)]
 
     def _timed_update_from_output(self, scheduler_output, model_runner_output):
         """update_from_output, installed on the instance only when steps are timed (an

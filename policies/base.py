@@ -29,6 +29,9 @@ Each scheduling step:
                                   pins to drop so the queue head fits (no deadlock);
                                   asked while calls run only if `unpin_while_running`
   preemption_victim(running, view)
+  preemption_order(running, view) every victim in the order preemption_victim would
+                                  pick them one by one (an engine that must order its
+                                  running list up front, the vLLM adapter, asks once)
   req.preempted is set by the engine when a call is preempted.
 Optional, for offload tiers and per-step retention (defaults change nothing; an engine
 without them may ignore them):
@@ -265,3 +268,13 @@ class Policy:
     def preemption_victim(self, running: list[Request], view: EngineView) -> Request:
         """vLLM FCFS preempts the most recently scheduled running request."""
         return running[-1]
+
+    def preemption_order(self, running: list[Request], view: EngineView) -> list[Request]:
+        """All of `running`, first victim first: preemption_victim asked again on what is
+        left each time (a policy may override it with one sort that gives the same list)."""
+        rest, order = list(running), []
+        while rest:
+            chosen = self.preemption_victim(rest, view)
+            rest.remove(next(r for r in rest if r is chosen))
+            order.append(chosen)
+        return order

@@ -85,6 +85,7 @@ class RebuildPricedTTLPolicy(Policy):
     order_key = ContinuumStaticPolicy.order_key
     unpin_victims = ContinuumStaticPolicy.unpin_victims
     preemption_victim = ContinuumStaticPolicy.preemption_victim
+    preemption_order = ContinuumStaticPolicy.preemption_order
 
     def release_action(self, program_id: str, reason: Release) -> Action:
         return Action.OFFLOAD if self.demote else Action.FREE

@@ -64,3 +64,8 @@ class ContinuumStaticPolicy(Policy):
         """fork: the running non-last-step call with the latest job entry, else the latest."""
         pool = [r for r in running if not r.is_last_step] or running
         return max(pool, key=lambda r: r.program_arrival)
+
+    def preemption_order(self, running: list[Request], view: EngineView) -> list[Request]:
+        """preemption_victim's picks in one stable sort: non-last steps first, latest job
+        entry first, ties in list order (max keeps the first of equals)."""
+        return sorted(running, key=lambda r: (r.is_last_step, -r.program_arrival))

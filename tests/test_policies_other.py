@@ -2,9 +2,11 @@
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies.autellix import AutellixPolicy
-from policies.base import FREE, Request, Retention
+from policies.base import FREE, Policy, Request, Retention
 from policies.oracle import OraclePolicy
 from policies.program_fcfs import ProgramFCFSPolicy
 from policies.registry import POLICIES, make_policy
@@ -63,6 +65,17 @@ def test_static_order_and_victims():
     assert p.unpin_victims(2, v) == ["pin2"]  # latest end time first
     running = [req(pid="a", prog_arrival=1.0), req(pid="b", prog_arrival=3.0, last=True), req(pid="c", prog_arrival=2.0)]
     assert p.preemption_victim(running, v).program_id == "c"  # latest non-last-step
+    assert [r.program_id for r in p.preemption_order(running, v)] == ["c", "a", "b"]
+
+
+@pytest.mark.parametrize("name", ["continuum-static", "rebuild-priced-ttl"])
+@given(st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 7.5]), st.booleans()), max_size=9))
+def test_static_preemption_order_is_its_victims_one_by_one(name, calls):
+    """The one-sort preemption_order (what the vLLM adapter asks each step) equals asking
+    preemption_victim again on what is left (the base definition), ties included."""
+    p, v = make_policy(name), FakeView()
+    running = [req(pid=f"p{i}", prog_arrival=a, last=last) for i, (a, last) in enumerate(calls)]
+    assert p.preemption_order(running, v) == Policy.preemption_order(p, running, v)
 
 
 # --- program-fcfs ------------------------------------------------------------------------

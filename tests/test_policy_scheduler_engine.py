@@ -164,3 +164,31 @@ def test_expired_pin_is_not_served(engines):
     assert _program_a_then_floods(llm, np.random.default_rng(0), "expired", wait_s=1.0) < 2 * 128
     assert dict(sched.policy.pin_outcomes) == {"expired": 1}
     assert not sched.pinned
+
+
+@pytest.mark.parametrize("policy", ["continuum-static", "rebuild-priced-ttl"])
+def test_running_is_ordered_for_the_policys_victims(policy):
+    """vLLM preempts from the tail of `running`: the adapter puts the policy's victims there,
+    first victim last, with one preemption_order call; the order is what asking
+    preemption_victim again and again on the rest gives (the rule as first written)."""
+    from types import SimpleNamespace
+
+    from calibrate.policy_scheduler import PolicyScheduler, _Call
+    from policies.base import Request
+    from policies.registry import make_policy
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(2, 9))
+        reqs = [Request(f"r{i}", f"p{i}", 1, 0.0, float(rng.choice([0.0, 1.0, 2.0])), 100,
+                        is_last_step=bool(rng.integers(0, 2))) for i in range(n)]
+        stub = SimpleNamespace(policy=make_policy(policy), calls={r.req_id: _Call(r, i) for i, r in enumerate(reqs)},
+                               running=[SimpleNamespace(request_id=r.req_id) for r in reqs])
+        rest, tail = list(stub.running), []
+        while len(rest) > 1:
+            chosen = stub.policy.preemption_victim([stub.calls[x.request_id].req for x in rest], stub)
+            victim = next(x for x in rest if stub.calls[x.request_id].req is chosen)
+            rest.remove(victim)
+            tail.append(victim)
+        PolicyScheduler._order_running_for_victims(stub)
+        assert stub.running == rest + tail[::-1]
