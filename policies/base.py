@@ -275,6 +275,5 @@ class Policy:
         rest, order = list(running), []
         while rest:
             chosen = self.preemption_victim(rest, view)
-            rest.remove(next(r for r in rest if r is chosen))
-            order.append(chosen)
+            order.append(rest.pop(next(i for i, r in enumerate(rest) if r is chosen)))  # by identity
         return order
