@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import operator
 import time
 from dataclasses import dataclass
 
@@ -55,8 +56,17 @@ class _Call:
     scheduled_at: float | None = None
 
 
-def _block_id(block) -> int:
-    return block.block_id
+class _Asked:
+    """A container whose membership is a predicate: for a policy that asks about a few
+    members of a set too large to build before every step."""
+
+    __slots__ = ("_pred",)
+
+    def __init__(self, pred) -> None:
+        self._pred = pred
+
+    def __contains__(self, x) -> bool:
+        return self._pred(x)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -96,7 +106,7 @@ class PolicyScheduler(Scheduler):
         self.calls: dict[str, _Call] = {}  # request id -> call, while in the engine
         self.inflight: dict[str, str] = {}  # program -> its request in the engine
         self.programs: dict[str, tuple[float, int]] = {}  # program -> (first arrival, turns seen)
-        self.pinned = PinTable(block_id=_block_id)  # program -> the KVCacheBlocks its pin holds
+        self.pinned = PinTable(block_id=operator.attrgetter("block_id"))  # program -> the KVCacheBlocks its pin holds
         self._seq = 0
         self._warned: set[str] = set()
         self.stats = FinishStats()
@@ -120,7 +130,8 @@ class PolicyScheduler(Scheduler):
         # is preempted (what policy keys depend on), so a step with hundreds waiting
         # and no such event costs nothing. Keys that move with time are re-sorted per step.
         self._keys: dict[str, tuple] = {}
-        self._next_expiry = float("inf")  # earliest pin expiry: the per-step check is O(1)
+        self._next_expiry = float("inf")  # at most the earliest pin expiry: the per-step check is O(1)
+        self._waiting_programs = _Asked(self._next_call_waits)
         allocate = self.kv_cache_manager.allocate_slots
 
         def allocate_slots(request, num_new_tokens, *a, **kw):
@@ -185,7 +196,9 @@ class PolicyScheduler(Scheduler):
             manager.allocate_slots = self._allocate_with_unpin
         else:
             manager.__dict__.pop("allocate_slots", None)  # back to the class's own method
-        self._next_expiry = min((p.expiry for p in self.policy.pins.values()), default=float("inf"))
+        pin = self.policy.pins.get(pid) if pid in self.pinned else None
+        if pin is not None:  # a new pin; a released one leaves the bound early, which is safe
+            self._next_expiry = min(self._next_expiry, pin.expiry)
         rid = self.inflight.get(pid)
         request = self.requests.get(rid) if rid is not None else None
         if request is not None and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
@@ -214,14 +227,18 @@ class PolicyScheduler(Scheduler):
         queue.insert(at, request)
 
     def _expire(self, now: float) -> None:
+        """Release the pins whose TTL ran out, then bound the next expiry again (pins
+        released since the last bound only made it early: one extra call here)."""
         if self.pinned:
-            # pinned programs whose next call waits: a request of ours not running is in
-            # self.waiting (waiting or preempted). O(pins), not O(waiting): hundreds wait.
-            requests, inflight = self.requests, self.inflight
-            waiting = {pid for pid in self.pinned
-                       if (r := requests.get(inflight.get(pid))) is not None and r.status != RequestStatus.RUNNING}
-            for pid in self.policy.expired_pins(now, waiting):
+            for pid in self.policy.expired_pins(now, self._waiting_programs):
                 self._release_pin(pid, now, Release.EXPIRED)
+        self._next_expiry = min((p.expiry for p in self.policy.pins.values()), default=float("inf"))
+
+    def _next_call_waits(self, pid: str) -> bool:
+        """A pinned program whose next call waits: a request of ours not running is in
+        self.waiting (waiting or preempted). Asked only of expired pins, not of hundreds."""
+        r = self.requests.get(self.inflight.get(pid))
+        return r is not None and r.status != RequestStatus.RUNNING and pid in self.pinned
 
     def _unpin_for(self, request, num_new_tokens: int, kw: dict) -> bool:
         """Continuum's no-deadlock rule, as sim/scheduler.py applies it."""

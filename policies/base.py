@@ -45,6 +45,7 @@ without them may ignore them):
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -105,7 +106,8 @@ class Retention:
     ttl: float = 0.0  # seconds, for Action.PIN
 
     def __post_init__(self) -> None:  # "pin" works too; a typo fails here, not silently later
-        object.__setattr__(self, "action", Action(self.action))
+        if type(self.action) is not Action:  # a member already is one (Action(m) costs a lookup)
+            object.__setattr__(self, "action", Action(self.action))
 
 
 FREE = Retention(Action.FREE)
@@ -235,8 +237,9 @@ class Policy:
     def order_key(self, req: Request, now: float, view: EngineView) -> tuple:
         return (0 if req.preempted else 1, req.arrival)
 
-    def expired_pins(self, now: float, waiting_programs: set[str]) -> list[str]:
-        """TTL passed and the program's next turn is not already waiting."""
+    def expired_pins(self, now: float, waiting_programs: Container[str]) -> list[str]:
+        """TTL passed and the program's next turn is not already waiting (the engine may
+        answer membership without building the set: ask, do not iterate)."""
         return [p for p, pin in self.pins.items() if now >= pin.expiry and p not in waiting_programs]
 
     def unpin_victims(self, need_blocks: int, view: EngineView, exclude: str | None = None) -> list[str]:

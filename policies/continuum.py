@@ -47,12 +47,12 @@ def best_ttl(samples: np.ndarray, benefit: float) -> float:
     return float(samples[i]) if vals[i] > 0.0 else 0.0
 
 
-class SortedSamples:
+class PySortedSamples:
     """Tool durations kept sorted as they arrive, so Eq. 2 reads them with no full sort.
     An add only queues the sample; a read merges what was queued: one sample by inserting
-    it (a memmove of the tail of a buffer that doubles when full), several by sorting the
-    queued ones and merging them in. So a read after every add costs one insertion, and
-    samples nobody reads (the global CDF once every tool has K of its own) cost nothing."""
+    it (a memmove of the tail of a buffer that doubles when full), several by appending
+    them and sorting. So a read after every add costs one insertion, and samples nobody
+    reads (the global CDF once every tool has K of its own) cost nothing."""
 
     __slots__ = ("_buf", "_sorted", "_pending")
 
@@ -60,6 +60,8 @@ class SortedSamples:
         self._buf, self._sorted, self._pending = np.empty(16), 0, []
 
     def add(self, t: float) -> None:
+        if t != t:
+            raise ValueError("a tool time is NaN")
         self._pending.append(t)
 
     def _merge(self) -> None:
@@ -67,17 +69,17 @@ class SortedSamples:
         k = len(pending)
         if n + k > len(buf):
             buf = self._buf = np.concatenate([buf[:n], np.empty(max(n, k, 16))])
-        head = buf[:n]
         if k == 1:
             t = pending[0]
+            head = buf[:n]
             i = int(head.searchsorted(t))  # the method: no dispatch through np.searchsorted
             if i < n:
                 buf[i + 1 : n + 1] = head[i:]  # numpy copies overlapping slices correctly
             buf[i] = t
-        else:  # a sorted multiset of floats is the same array however it is built
-            new = np.sort(np.array(pending, dtype=float))
-            at = head.searchsorted(new, side="right")
-            buf[: n + k] = np.insert(head, at, new)
+        else:  # a sorted multiset of floats is the same array however it is built;
+            # timsort on a sorted run plus a short tail is about linear (np.insert: 5-10x slower)
+            buf[n : n + k] = pending
+            buf[: n + k].sort(kind="stable")
         self._sorted = n + k
         pending.clear()
 
@@ -94,6 +96,16 @@ class SortedSamples:
     def __iter__(self):
         return iter(self.values)
 
+    def best_ttl(self, benefit: float) -> float:
+        """Eq. 2 over the samples."""
+        return best_ttl(self.values, benefit)
+
+
+try:  # the same object compiled (policies/_samples.pyx, built on install): 3-6x cheaper a call
+    from policies._samples import SortedSamples
+except ImportError:  # not built (a source checkout without the install step)
+    SortedSamples = PySortedSamples
+
 
 def default_ttl(benefit: float, mean: float = 1.0) -> float:
     """§4.2 cold start T_default: Eq. 2 with tool time ~ Exp(mean) and η = 1.
@@ -104,6 +116,31 @@ def default_ttl(benefit: float, mean: float = 1.0) -> float:
     τ* = ln B if B > 1 else 0.
     """
     return mean * math.log(benefit / mean) if benefit > mean else 0.0
+
+
+class SlidingMean:
+    """The mean of the last `size` values appended (`empty` before any), computed as
+    sum / count on the first read after an append, so reads between appends are free."""
+
+    __slots__ = ("_window", "_empty", "_mean")
+
+    def __init__(self, size: int, empty: float) -> None:
+        self._window: deque[float] = deque(maxlen=size)
+        self._empty, self._mean = empty, None
+
+    def append(self, x: float) -> None:
+        self._window.append(x)
+        self._mean = None
+
+    @property
+    def mean(self) -> float:
+        if self._mean is None:
+            w = self._window
+            self._mean = sum(w) / len(w) if w else self._empty
+        return self._mean
+
+    def __len__(self) -> int:
+        return len(self._window)
 
 
 class Memoryfulness:
@@ -119,6 +156,7 @@ class Memoryfulness:
     def __init__(self, min_programs: int = 2, default: float = 1.0) -> None:
         self.min_programs, self.default = min_programs, default
         self.programs = self.n = self.sk = self.sk2 = self.sm = self.sm2 = self.skm = 0
+        self._eta: float | None = None  # read on every TTL, changed only at a program's end
 
     def add(self, N: int) -> None:
         if N < 1:
@@ -132,9 +170,15 @@ class Memoryfulness:
         self.sm += sm
         self.sm2 += sm2
         self.skm += N * sk - sk2  # Σ k(N − k)
+        self._eta = None
 
     @property
     def eta(self) -> float:
+        if self._eta is None:
+            self._eta = self._compute()
+        return self._eta
+
+    def _compute(self) -> float:
         if self.programs < self.min_programs:
             return self.default
         n = self.n
@@ -174,8 +218,7 @@ class ContinuumPolicy(Policy):
         # (ours: "unknown" is a mix of tools, not one tool).
         self.samples: dict[str, SortedSamples] = {}
         self._all = SortedSamples()
-        self.T_window: deque[float] = deque(maxlen=int(T_window))
-        self.T_init = float(T_init)
+        self.T_window = SlidingMean(int(T_window), empty=float(T_init))
         self.memory = Memoryfulness(int(eta_min_programs))
         self.ttl_source: dict[str, int] = defaultdict(int)  # 'default' | 'global' | 'tool'
 
@@ -197,7 +240,7 @@ class ContinuumPolicy(Policy):
     @property
     def T(self) -> float:
         """§4.2: sliding-window mean queueing delay of requests that had been evicted."""
-        return sum(self.T_window) / len(self.T_window) if self.T_window else self.T_init
+        return self.T_window.mean
 
     @property
     def eta(self) -> float:
@@ -228,7 +271,7 @@ class ContinuumPolicy(Policy):
                 src, s = "global", self._all
             else:
                 src = "tool"
-            ttl = best_ttl(s.values, self.benefit(req, view))
+            ttl = s.best_ttl(self.benefit(req, view))
         self.ttl_source[src] += 1
         return ttl if self.max_ttl is None else min(ttl, self.max_ttl)
 

@@ -20,7 +20,7 @@ class PinTable:
     def __init__(self, now: float = 0.0, block_id: Callable[[object], Hashable] | None = None) -> None:
         self._held: dict[str, list] = {}  # program -> its pin's blocks (engine objects)
         self._refs: dict[Hashable, int] = {}  # block id -> pins holding it
-        self._id = block_id  # vLLM's KVCacheBlock -> its block_id; the simulator's blocks are ints
+        self._id = block_id  # vLLM's KVCacheBlock -> its block_id (an attrgetter); the simulator's blocks are ints
         self.block_seconds = 0.0
         self._t = now
 
@@ -48,14 +48,16 @@ class PinTable:
         self.block_seconds += len(self._refs) * (now - self._t)
         self._t = now
 
+    def _ids(self, blocks: list):
+        return blocks if self._id is None else map(self._id, blocks)  # map: no Python frame a block
+
     def add(self, pid: str, blocks: list, now: float) -> None:
         if pid in self._held:
             raise ValueError(f"program {pid!r} already holds a pin")  # an engine bug: one pin per program
         self._advance(now)
         self._held[pid] = blocks
-        refs, key = self._refs, self._id
-        for b in blocks:
-            k = b if key is None else key(b)
+        refs = self._refs
+        for k in self._ids(blocks):
             refs[k] = refs.get(k, 0) + 1
 
     def pop(self, pid: str, now: float) -> list | None:
@@ -64,9 +66,8 @@ class PinTable:
         if blocks is None:
             return None
         self._advance(now)
-        refs, key = self._refs, self._id
-        for b in blocks:
-            k = b if key is None else key(b)
+        refs = self._refs
+        for k in self._ids(blocks):
             if refs[k] == 1:
                 del refs[k]
             else:

@@ -101,6 +101,9 @@ class Profile:
     pcie_latency: float = 0.0
     kv_bytes_per_block: int = 0
     raw: dict = field(default_factory=dict, repr=False)
+    # prefill_time by token count: policies ask it for every finished call (Continuum's
+    # benefit) and context lengths recur; the fields it reads are never reassigned.
+    _prefill: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def block_size(self) -> int:
@@ -118,12 +121,15 @@ class Profile:
     def prefill_time(self, n: int) -> float:
         """An uncached prefill of n tokens running alone, in chunks of the engine's token
         budget as the scheduler runs it (one chunk = the paper's quadratic)."""
-        budget, done, t = self.engine.max_num_batched_tokens, 0, 0.0
-        while done < n:
-            q = min(budget, n - done)
-            k = done + q
-            t += self.step_time(q, 1, float(q) * k, float(k), float(q) * done)
-            done = k
+        t = self._prefill.get(n)
+        if t is None:
+            budget, done, t = self.engine.max_num_batched_tokens, 0, 0.0
+            while done < n:
+                q = min(budget, n - done)
+                k = done + q
+                t += self.step_time(q, 1, float(q) * k, float(k), float(q) * done)
+                done = k
+            self._prefill[n] = t
         return t
 
     def transfer_time(self, nbytes: float) -> float:

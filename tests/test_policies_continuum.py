@@ -1,11 +1,17 @@
 """Continuum (paper §4-§5) rules, with hand-computed values."""
 import math
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies.base import FREE, Retention, Request
-from policies.continuum import ContinuumPolicy, Memoryfulness, SortedSamples, StaticTTLPolicy, best_ttl, default_ttl
+from policies.continuum import (ContinuumPolicy, Memoryfulness, PySortedSamples, SortedSamples, StaticTTLPolicy,
+                                best_ttl, default_ttl)
 
 
 from conftest import FakeView  # noqa: E402
@@ -316,12 +322,13 @@ def test_best_ttl_identical_to_the_old_on_odd_benefits():
             assert best_ttl(s, b) == _old_best_ttl(s, b), (n, b)
 
 
+@pytest.mark.parametrize("cls", [PySortedSamples, SortedSamples], ids=["python", "installed"])
 @pytest.mark.parametrize("seed", range(4))
-def test_sorted_samples_read_at_any_time_are_the_sorted_adds(seed):
+def test_sorted_samples_read_at_any_time_are_the_sorted_adds(seed, cls):
     """Adds are queued and merged on read (one by insertion, several by a sort-merge):
     whatever the read pattern, values are the sorted samples, ties and repeats included."""
     rng = np.random.default_rng(seed)
-    s, seen = SortedSamples(), []
+    s, seen = cls(), []
     for d in _durations(rng, 3000):
         s.add(float(d))
         seen.append(float(d))
@@ -329,3 +336,58 @@ def test_sorted_samples_read_at_any_time_are_the_sorted_adds(seed):
         if rng.random() < [0.9, 0.3, 0.05, 0.01][seed]:
             assert np.array_equal(s.values, np.sort(seen))
     assert np.array_equal(s.values, np.sort(seen)) and list(s) == sorted(seen)
+
+
+# --- the compiled SortedSamples (policies/_samples.pyx) -------------------------------
+def test_the_install_step_built_the_compiled_samples():
+    """`pip install` builds policies/_samples.pyx (setup.py); the policies use it."""
+    from policies import _samples
+    assert SortedSamples is _samples.SortedSamples is not PySortedSamples
+
+
+_floats = st.floats(min_value=0.0, max_value=1e6, allow_nan=False) | st.sampled_from([0.0, 0.25, 1.0, 3.0])
+_benefits = st.floats(allow_nan=True) | st.sampled_from([0.0, -0.0, 5e-324, 1.0, 3.0, float("inf")])
+
+
+@given(st.lists(st.lists(_floats, max_size=12), max_size=12), st.lists(_benefits, min_size=1, max_size=4))
+def test_compiled_samples_give_the_reference_bit_for_bit(batches, benefits):
+    """Any adds, read in batches (insertion and sort-merge): the same sorted values and
+    the same Eq. 2 answer as the Python reference to the last bit (FP contraction off)."""
+    fast, ref = SortedSamples(), PySortedSamples()
+    for batch in batches:
+        for t in batch:
+            fast.add(t)
+            ref.add(t)
+        assert len(fast) == len(ref)
+        for b in benefits:
+            got, want = fast.best_ttl(b), best_ttl(ref.values, b)
+            assert got == want and math.copysign(1, got) == math.copysign(1, want), (b, ref.values)
+        assert np.array_equal(fast.values, ref.values)
+
+
+def test_compiled_eq2_where_a_fused_multiply_add_would_differ():
+    """s[r-1] = fl(fl(r/n)*b): rounded twice, as numpy does, its value is exactly 0, so
+    τ = 0; a fused multiply-add keeps the product's rounding error and sees a tiny
+    positive value half the time. The build turns contraction off (setup.py)."""
+    rng = np.random.default_rng(11)
+    for _ in range(500):
+        n, b = int(rng.integers(3, 60)), float(rng.uniform(0.1, 100))
+        r = int(rng.integers(1, n + 1))
+        t = (float(r) / n) * b
+        vals = np.array([t] * r + [2 * b + 1] * (n - r))
+        fast = SortedSamples()
+        for x in vals:
+            fast.add(float(x))
+        assert best_ttl(vals, b) == 0.0 and fast.best_ttl(b) == 0.0, (n, r, b)
+
+
+@pytest.mark.parametrize("cls", [PySortedSamples, SortedSamples], ids=["python", "installed"])
+def test_samples_copy_and_pickle_with_pending_adds(cls):
+    s = cls()
+    for t in (3.0, 1.0, 2.0):
+        s.add(t)
+    for c in (copy.deepcopy(s), pickle.loads(pickle.dumps(s))):
+        c.add(0.5)
+        assert list(c.values) == [0.5, 1.0, 2.0, 3.0] and list(s.values) == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="NaN"):
+        s.add(float("nan"))

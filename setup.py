@@ -1,0 +1,10 @@
+"""The compiled parts (pyproject.toml holds everything else). FP contraction is off so
+that a*b - c is rounded twice, as numpy and Python round it: the compiled code must give
+the reference's results to the last bit."""
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+setup(ext_modules=cythonize(
+    [Extension("policies._samples", ["policies/_samples.pyx"], extra_compile_args=["-O2", "-ffp-contract=off"])],
+    language_level=3,
+))
