@@ -145,6 +145,31 @@ class OffloadView(Protocol):
     def linear_step(self) -> tuple[float, float]: ...  # (c0 s, c1 s/token): step ~ c0 + c1*tokens
 
 
+class SlidingMean:
+    """The mean of the last `size` values appended (`empty` before any), computed as
+    sum / count on the first read after an append, so reads between appends are free."""
+
+    __slots__ = ("_window", "_empty", "_mean")
+
+    def __init__(self, size: int, empty: float) -> None:
+        self._window: deque[float] = deque(maxlen=size)
+        self._empty, self._mean = empty, None
+
+    def append(self, x: float) -> None:
+        self._window.append(x)
+        self._mean = None
+
+    @property
+    def mean(self) -> float:
+        if self._mean is None:
+            w = self._window
+            self._mean = sum(w) / len(w) if w else self._empty
+        return self._mean
+
+    def __len__(self) -> int:
+        return len(self._window)
+
+
 class FinishStats:
     """The two running statistics an EngineView reports, kept one way for both engines
     so that a policy reads the same numbers in the simulator and inside vLLM:
@@ -153,7 +178,7 @@ class FinishStats:
     blocks a call held at its finish (the paper's M)."""
 
     def __init__(self, window: int = 100) -> None:
-        self._delays: deque[float] = deque(maxlen=window)
+        self._delays = SlidingMean(window, empty=0.0)
         self._blocks_sum = 0
         self._blocks_n = 0
 
@@ -164,7 +189,7 @@ class FinishStats:
         self._blocks_n += 1
 
     def queue_delay(self) -> float:
-        return sum(self._delays) / len(self._delays) if self._delays else 0.0
+        return self._delays.mean
 
     def avg_request_blocks(self) -> float:
         return self._blocks_sum / self._blocks_n if self._blocks_n else 1.0

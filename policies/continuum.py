@@ -7,11 +7,11 @@ are marked "ours".
 from __future__ import annotations
 
 import math
-from collections import defaultdict, deque
+from collections import defaultdict
 
 import numpy as np
 
-from policies.base import FREE, Action, EngineView, Policy, Request, Retention
+from policies.base import FREE, Action, EngineView, Policy, Request, Retention, SlidingMean
 
 
 _RANKS = np.arange(1, 1025, dtype=float)  # 1, 2, ...: Eq. 2's ranks, grown on demand
@@ -116,31 +116,6 @@ def default_ttl(benefit: float, mean: float = 1.0) -> float:
     τ* = ln B if B > 1 else 0.
     """
     return mean * math.log(benefit / mean) if benefit > mean else 0.0
-
-
-class SlidingMean:
-    """The mean of the last `size` values appended (`empty` before any), computed as
-    sum / count on the first read after an append, so reads between appends are free."""
-
-    __slots__ = ("_window", "_empty", "_mean")
-
-    def __init__(self, size: int, empty: float) -> None:
-        self._window: deque[float] = deque(maxlen=size)
-        self._empty, self._mean = empty, None
-
-    def append(self, x: float) -> None:
-        self._window.append(x)
-        self._mean = None
-
-    @property
-    def mean(self) -> float:
-        if self._mean is None:
-            w = self._window
-            self._mean = sum(w) / len(w) if w else self._empty
-        return self._mean
-
-    def __len__(self) -> int:
-        return len(self._window)
 
 
 class Memoryfulness:
