@@ -10,14 +10,18 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
-import calibrate.cli
-import traces.cli
 from policies.base import PolicyError
-from sim import plan, profile_cmd, run_cmd, sweep_cmd
 from agentsim.errors import InputError
+
+# The module that registers each subcommand, in `sim --help`'s order. A command line
+# imports only its own command's module: `sim run` needs neither pandas (sim.plan and
+# sim.sweep import it, ~0.6 s) nor the trace tools.
+COMMANDS = {"run": "sim.run_cmd", "sweep": "sim.sweep_cmd", "plot": "sim.sweep_cmd", "plan": "sim.plan",
+            "trace": "traces.cli", "calibrate": "calibrate.cli", "validate": "calibrate.cli", "profile": "sim.profile_cmd"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,20 +29,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of `command`'s alone (with its module's siblings)."""
     parser = _Parser(prog="sim", description="Simulate and calibrate LLM serving of multi-turn agent programs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run_cmd.register(sub)
-    sweep_cmd.register(sub)
-    plan.register(sub)
-    traces.cli.register(sub)
-    calibrate.cli.register(sub)
-    profile_cmd.register(sub)
+    modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
+    for name in modules:
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -50,6 +50,8 @@ def worktree(rev: str) -> Path:
     path = Path(tempfile.gettempdir()) / f"agentsim-baseline-{sha}"
     if not path.exists():
         subprocess.run(["git", "worktree", "add", "--detach", "-f", str(path), sha], cwd=ROOT, check=True, capture_output=True)
+    if (path / "setup.py").exists():  # its compiled parts, built in place as `pip install -e .` builds this tree's
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path, check=True, capture_output=True)
     return path
 
 

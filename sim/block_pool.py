@@ -25,6 +25,10 @@ block by block (once per block filled, once per block evicted). The order is exa
 the old per-block OrderedDict's: tests/test_block_pool_diff.py drives both with random
 operations and compares them.
 
+`BlockPool` is the compiled pool (sim/_block_pool.pyx, built by the install step: the same
+object with vLLM's linked free queue in C, several times faster); this file's
+`PyBlockPool` is its reference in tests.
+
 Every list of blocks passed in holds distinct blocks (a context holds a block once).
 """
 from __future__ import annotations
@@ -51,7 +55,10 @@ def drop_refs(ref_cnt: np.ndarray, blocks: list[int]) -> tuple[np.ndarray, np.nd
     return a, left
 
 
-class BlockPool:
+class PyBlockPool:
+    """The pool in Python and numpy: the reference for sim/_block_pool.pyx, and what runs
+    where the extension is not built."""
+
     _compact_slack = 1024  # stale queue entries tolerated beyond the live ones (tests lower it)
     _memo_max = 4096  # owners whose last prefix hit is remembered
 
@@ -306,3 +313,9 @@ class BlockPool:
         assert int(keyed.sum()) == len(self.cached), "a cached key maps to a block that holds another"
         for k, b in self.cached.items():  # with the count above: each keyed block's key maps back to it
             assert self.key[b] == k, f"cached key {k} -> block {b} holds {self.key[b]}"
+
+
+try:
+    from sim._block_pool import BlockPool
+except ImportError:  # a source checkout that was never installed: the reference runs
+    BlockPool = PyBlockPool

@@ -21,10 +21,9 @@ import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policies.base import Policy, PolicyError
@@ -36,9 +35,12 @@ from sim.router import make_router
 from sim.scheduler import EngineConfig
 from sim.simulate import Result, arrivals_for, engine_config, run_simulation
 from agentsim.errors import InputError
-from traces.schema import read_trace
+from traces.schema import Columns, columns, read_columns
 from traces.transform import repeat_turns
 from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Count = Annotated[JSONInt, Field(ge=1)]
 CACHES = ("vllm", "radix")  # KV cache models of a replica (sim/block_pool.py, sim/radix_cache.py)
@@ -227,15 +229,18 @@ def check_limits(profile: Profile, e: EngineLimits) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _trace(name: str, programs: int | None, turn_repeat: int) -> pd.DataFrame:
-    trace, _ = read_trace(name)
+def _trace(name: str, programs: int | None, turn_repeat: int) -> Columns:
+    trace, _ = read_columns(name)
     return _cut(trace, programs, turn_repeat)
 
 
-def _cut(trace: pd.DataFrame, programs: int | None, turn_repeat: int) -> pd.DataFrame:
+def _cut(trace: Columns, programs: int | None, turn_repeat: int) -> Columns:
+    """The first `programs` programs of a checked trace, turns repeated `turn_repeat` times."""
     if programs is not None:
-        trace = trace[trace["program_id"].isin(trace["program_id"].drop_duplicates().iloc[:programs])]
-    return repeat_turns(trace, turn_repeat)
+        pid = trace["program_id"]
+        starts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])  # rows are sorted by program
+        trace = trace.take(slice(0, starts[programs] if programs < len(starts) else len(pid)))
+    return trace if turn_repeat == 1 else columns(repeat_turns(trace.frame(), turn_repeat))
 
 
 def _resolved_path(name: str) -> str:
@@ -249,7 +254,7 @@ class Run:
     """A built run, ready for `execute` (once: the policy keeps state)."""
 
     config: SimConfig  # resolved: profile, engine limits and policy parameters filled in
-    trace: pd.DataFrame
+    trace: Columns
     policy: Policy
     profile: Profile
     cfg: EngineConfig
@@ -276,7 +281,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
     disagg = make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue)  # bad spec or link: here too
     if disagg is not None:
         check_replicas(disagg.spec, (disagg.prefill, disagg.decode), c.replicas)
-    trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(trace, w.programs, w.turn_repeat)
+    trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
                         enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache)

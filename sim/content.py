@@ -19,6 +19,8 @@ n^2 / 2^64), ignored.
 """
 from __future__ import annotations
 
+from itertools import repeat
+
 
 class ContentKeys:
     __slots__ = ("block_size", "runs", "length", "keys", "digest", "_run")
@@ -66,7 +68,8 @@ class ContentKeys:
                 r += 1
                 continue
             stop = min(end, last)
-            keys.extend([hash((d, cid, h - start)) for h in range(hi, stop + 1, bs)])
+            # hash((d, cid, offset)) for each block ending in this run, tuples built in C
+            keys.extend(map(hash, zip(repeat(d), repeat(cid), range(hi - start, stop + 1 - start, bs))))
             hi += ((stop - hi) // bs + 1) * bs
         self._run = r
         return keys[i]

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from functools import reduce
+from operator import add
 
 import simpy
 
 from policies.base import FinishStats, Policy, Release
+from sim import stretch
 from sim.call import Call
 from sim.cpu_tier import KVOffload, Tier
 from sim.profile import Profile
@@ -218,8 +221,7 @@ class Engine:
             self._in_step = False
             self.steps += n
             for call, _ in scheduled:
-                for d in dts:
-                    call.req.exec_time += d
+                call.req.exec_time = reduce(add, dts, call.req.exec_time)  # added one by one, as step-by-step
             for call in sched.complete(scheduled, env.now, steps=n):
                 self._finish(call)
             if self._arrivals:
@@ -253,16 +255,8 @@ class Engine:
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
         max_steps = self.sched.decode_stretch_limit(scheduled, max(1, max_steps))
         nxt = self._next_event(self.horizon)
-        dts, t = [dt0], now + dt0
-        steps = self.profile.step.decode_steps(r, sum_qk + r, sum_k + r, sum_qc + r)
-        reader = self.read_horizon()
-        while len(dts) < max_steps and t < nxt:
-            d = next(steps)
-            if t + d >= reader:
-                break
-            dts.append(d)
-            t += d
-        return dts
+        return [dt0] + self.profile.step.decode_stretch(r, sum_qk + r, sum_k + r, sum_qc + r, now + dt0, nxt,
+                                                        self.read_horizon(), max_steps - 1)
 
     def _account(self, now: float, dts: list[float], scheduled) -> float:
         """KV use and busy time per step, as step-by-step records them (inside a stretch
@@ -271,30 +265,14 @@ class Engine:
         the step times added one by one, the float step-by-step reaches."""
         used, pinned = self.sched.pool.num_used, self.sched.pinned_blocks
         samples = self.kv_samples
-        last = samples[-1][0] if samples else -math.inf
-        area, busy, t = self._used_area, self.busy_time, now
-        if len(dts) == 1:
-            d = dts[0]
-            area += used * d
-            busy += d
-            if t - last >= 1.0:
-                samples.append((t, used, pinned))
-            t += d
-        else:
-            n, bs = len(dts), self.cfg.block_size
-            grow = [0] * n
+        n, bs = len(dts), self.cfg.block_size
+        grow = [0] * n
+        if n > 1:
             for call, _ in scheduled:  # step j writes position num_computed + j
                 for j in range(-call.num_computed % bs or bs, n, bs):
                     grow[j] += 1
-            for d, g in zip(dts, grow):
-                used += g
-                area += used * d
-                busy += d
-                if t - last >= 1.0:
-                    samples.append((t, used, pinned))
-                    last = t
-                t += d
-        self._used_area, self.busy_time = area, busy
+        used, self._used_area, self.busy_time, t = stretch.account_steps(
+            dts, grow, used, self._used_area, self.busy_time, now, samples[-1][0] if samples else -math.inf, samples, pinned)
         self.peak_used = max(self.peak_used, used)
         return t
 

@@ -46,6 +46,7 @@ from pydantic import Field
 
 from agentsim.errors import InputError
 from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
+from sim import stretch
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofline stays as llama3.1-8b-a100-80gb
@@ -73,18 +74,17 @@ class StepModel:
         t = self.c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         return _smax(self.launch, t, self.p) if self.launch and tokens > seqs else t
 
-    def decode_steps(self, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float):
-        """The times of consecutive steps of one pure-decode batch of `seqs` calls (every
-        context one token longer each step): the floats `time` gives for each, with the
-        terms that do not change from step to step computed once (a decode stretch's
-        inner loop; same operations in the same order, so the same bits)."""
+    def decode_stretch(self, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float,
+                       t: float, nxt: float, reader: float, room: int) -> list[float]:
+        """The times of the steps a decode stretch runs after a step that ended at `t`: one
+        pure-decode batch of `seqs` calls (the sums are the first of these steps'; every
+        context grows a token a step), at most `room` steps, each starting before `nxt` and
+        ending before `reader` (sim/engine.py `_stretch`). Each is the float `time` gives,
+        with the terms that do not change from step to step computed once (same operations
+        in the same order, so the same bits). The loop: sim/stretch.py."""
         head = self.c0 + (self.c1 * seqs if self.w == 0 else _smax(self.w, self.c1 * seqs, self.p))
-        c2, c3s, c4, c5 = self.c2, self.c3 * seqs, self.c4, self.c5
-        while True:
-            yield head + c2 * sum_qk + c3s + c4 * sum_k + c5 * sum_q_cached
-            sum_qk += seqs
-            sum_k += seqs
-            sum_q_cached += seqs
+        return stretch.decode_stretch(head, self.c2, self.c3 * seqs, self.c4, self.c5, float(seqs),
+                               sum_qk, sum_k, sum_q_cached, t, nxt, reader, room)
 
     def scaled(self, factor: float) -> StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 from pydantic import AfterValidator, Field
 from tqdm import tqdm
 
@@ -20,6 +21,7 @@ from policies.registry import POLICIES
 from sim.config import SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
 from sim.metrics import write_results
 from agentsim.files import atomic_write
+from traces.schema import is_nan
 from traces.validation import Model, validated
 
 _GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
@@ -90,9 +92,9 @@ _NO_TOOL = {
 
 
 def tool_name_warning(trace, policy) -> str | None:
-    """One line when the trace names no tool and the policy would key on tool names."""
-    calls = trace["tool_duration_s"].notna()  # rows followed by a tool call
-    if not calls.any() or trace.loc[calls, "tool"].notna().any():
+    """One line when the trace (columns or a DataFrame) names no tool and the policy would key on tool names."""
+    calls = ~np.isnan(np.asarray(trace["tool_duration_s"], dtype=float))  # rows followed by a tool call
+    if not calls.any() or not all(is_nan(t) for t in np.asarray(trace["tool"])[calls]):
         return None
     what = _NO_TOOL.get(policy.name)
     if policy.name == "infercept" and not getattr(policy, "true_tool_time", True):

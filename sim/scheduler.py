@@ -83,10 +83,11 @@ class Scheduler:
         # Hit blocks sitting in the free queue stop being allocatable once touched.
         if need > self.pool.num_free - evictable_hits:
             return False
-        self.pool.touch(hit)
-        call.blocks.extend(hit)
-        new = self.pool.allocate(max(need, 0))
-        call.blocks.extend(new)
+        if hit:
+            self.pool.touch(hit)
+            call.blocks.extend(hit)
+        if need > 0:  # a running call's step mostly needs no new block
+            call.blocks.extend(self.pool.allocate(need))
         return True
 
     def _prefix_hit(self, call: Call) -> list[int]:

@@ -2,10 +2,9 @@
 tiers → per-turn/program tables and a summary."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from policies.base import Policy
@@ -13,18 +12,31 @@ from policies.pins import pin_counts
 from sim.cluster import Cluster
 from sim.cpu_tier import TierSpec, parse_offload
 from sim.disagg import Disagg, make_disagg
-from sim.metrics import Recorder, program_table, summarize, turn_table
+from sim.metrics import Recorder, kv_table, program_table, summarize, turn_columns, turn_table
 from sim.profile import Profile
 from sim.scheduler import EngineConfig
 from sim.workload import Workload, poisson_arrivals
 
 
-@dataclass
 class Result:
-    turns: pd.DataFrame
-    programs: pd.DataFrame
-    kv_usage: pd.DataFrame
-    summary: dict
+    """A run's summary, and its tables as DataFrames built on first use: a caller that
+    wants only the summary never imports pandas."""
+
+    def __init__(self, turns: list[dict], kv_samples: list[tuple[int, list]], summary: dict):
+        self._turns, self._kv, self.summary = turns, kv_samples, summary
+
+    @cached_property
+    def turns(self):
+        """One row per call, by program and turn."""
+        return turn_table(self._turns)
+
+    @cached_property
+    def programs(self):
+        return program_table(self.turns)
+
+    @cached_property
+    def kv_usage(self):
+        return kv_table(self._kv)
 
 
 def engine_config(profile: Profile, **overrides) -> EngineConfig:
@@ -37,20 +49,22 @@ def engine_config(profile: Profile, **overrides) -> EngineConfig:
     return EngineConfig(**cfg)
 
 
-def arrivals_for(trace: pd.DataFrame, jps: float | None, seed: int) -> np.ndarray:
-    """Trace arrivals when it has them and no --jps is given, else seeded Poisson."""
-    n = trace["program_id"].nunique()
-    if jps is None and "arrival_s" in trace.columns:
-        a = trace.groupby("program_id", sort=False)["arrival_s"].first().to_numpy(dtype=float)
+def arrivals_for(trace, jps: float | None, seed: int) -> np.ndarray:
+    """Trace arrivals when it has them and no --jps is given, else seeded Poisson.
+    `trace`: checked columns (traces.schema.Columns) or a DataFrame."""
+    _, first = np.unique(np.asarray(trace["program_id"]), return_index=True)
+    first.sort()  # each program's first row, programs in trace order
+    if jps is None and "arrival_s" in trace:
+        a = np.asarray(trace["arrival_s"], dtype=float)[first]
         return a - a.min()
-    return poisson_arrivals(n, 0.2 if jps is None else jps, seed)
+    return poisson_arrivals(len(first), 0.2 if jps is None else jps, seed)
 
 
-def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: EngineConfig,
+def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
                    arrivals: np.ndarray, fast_forward: bool = True, progress=None, *,
                    replicas: int = 1, router: str | None = None,
                    offload: str | tuple[TierSpec, ...] | None = None, disagg: str | Disagg | None = None) -> Result:
-    """Replay `trace` on `replicas` replicas (each its own engine, pool, offload tiers and
+    """Replay `trace` (checked columns, traces.schema.Columns, or a DataFrame) on `replicas` replicas (each its own engine, pool, offload tiers and
     copy of `policy`; `policy` itself serves replica 0) behind `router` (round_robin,
     least_loaded, session, prefix; None = round_robin), with `offload` tiers per replica
     ('cpu:200GiB', 'cpu:200GiB,ssd:1TiB', or parsed TierSpecs; None = GPU only); with `disagg`
@@ -76,9 +90,9 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
     env.run()
     check_end(cluster, rec, trace)
 
-    turns = turn_table(rec)
-    progs = program_table(turns)
-    span = float(progs["finish"].max())
+    rows = rec.sorted_turns()
+    turns = turn_columns(rows)
+    span = float(turns["finish"].max())
     engines = cluster.engines
     pols = [e.policy for e in engines]
     outcomes: dict[str, int] = {}
@@ -114,12 +128,10 @@ def run_simulation(trace: pd.DataFrame, policy: Policy, profile: Profile, cfg: E
         extra["decisions"] = {k: sum(p.decisions.get(k, 0) for p in pols) for k in policy.DECISIONS}
     if cluster.controller is not None:  # ThunderAgent's proxy
         extra["proxy"] = dict(cluster.controller.stats)
-    kv = pd.concat([pd.DataFrame(e.kv_samples, columns=["t", "used_blocks", "pinned_blocks"]).assign(replica=e.index)
-                    for e in engines], ignore_index=True)
-    return Result(turns, progs, kv, summarize(turns, progs, extra))
+    return Result(rows, [(e.index, e.kv_samples) for e in engines], summarize(turns, extra))
 
 
-def check_end(cluster: Cluster, rec: Recorder, trace: pd.DataFrame) -> None:
+def check_end(cluster: Cluster, rec: Recorder, trace) -> None:
     """Conservation at the end of a run: every call finished exactly once, nothing
     waits or runs, no pin outlived its program, no block leaked in any pool or tier."""
     for e in cluster.engines:
@@ -140,14 +152,16 @@ def check_end(cluster: Cluster, rec: Recorder, trace: pd.DataFrame) -> None:
         raise RuntimeError(f"{len(done)} calls finished ({len(set(done))} distinct) for {len(trace)} in the trace")
 
 
-def replica_stats(e, turns: pd.DataFrame, span: float) -> dict:
-    t = turns[turns["replica"] == e.index]
+def replica_stats(e, turns: dict[str, np.ndarray], span: float) -> dict:
+    """`turns`: sim.metrics.turn_columns."""
+    mine = turns["replica"] == e.index
+    calls = int(mine.sum())
     blocks = e.num_blocks  # usable blocks, as the vLLM adapter divides by
     out = {
-        "replica": e.index, "calls": int(len(t)), "steps": e.steps, "busy_s": e.busy_time,
+        "replica": e.index, "calls": calls, "steps": e.steps, "busy_s": e.busy_time,
         "mean_kv_usage": e.mean_used_blocks(span) / blocks, "peak_kv_usage": e.peak_used / blocks,
         "preemptions": e.sched.preemptions,
-        "cache_hit_ratio": float(t["cached_tokens"].sum() / t["prompt_tokens"].sum()) if len(t) else 0.0,
+        "cache_hit_ratio": float(turns["cached_tokens"][mine].sum() / turns["prompt_tokens"][mine].sum()) if calls else 0.0,
     }
     if e.tier is not None:
         out["offload"] = e.tier.stats()

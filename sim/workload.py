@@ -6,7 +6,6 @@ Arrivals come from the trace (`arrival_s`) or a seeded Poisson process at `jps`.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from policies.base import Request
 from sim.call import Call
@@ -26,16 +25,19 @@ def poisson_arrivals(n: int, jps: float, seed: int) -> np.ndarray:
 class Workload:
     """Builds the program processes for one run and tells the engine's finishes back to them."""
 
-    def __init__(self, env, trace: pd.DataFrame, arrivals: np.ndarray, block_size: int, max_model_len: int, num_blocks: int,
+    def __init__(self, env, trace, arrivals: np.ndarray, block_size: int, max_model_len: int, num_blocks: int,
                  whole_prompt_budget: int | None = None):
         self.env = env
         self.block_size = block_size
         self.programs: list[tuple[str, list[dict], float]] = []
         self._events: dict[int, object] = {}
         self._seq = 0
-        self.by_content = segments.COLUMN in trace.columns
+        self.by_content = segments.COLUMN in trace
+        # `trace`: checked columns (traces.schema.Columns) or a DataFrame; rows as plain dicts
+        names = list(trace)
         groups: dict[object, list[dict]] = {}  # program -> its rows, programs in order of first row
-        for r in trace.to_dict("records"):  # one conversion, not one per program
+        for vals in zip(*(np.asarray(trace[c]).tolist() for c in names)):  # one conversion, not one per program
+            r = dict(zip(names, vals))
             groups.setdefault(r["program_id"], []).append(r)
         for (pid, rows), arr in zip(groups.items(), arrivals):
             self._check_fits(pid, rows, max_model_len, num_blocks, whole_prompt_budget)

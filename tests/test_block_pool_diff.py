@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import linear_profile, random_trace
-from sim.block_pool import BlockPool
+from sim.block_pool import BlockPool, PyBlockPool
 
 EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -108,15 +108,18 @@ def pool_runs(draw):
     return draw(st.integers(1, 48)), draw(st.sampled_from([-10**6, 0, 1024])), draw(st.sampled_from([1, 4096]))
 
 
+@pytest.mark.parametrize("cls", [PyBlockPool, BlockPool], ids=["python", "installed"])
 @SETTINGS
 @given(setup=pool_runs(), data=st.data())
-def test_random_operations_match_reference(setup, data):
+def test_random_operations_match_reference(cls, setup, data):
     """Calls that hold lists of distinct blocks (shared through prefix hits), programs whose
     keys are chained like sim/content.py's (a few shared leading keys, so hits cross
     programs), partial last blocks left uncached, first-writer conflicts on cache."""
     num_blocks, slack, memo = setup
-    new, ref = BlockPool(num_blocks, 16), ReferencePool(num_blocks, 16)
-    new._compact_slack, new._memo_max = slack, memo
+    new, ref = cls(num_blocks, 16), ReferencePool(num_blocks, 16)
+    new._memo_max = memo
+    if cls is PyBlockPool:
+        new._compact_slack = slack
     held: list[list[int]] = []  # each call's blocks, in context order
     progs = [[("shared", i) for i in range(3)] + [(p, i) for i in range(3, 40)] for p in range(4)]
     for _ in range(data.draw(st.integers(1, 120))):
@@ -169,14 +172,25 @@ def test_random_operations_match_reference(setup, data):
     assert new.num_free == num_blocks
 
 
-def test_double_free_raises_and_changes_nothing():
-    pool = BlockPool(4, 16)
+@pytest.mark.parametrize("cls", [PyBlockPool, BlockPool], ids=["python", "installed"])
+def test_double_free_raises_and_changes_nothing(cls):
+    pool = cls(4, 16)
     a = pool.allocate(2)
     pool.free(a)
     before = (pool.free_queue, list(pool.ref_cnt))
     with pytest.raises(AssertionError, match="freed twice"):
         pool.free(a)
     assert (pool.free_queue, list(pool.ref_cnt)) == before
+
+
+@pytest.mark.parametrize("cls", [PyBlockPool, BlockPool], ids=["python", "installed"])
+def test_a_block_outside_the_pool_is_an_index_error(cls):
+    """The compiled pool checks bounds as Python does (no memory read past its arrays)."""
+    pool = cls(4, 16)
+    for op in (lambda: pool.cache(4, "x"), lambda: pool.touch([9]), lambda: pool.free([4]), lambda: pool.count_ref([4], 0)):
+        with pytest.raises(IndexError):
+            op()
+    pool.check()
 
 
 def test_cache_many_keeps_first_writer():
@@ -196,26 +210,36 @@ def test_cache_many_keeps_first_writer():
     assert new.key[a[2]] is None and new.cached["y"] == a[1]
 
 
+def test_the_install_step_built_the_compiled_pool():
+    """`pip install` builds sim/_block_pool.pyx (setup.py); the simulator uses it."""
+    from sim import _block_pool
+    import sim.scheduler
+    assert BlockPool is _block_pool.BlockPool is sim.scheduler.BlockPool
+
+
 # --- whole simulator runs: every pool operation checked against the reference ---
 
-class CheckedPool(BlockPool):
-    """The pool, with a ReferencePool alongside doing every operation; results and state compared."""
+class CheckedPool:
+    """A pool of class `cls`, with a ReferencePool alongside doing every operation; results
+    and state compared. Everything else (num_free, key, ...) is read from the pool."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        super().__init__(num_blocks, block_size)
-        self._compact_slack = 0  # compact whenever stale entries outnumber live ones
-        self.ref = ReferencePool(num_blocks, block_size)
-        self.ops = 0
+    def __init__(self, cls, num_blocks: int, block_size: int) -> None:
+        self.pool, self.ref, self.ops = cls(num_blocks, block_size), ReferencePool(num_blocks, block_size), 0
+        if cls is PyBlockPool:
+            self.pool._compact_slack = 0  # compact whenever stale entries outnumber live ones
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
 
     def _both(self, name, *args):
-        got = getattr(super(), name)(*args)
+        got = getattr(self.pool, name)(*args)
         assert got == getattr(self.ref, name)(*args), name
-        same_state(self, self.ref)
+        same_state(self.pool, self.ref)
         self.ops += 1
         return got
 
     def lookup(self, keys, owner=None):
-        got = super().lookup(keys, owner)
+        got = self.pool.lookup(keys, owner)
         assert got == self.ref.lookup(keys)
         self.ops += 1
         return got
@@ -233,25 +257,26 @@ class CheckedPool(BlockPool):
         return self._both("free", blocks)
 
     def evictable(self, blocks):
-        got = super().evictable(blocks)
+        got = self.pool.evictable(blocks)
         assert got == _evictable(self.ref, blocks)
         return got
 
     def cache_many(self, blocks, keys, parent=None):
-        super().cache_many(blocks, keys, parent)  # its fallback goes through self.cache: both pools
+        self.pool.cache_many(blocks, keys, parent)
         for b, k in zip(blocks, keys):
-            self.ref.cache(b, k)  # idempotent where the fallback already did it
-        same_state(self, self.ref)
+            self.ref.cache(b, k)
+        same_state(self.pool, self.ref)
         self.ops += 1
 
 
+@pytest.mark.parametrize("cls", [PyBlockPool, BlockPool], ids=["python", "installed"])
 @pytest.mark.parametrize("seed,policy,blocks,replicas,offload", [
     (0, "vllm", 120, 1, None),
     (1, "continuum", 120, 1, None),
     (2, "infercept", 150, 2, "cpu:1MiB@0.05"),
     (3, "static-ttl", 130, 1, None),
 ])
-def test_simulator_runs_match_reference(monkeypatch, seed, policy, blocks, replicas, offload):
+def test_simulator_runs_match_reference(monkeypatch, cls, seed, policy, blocks, replicas, offload):
     import sim.scheduler
     from policies.registry import make_policy
     from sim.simulate import engine_config, run_simulation
@@ -259,7 +284,7 @@ def test_simulator_runs_match_reference(monkeypatch, seed, policy, blocks, repli
     pools = []
 
     def make(num_blocks, block_size):
-        pools.append(CheckedPool(num_blocks, block_size))
+        pools.append(CheckedPool(cls, num_blocks, block_size))
         return pools[-1]
 
     monkeypatch.setattr(sim.scheduler, "BlockPool", make)

@@ -154,6 +154,7 @@ def test_sim_imports_no_calibrate():
             "bad = sorted(m for m in sys.modules if m == 'calibrate' or m.startswith('calibrate.'))\n"
             "assert len(mods) > 10 and not bad, (mods, bad)\n"
             "import agentsim.cli\n"
+            "agentsim.cli.build_parser()\n"
             "assert 'calibrate.cli' in sys.modules\n")  # the check itself can see calibrate
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 

@@ -130,3 +130,5 @@ def test_sim_speed_writes_its_table_and_the_results_page_marks_it(tmp_path, caps
     rows = [r for r in text.split("\n") if r.startswith("| vllm | 1x4 |")]
     assert [r.split("|")[4].strip() for r in rows] == ["baseline", "current", "**ratio**"]
     assert rows[2].endswith("same steps and mean JCT: True |")
+    # the baseline ran with its compiled parts built, as an installed tree runs
+    assert list((sim_speed.worktree("HEAD") / "sim").glob("_block_pool*.so"))

@@ -172,10 +172,42 @@ def test_a_scaled_step_model_scales_every_step_time():
 @settings(max_examples=300, deadline=None)
 @given(coef=st.lists(st.floats(0, 1e-2, allow_nan=False), min_size=8, max_size=8), p=st.sampled_from([math.inf, 1.5, 4.0, 9.3]),
        seqs=st.integers(1, 256), base=st.tuples(st.integers(0, 10**9), st.integers(0, 10**7), st.integers(0, 10**9)))
-def test_decode_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base):
+def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base):
     # a decode stretch's inner loop must give the floats step-by-step gets from time()
     m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p)
-    steps = m.decode_steps(seqs, *map(float, base))
-    for i in range(40):
-        qk, k, qc = (float(b + i * seqs) for b in base)
-        assert next(steps) == m.time(seqs, seqs, qk, k, qc)
+    got = m.decode_stretch(seqs, *map(float, base), 0.0, math.inf, math.inf, 40)
+    assert got == [m.time(seqs, seqs, *(float(b + i * seqs) for b in base)) for i in range(40)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(terms=st.lists(st.floats(0, 1e-2, allow_nan=False, allow_subnormal=True), min_size=5, max_size=5),
+       seqs=st.integers(1, 256), sums=st.lists(st.integers(0, 10**9), min_size=3, max_size=3),
+       t=st.floats(0, 1e4), nxt=st.floats(0, 1e4) | st.just(math.inf), reader=st.floats(0, 1e4) | st.just(math.inf),
+       room=st.integers(-1, 300))
+def test_the_compiled_stretch_is_the_python_reference_to_the_bit(terms, seqs, sums, t, nxt, reader, room):
+    """sim/_steps.pyx against sim/stretch.py: the same step times and the same stop
+    (room, a step starting at or after nxt, a step ending at or after reader)."""
+    from sim import _steps, stretch
+
+    args = (*terms, float(seqs), *map(float, sums), t, nxt, reader, room)
+    assert _steps.decode_stretch(*args) == stretch.py_decode_stretch(*args)
+
+
+@settings(max_examples=500, deadline=None)
+@given(dts=st.lists(st.floats(1e-6, 5.0), min_size=1, max_size=60), data=st.data(), used=st.integers(0, 10**6),
+       area=st.floats(0, 1e9), busy=st.floats(0, 1e5), t=st.floats(0, 1e5), since=st.floats(0, 3) | st.just(math.inf))
+def test_the_compiled_accounting_is_the_python_reference_to_the_bit(dts, data, used, area, busy, t, since):
+    """KV area, busy time, the last step's end and every KV sample, compiled and Python."""
+    from sim import _steps, stretch
+
+    grow = data.draw(st.lists(st.integers(0, 8), min_size=len(dts), max_size=len(dts)))
+    got, want = [("old", 0, 0)], [("old", 0, 0)]
+    a = _steps.account_steps(dts, grow, used, area, busy, t, t - since, got, 7)
+    b = stretch.py_account_steps(dts, grow, used, area, busy, t, t - since, want, 7)
+    assert a == b and got == want
+
+
+def test_the_install_step_built_the_compiled_stretch():
+    from sim import _steps, stretch
+
+    assert (stretch.decode_stretch, stretch.account_steps) == (_steps.decode_stretch, _steps.account_steps)

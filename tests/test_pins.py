@@ -2,6 +2,8 @@
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.pins import PinTable
 
@@ -47,3 +49,22 @@ def test_retention_actions_and_release_reasons_are_typed():
 
     assert pin_counts(outcomes) == {"pins": 3, "pins_hit": 2, "pins_expired": 1, "pins_victim": 0,
                                     "pins_discarded": 0, "pins_moved": 0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from("abcd"), st.sets(st.integers(0, 3000), max_size=40)), max_size=60))
+def test_distinct_and_integral_match_counting_pins_per_block(ops):
+    """Random pins and releases (blocks shared between programs, ids past any seen before,
+    empty pins) against a plain count of pins per block."""
+    t, held, now = PinTable(now=0.0), {}, 0.0
+    area = 0.0
+    for pid, blocks in ops:
+        now += 0.5
+        area += len(set().union(*held.values())) * 0.5
+        if pid in held:
+            assert t.pop(pid, now) == held.pop(pid)
+        else:
+            held[pid] = sorted(blocks)
+            t.add(pid, held[pid], now)
+        assert t.distinct == len(set().union(*held.values()))
+    assert t.block_seconds == pytest.approx(area)

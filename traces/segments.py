@@ -23,7 +23,6 @@ import hashlib
 import math
 
 import numpy as np
-import pandas as pd
 
 from agentsim.errors import InputError
 
@@ -45,12 +44,19 @@ def is_unknown(segs) -> bool:
     return segs is None or (isinstance(segs, float) and math.isnan(segs))
 
 
-def normalise(df: pd.DataFrame, fail) -> pd.DataFrame:
-    """Check the column row by row and store plain lists of {"id", "tokens"} dicts.
-    `fail(i, field, problem, fix)` raises the trace's one-line error."""
+def objects(values: list) -> np.ndarray:
+    """One object per row (np.array would make equal-length lists a 2-D array)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def normalise(column: np.ndarray, new_input: np.ndarray, fail) -> np.ndarray:
+    """Check the column row by row and return it as plain lists of {"id", "tokens"} dicts
+    (None: content unknown). `fail(i, field, problem, fix)` raises the trace's one-line error."""
     out = []
-    new = df["new_input_tokens"].to_numpy()
-    for i, segs in enumerate(df[COLUMN].tolist()):
+    for i, segs in enumerate(column):
         if is_unknown(segs):
             out.append(None)
             continue
@@ -66,12 +72,11 @@ def normalise(df: pd.DataFrame, fail) -> pd.DataFrame:
                 fail(i, f"{COLUMN}[{j}].tokens", f"is {tok!r}", "give each segment a whole number of tokens >= 0")
             row.append({"id": sid, "tokens": int(tok)})
             total += int(tok)
-        if total != int(new[i]):
-            fail(i, COLUMN, f"covers {total} tokens, not the row's new_input_tokens {int(new[i])}",
+        if total != int(new_input[i]):
+            fail(i, COLUMN, f"covers {total} tokens, not the row's new_input_tokens {int(new_input[i])}",
                  "make the segments' tokens sum to new_input_tokens")
         out.append(row)
-    df[COLUMN] = pd.Series(out, index=df.index, dtype=object)
-    return df
+    return objects(out)
 
 
 def scaled(segs, factor: float, target: int) -> list[dict] | None:
@@ -90,13 +95,12 @@ def scaled(segs, factor: float, target: int) -> list[dict] | None:
     return out
 
 
-def rescale(df: pd.DataFrame, new_input, factor) -> pd.DataFrame:
+def rescale(df, new_input, factor):
     """Set `new_input_tokens` to scaled counts and scale the rows' segments alike
     (`factor`: one number, or one per row); a trace without segments just gets the
     counts. Equal segments scaled by equal factors stay equal, so sharing survives."""
     df = df.assign(new_input_tokens=np.asarray(new_input, dtype=np.int64))
     if COLUMN in df.columns:
         f = np.broadcast_to(np.asarray(factor, dtype=float), (len(df),))
-        df[COLUMN] = pd.Series([scaled(s, x, int(n)) for s, x, n in zip(df[COLUMN].tolist(), f, df["new_input_tokens"])],
-                               index=df.index, dtype=object)
+        df[COLUMN] = objects([scaled(s, x, int(n)) for s, x, n in zip(df[COLUMN].tolist(), f, df["new_input_tokens"])])
     return df

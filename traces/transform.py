@@ -7,14 +7,13 @@ make total token fit within the context window".
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from traces import segments
 from agentsim.errors import InputError
 from traces.schema import validate
 
 
-def repeat_turns(trace: pd.DataFrame, n: int) -> pd.DataFrame:
+def repeat_turns(trace, n: int):
     """Each program's turns played n times in a row, every token count divided by n.
 
     Token counts are rounded up (a turn keeps >= 1 output token), so a program's total
@@ -28,6 +27,8 @@ def repeat_turns(trace: pd.DataFrame, n: int) -> pd.DataFrame:
     trace = validate(trace)
     if n == 1:
         return trace
+    import pandas as pd  # the trace is a DataFrame already
+
     out = []
     for _, g in trace.groupby("program_id", sort=False):
         k = len(g)
