@@ -45,8 +45,8 @@ from pathlib import Path
 from pydantic import Field
 
 from agentsim.errors import InputError
-from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
 from sim import stretch
+from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofline stays as llama3.1-8b-a100-80gb

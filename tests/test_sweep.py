@@ -135,7 +135,19 @@ def test_failing_point_keeps_finished_ones(files, tmp_path):
     assert sw.load_results(tmp_path)["num_blocks"].tolist() == [64]
 
 
-def test_dask_cluster_equals_serial(files, serial, tmp_path, monkeypatch):
+@pytest.fixture
+def environ_kept():
+    """distributed's Nanny sets OMP_NUM_THREADS=1 (and MKL_, OPENBLAS_) in *this* process's
+    environment before spawning a worker and never restores it (nanny.py, its
+    pre-spawn-environ): every later subprocess of the test run, the validation matrix's vLLM
+    engines included, then ran one OpenMP thread, 1.5x slower than its calibration."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_dask_cluster_equals_serial(files, serial, tmp_path, monkeypatch, environ_kept):
     from distributed import LocalCluster
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
