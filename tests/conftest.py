@@ -1,3 +1,10 @@
+import os
+
+# The environment this test run started with, before any test or import changed it:
+# tests that must measure a real engine as a user's shell would start it run their
+# subprocess in it (see tests/test_validate_engine.py).
+START_ENV = dict(os.environ)
+
 import numpy as np
 import pandas as pd
 import pytest
