@@ -14,14 +14,15 @@ Why this shape:
   router never does this); when a program ends, any pin it still holds on any
   replica is released ('last'), so nothing outlives a program. Such releases wait
   for the end of the other replica's step in flight (Engine.release_pin_later).
-- Own clocks: alone, or behind the session router, a replica's decode stretch stops
-  only at events that can touch it (a first arrival, which the router routes by every
-  replica's load; a tool return of one of its own programs; its pin expiries), not at
-  every other replica's step. Sticky programs never move, so nothing else on another
-  replica reads or changes it; the results are those of step-by-step. Only a first
-  arrival reads a replica mid-step (the router), so a stretch runs through the step in
-  which a tool return or a pin expiry lands. Other routers (any arrival may land
-  anywhere) and the proxy keep one clock for all.
+- Own clocks: alone, or behind the session router, a replica's decode stretch is
+  planned up to its own next pin expiry only, not to every other replica's step. A call
+  that reaches it mid-stretch (a first arrival routed there, a tool return of one of its
+  programs) cuts the stretch at the end of the step it landed in (Engine.submit), where
+  step-by-step would see it; the router's reads of a replica mid-stretch (a first
+  arrival, routed by load) are answered as step-by-step would (Engine.used_blocks).
+  Sticky programs never move, so nothing else on another replica reads or changes it;
+  the results are those of step-by-step. Other routers (any arrival may land anywhere,
+  and some read the prefix cache) and the proxy keep one clock for all.
 - Prefill/decode disaggregation (`disagg`, sim/disagg.py): the first x engines are
   prefill replicas, the other y decode replicas; the router and the proxy choose among
   the decode replicas, and a call whose prefill runs remotely goes to the least loaded
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import heapq
 import math
 
 from policies.base import Release
@@ -86,30 +86,9 @@ class Cluster:
         self.work = work
         if self.controller is not None:
             self.env.process(self._rounds())
-        if self.own_clocks:
-            self._first = sorted(arrival for _, _, arrival in work.programs)
-            self._next_first = 0
-            self._returns: list[list[float]] = [[] for _ in self.engines]  # per replica: tool returns due
+        if self.own_clocks:  # nothing outside a replica ends its stretches but a call reaching it
             for e in self.engines:
-                e.horizon = lambda i=e.index: self._horizon(i)
-                # a lone replica is read by no one; several are, by the router, at first arrivals
-                e.read_horizon = (lambda: math.inf) if len(self.engines) == 1 else self._next_first_arrival
-
-    def _next_first_arrival(self) -> float:
-        """A program's next first arrival (routed by every replica's load). Events before
-        now have happened; one at now may not have yet, so it counts."""
-        now, first = self.env.now, self._first
-        while self._next_first < len(first) and first[self._next_first] < now:
-            self._next_first += 1
-        return first[self._next_first] if self._next_first < len(first) else math.inf
-
-    def _horizon(self, i: int) -> float:
-        """The next event that can touch replica i: a first arrival or a tool return of a
-        program homed there (at now counts, as above)."""
-        nxt, now, due = self._next_first_arrival(), self.env.now, self._returns[i]
-        while due and due[0] < now:
-            heapq.heappop(due)
-        return min(nxt, due[0]) if due else nxt
+                e.horizon = e.read_horizon = lambda: math.inf
 
     def _rounds(self):
         ctl = self.controller
@@ -206,11 +185,6 @@ class Cluster:
             call.preemptions += pre.preemptions
         self.router.finished(call)
         req = call.req
-        if self.own_clocks and not req.is_last_step:
-            # the program's next call arrives when its tool returns: now + the tool's
-            # time, the float sim/workload.py's timeout lands on; its home replica must
-            # know before its next step is planned (the program's process runs later)
-            heapq.heappush(self._returns[call.replica], now + req.true_tool_duration)
         if req.is_last_step:
             for e in self.engines:
                 e.release_pin_later(req.program_id, Release.LAST)

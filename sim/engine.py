@@ -6,7 +6,8 @@ fails, nothing can be admitted) is advanced as one stretch of n steps with a sin
 SimPy timeout. Step j of the stretch costs A + B*j (every context grows by one token a
 step), so the stretch ends exactly where the step-by-step engine would: at the end of
 the step in which the next arrival or pin expiry lands (the engine hears of it only
-then), or before the step in which an event lands that reads the replica mid-step.
+then), or before the step in which an event lands that reads the replica mid-step. A
+call that reaches the replica mid-stretch cuts it at the end of that step (submit).
 
 Offload (sim/cpu_tier.py): a step's transfer time is charged to that step — reloads
 of calls admitted in it add to it (LMCache's synchronous retrieve), offload copies
@@ -58,18 +59,20 @@ class Engine:
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
         self._arrivals: list[Call] = []  # calls that arrived mid-step, delivered at its end
+        # the steps in flight: when they began, their times, the batch, the event of their end
+        self._start, self._dts, self._batch, self._end = 0.0, [], [], None
         self.on_finish = on_finish  # callback(call, now) for metrics and program processes
         self.fast_forward = fast_forward
-        # When the next outside event that can read or change this replica lands (a
-        # stretch stops before the step it falls in). A cluster narrows it to this
-        # replica's own events (sim/cluster.py); alone, every event in SimPy's queue.
+        # When the next outside event that can change this replica lands: a stretch runs
+        # through the step it falls in (the replica hears of it at that step's end).
+        # Default: every event in SimPy's queue; behind the session router or alone none
+        # (sim/cluster.py), as a call that reaches the replica cuts its stretch there.
         self.horizon = env.peek
         # When the next event that may read this replica's state mid-step lands (a router
-        # routing by load): a stretch stops before the step it falls in, since a stretch
-        # applies its allocations only at its end. Other events (a call of a program
-        # homed here arriving, a pin running out) reach the replica at the step's end, so
-        # a stretch runs through the step they fall in. Default: any event may read
-        # (sim/cluster.py narrows it where it knows better).
+        # reading its prefix cache): a stretch stops before the step it falls in, since a
+        # stretch applies its steps' allocations and cache entries only at its end.
+        # Default: any event may read; none behind the session router, whose reads of
+        # used blocks are answered as step-by-step would (used_blocks).
         self.read_horizon = env.peek
         self._wakeup = env.event()
         self.stats = FinishStats()
@@ -133,6 +136,7 @@ class Engine:
         call.replica = self.index
         if self._in_step:
             self._arrivals.append(call)
+            self._cut_stretch()
             return
         self._deliver(call)
 
@@ -154,10 +158,46 @@ class Engine:
             return
         if self._in_step:
             self._deferred.append((program_id, reason))
+            self._cut_stretch()
             return
         self.sched.release_pin(program_id, self.env.now, reason)
         if self.sched.waiting and not self._wakeup.triggered:
             self._wakeup.succeed()  # the freed memory may let a blocked head in
+
+    def used_blocks(self) -> int:
+        """Used KV blocks as step-by-step shows them now. A stretch allocates its later
+        steps' blocks at its end (Scheduler.complete); step-by-step allocates each step's
+        at its start, so mid-stretch the blocks of the steps begun so far are added."""
+        used = self.sched.pool.num_used
+        if self._in_step and len(self._dts) > 1:
+            k, bs = self._steps_begun(), self.cfg.block_size
+            for call, _ in self._batch:
+                first = -call.num_computed % bs or bs  # step j writes position num_computed + j
+                if first < k:
+                    used += (k - 1 - first) // bs + 1
+        return used
+
+    def _steps_begun(self) -> int:
+        """Steps in flight that began before now (the first always has: events at its
+        start that the engine has not seen yet reach it at its end, as step-by-step)."""
+        t, now, k = self._start, self.env.now, 0
+        for d in self._dts:
+            if t >= now:
+                break
+            k += 1
+            t += d
+        return max(k, 1)
+
+    def _cut_stretch(self) -> None:
+        """Something reached this replica mid-stretch (a call, a pin release): step-by-step
+        it would be seen at the end of the step in which it landed, so the stretch ends
+        there. The process waits on a new end event; the old one fires with nothing on it."""
+        k = self._steps_begun()
+        if k < len(self._dts):
+            self._dts = self._dts[:k]
+            end = _timeout_at(self.env, reduce(add, self._dts, self._start))
+            end.callbacks, self._end.callbacks = self._end.callbacks, []
+            self.process._target = self._end = end
 
     # --- the step loop --------------------------------------------------------------------
     def _next_event(self, horizon) -> float:
@@ -214,11 +254,14 @@ class Engine:
             dts = [dt]
             if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):
                 dts = self._stretch(scheduled, dt, now, sum_qk, sum_k, sum_qc)
-            end = self._account(now, dts, scheduled)
-            n = len(dts)
+            self._start, self._dts, self._batch = now, dts, scheduled
+            self._end = _timeout_at(env, reduce(add, dts, now))  # the steps' times added one by one
             self._in_step = True
-            yield _timeout_at(env, end)
+            yield self._end
             self._in_step = False
+            dts = self._dts  # a call that arrived mid-stretch may have cut it short
+            self._account(now, dts, scheduled)
+            n = len(dts)
             self.steps += n
             for call, _ in scheduled:
                 call.req.exec_time = reduce(add, dts, call.req.exec_time)  # added one by one, as step-by-step
@@ -244,11 +287,9 @@ class Engine:
 
     def _stretch(self, scheduled, dt0: float, now: float, sum_qk: float, sum_k: float, sum_qc: float) -> list[float]:
         """The step times of a decode stretch: until a call finishes, a block allocation
-        would fail, or the step in which the next outside event lands begins (that step
-        runs alone, as step-by-step: an event mid-step reads the replica's state, e.g. a
-        router its used blocks, and a stretch applies its steps' allocations only at its
-        end; an event nothing reads mid-step ends the stretch after its step instead, see
-        read_horizon). Each step's time is the profile's for that step (every context one
+        would fail, through the step in which the next outside event lands (horizon), or
+        before the step in which an event that reads the replica lands (read_horizon: that
+        step runs alone, as step-by-step). Each step's time is the profile's for that step (every context one
         token longer), so the stretch ends at the same float time as step-by-step, and events
         keep their order (a different last bit reorders arrivals across replicas)."""
         r = len(scheduled)

@@ -32,7 +32,7 @@ ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "cache_aware")
 
 def _load(engine) -> tuple[int, int]:
     s = engine.sched
-    return (len(s.waiting) + len(s.running), s.pool.num_used)
+    return (len(s.waiting) + len(s.running), engine.used_blocks())
 
 
 def least_loaded(engines) -> int:

@@ -210,16 +210,16 @@ def test_a_stretch_ends_on_a_float_no_timeout_delay_reaches():
 
 
 def _stretches(monkeypatch):
-    """Records every decode stretch's (replica, steps)."""
+    """Records the (replica, steps) of every batch of steps the engine ran as one
+    (after any cut short by a call that reached the replica mid-stretch)."""
     from sim.engine import Engine
 
-    seen, orig = [], Engine._stretch
+    seen, orig = [], Engine._account
 
-    def record(self, *a):
-        dts = orig(self, *a)
+    def record(self, now, dts, scheduled):
         seen.append((self.index, len(dts)))
-        return dts
-    monkeypatch.setattr(Engine, "_stretch", record)
+        return orig(self, now, dts, scheduled)
+    monkeypatch.setattr(Engine, "_account", record)
     return seen
 
 
@@ -237,6 +237,24 @@ def test_replicas_on_their_own_clocks_behind_the_session_router(monkeypatch, rou
     long = [n for r, n in seen if r == 0]
     assert (max(long) > 300) == own, long
     step = run(tr, [0.0, 0.0], ff=False, **kw)  # and exactly what step-by-step gives
+    pd.testing.assert_frame_equal(fast.turns, step.turns, check_exact=True)
+    pd.testing.assert_frame_equal(fast.kv_usage, step.kv_usage, check_exact=True)
+    assert fast.summary == step.summary
+
+
+def test_a_first_arrival_routed_elsewhere_neither_cuts_a_stretch_nor_reads_it_stale(monkeypatch):
+    # p0 decodes alone on replica 0 from t=0 (2 blocks when its stretch begins, 7 by
+    # t=1); p1 starts on replica 1 at t=0.8 (4 blocks). At t=1 p2 arrives: one call runs
+    # on each replica, so the router's tie-break is used blocks, and step by step replica
+    # 1 holds fewer. Replica 0's stretch allocates its blocks only at its end, so the
+    # router must be told what step-by-step would show (Engine.used_blocks), not the pool.
+    tr = make_trace([[(16, 400, None, None)], [(48, 400, None, None)], [(16, 5, None, None)]])
+    seen = _stretches(monkeypatch)
+    kw = dict(router="session", replicas=2)
+    fast = run(tr, [0.0, 0.8, 1.0], **kw)
+    assert fast.turns.set_index("program_id")["replica"].to_dict() == {"p000": 0, "p001": 1, "p002": 1}
+    assert max(n for r, n in seen if r == 0) >= 399  # p0's decode: one stretch, uncut by p1 and p2
+    step = run(tr, [0.0, 0.8, 1.0], ff=False, **kw)
     pd.testing.assert_frame_equal(fast.turns, step.turns, check_exact=True)
     pd.testing.assert_frame_equal(fast.kv_usage, step.kv_usage, check_exact=True)
     assert fast.summary == step.summary
