@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import heapq
 import math
 
 from policies.base import Release
@@ -86,9 +87,27 @@ class Cluster:
         self.work = work
         if self.controller is not None:
             self.env.process(self._rounds())
-        if self.own_clocks:  # nothing outside a replica ends its stretches but a call reaching it
+        if self.own_clocks:
+            # Only a call reaching a replica ends its stretch (Engine.submit cuts it). Those
+            # known in advance bound the stretch as it is planned, so that fewer step
+            # times are computed for nothing: its programs' tool returns, and alone, the
+            # programs' first arrivals (several replicas: where one goes is known only
+            # when the router places it).
+            self._first = sorted((arrival for _, _, arrival in work.programs), reverse=True) if len(self.engines) == 1 else []
+            self._returns: list[list[float]] = [[] for _ in self.engines]  # per replica: tool returns due
             for e in self.engines:
-                e.horizon = e.read_horizon = lambda: math.inf
+                e.horizon = lambda i=e.index: self._horizon(i)
+                e.read_horizon = lambda: math.inf  # reads are answered as step-by-step would (Engine.used_blocks)
+
+    def _horizon(self, i: int) -> float:
+        """The next call known to reach replica i: a tool return of one of its programs,
+        or alone, a first arrival (one at now counts: it may not have reached it yet)."""
+        now, first, due = self.env.now, self._first, self._returns[i]
+        while first and first[-1] < now:
+            first.pop()
+        while due and due[0] < now:
+            heapq.heappop(due)
+        return min(first[-1] if first else math.inf, due[0] if due else math.inf)
 
     def _rounds(self):
         ctl = self.controller
@@ -185,6 +204,8 @@ class Cluster:
             call.preemptions += pre.preemptions
         self.router.finished(call)
         req = call.req
+        if self.own_clocks and not req.is_last_step:  # its next call: when its tool returns, at the float sim/workload.py lands on
+            heapq.heappush(self._returns[call.replica], now + req.true_tool_duration)
         if req.is_last_step:
             for e in self.engines:
                 e.release_pin_later(req.program_id, Release.LAST)

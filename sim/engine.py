@@ -59,8 +59,9 @@ class Engine:
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
         self._arrivals: list[Call] = []  # calls that arrived mid-step, delivered at its end
-        # the steps in flight: when they began, their times, the batch, the event of their end
-        self._start, self._dts, self._batch, self._end = 0.0, [], [], None
+        # the steps in flight: when they began, their times, the batch, the event of their
+        # end, and the KV and busy-time figures from before they were counted (_cut_stretch)
+        self._start, self._dts, self._batch, self._end, self._kept = 0.0, [], [], None, None
         self.on_finish = on_finish  # callback(call, now) for metrics and program processes
         self.fast_forward = fast_forward
         # When the next outside event that can change this replica lands: a stretch runs
@@ -136,7 +137,8 @@ class Engine:
         call.replica = self.index
         if self._in_step:
             self._arrivals.append(call)
-            self._cut_stretch()
+            if len(self._dts) > 1:
+                self._cut_stretch()
             return
         self._deliver(call)
 
@@ -158,7 +160,8 @@ class Engine:
             return
         if self._in_step:
             self._deferred.append((program_id, reason))
-            self._cut_stretch()
+            if len(self._dts) > 1:
+                self._cut_stretch()
             return
         self.sched.release_pin(program_id, self.env.now, reason)
         if self.sched.waiting and not self._wakeup.triggered:
@@ -191,11 +194,14 @@ class Engine:
     def _cut_stretch(self) -> None:
         """Something reached this replica mid-stretch (a call, a pin release): step-by-step
         it would be seen at the end of the step in which it landed, so the stretch ends
-        there. The process waits on a new end event; the old one fires with nothing on it."""
+        there: its KV and busy time are counted again for the steps that stay, and the
+        process waits on a new end event (the old one fires with nothing on it)."""
         k = self._steps_begun()
         if k < len(self._dts):
             self._dts = self._dts[:k]
-            end = _timeout_at(self.env, reduce(add, self._dts, self._start))
+            self._used_area, self.busy_time, self.peak_used, counted = self._kept
+            del self.kv_samples[counted:]  # counted again for the steps that stay
+            end = _timeout_at(self.env, self._account(self._start, self._dts, self._batch))
             end.callbacks, self._end.callbacks = self._end.callbacks, []
             self.process._target = self._end = end
 
@@ -255,12 +261,12 @@ class Engine:
             if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):
                 dts = self._stretch(scheduled, dt, now, sum_qk, sum_k, sum_qc)
             self._start, self._dts, self._batch = now, dts, scheduled
-            self._end = _timeout_at(env, reduce(add, dts, now))  # the steps' times added one by one
+            self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))
+            self._end = _timeout_at(env, self._account(now, dts, scheduled))
             self._in_step = True
             yield self._end
             self._in_step = False
             dts = self._dts  # a call that arrived mid-stretch may have cut it short
-            self._account(now, dts, scheduled)
             n = len(dts)
             self.steps += n
             for call, _ in scheduled:
