@@ -15,11 +15,12 @@ Why this shape:
   replica is released ('last'), so nothing outlives a program. Such releases wait
   for the end of the other replica's step in flight (Engine.release_pin_later).
 - Own clocks: alone, or behind the session router, a replica's decode stretch is
-  planned up to its own next pin expiry only, not to every other replica's step. A call
-  that reaches it mid-stretch (a first arrival routed there, a tool return of one of its
-  programs) cuts the stretch at the end of the step it landed in (Engine.submit), where
-  step-by-step would see it; the router's reads of a replica mid-stretch (a first
-  arrival, routed by load) are answered as step-by-step would (Engine.used_blocks).
+  planned up to the calls known to reach it (its programs' tool returns; alone, the
+  first arrivals) and its pin expiries, not to every other replica's step. A call that
+  reaches it mid-stretch anyway (a first arrival routed there) cuts the stretch at the
+  end of the step it landed in (Engine.submit), where step-by-step would see it; the
+  router's reads of a replica mid-stretch (a first arrival, routed by load) are
+  answered as step-by-step would (Engine.used_blocks).
   Sticky programs never move, so nothing else on another replica reads or changes it;
   the results are those of step-by-step. Other routers (any arrival may land anywhere,
   and some read the prefix cache) and the proxy keep one clock for all.
