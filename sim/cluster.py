@@ -94,7 +94,8 @@ class Cluster:
             # times are computed for nothing: its programs' tool returns, and alone, the
             # programs' first arrivals (several replicas: where one goes is known only
             # when the router places it).
-            self._first = sorted((arrival for _, _, arrival in work.programs), reverse=True) if len(self.engines) == 1 else []
+            lone = len(self.engines) == 1
+            self._first = sorted((arrival for _, _, arrival in work.programs), reverse=True) if lone else []  # popped from the end
             self._returns: list[list[float]] = [[] for _ in self.engines]  # per replica: tool returns due
             for e in self.engines:
                 e.horizon = lambda i=e.index: self._horizon(i)
@@ -205,7 +206,10 @@ class Cluster:
             call.preemptions += pre.preemptions
         self.router.finished(call)
         req = call.req
-        if self.own_clocks and not req.is_last_step:  # its next call: when its tool returns, at the float sim/workload.py lands on
+        if self.own_clocks and not req.is_last_step:
+            # the program's next call arrives when its tool returns: now + the tool's
+            # time, the float sim/workload.py's timeout lands on; its home replica must
+            # know before its next step is planned (the program's process runs later)
             heapq.heappush(self._returns[call.replica], now + req.true_tool_duration)
         if req.is_last_step:
             for e in self.engines:

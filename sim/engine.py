@@ -66,8 +66,8 @@ class Engine:
         self.fast_forward = fast_forward
         # When the next outside event that can change this replica lands: a stretch runs
         # through the step it falls in (the replica hears of it at that step's end).
-        # Default: every event in SimPy's queue; behind the session router or alone none
-        # (sim/cluster.py), as a call that reaches the replica cuts its stretch there.
+        # Default: every event in SimPy's queue; behind the session router or alone, the
+        # calls known to reach it (sim/cluster.py): another call cuts the stretch (submit).
         self.horizon = env.peek
         # When the next event that may read this replica's state mid-step lands (a router
         # reading its prefix cache): a stretch stops before the step it falls in, since a
@@ -182,7 +182,9 @@ class Engine:
 
     def _steps_begun(self) -> int:
         """Steps in flight that began before now (the first always has: events at its
-        start that the engine has not seen yet reach it at its end, as step-by-step)."""
+        start that the engine has not seen yet reach it at its end, as step-by-step). A
+        step that begins exactly now has not: what asks (a first arrival, created at
+        start-up) fires before the engine's event of the same instant, in both modes."""
         t, now, k = self._start, self.env.now, 0
         for d in self._dts:
             if t >= now:
@@ -295,9 +297,10 @@ class Engine:
         """The step times of a decode stretch: until a call finishes, a block allocation
         would fail, through the step in which the next outside event lands (horizon), or
         before the step in which an event that reads the replica lands (read_horizon: that
-        step runs alone, as step-by-step). Each step's time is the profile's for that step (every context one
-        token longer), so the stretch ends at the same float time as step-by-step, and events
-        keep their order (a different last bit reorders arrivals across replicas)."""
+        step runs alone, as step-by-step). Each step's time is the profile's for that step
+        (every context one token longer), so the stretch ends at the same float time as
+        step-by-step, and events keep their order (a different last bit reorders arrivals
+        across replicas)."""
         r = len(scheduled)
         max_steps = min(call.max_output - call.num_output for call, _ in scheduled)
         max_steps = self.sched.decode_stretch_limit(scheduled, max(1, max_steps))
