@@ -41,7 +41,7 @@ from calibrate.engine import start_engine
 from calibrate.limits import read_limits
 from calibrate.probes import REPEATS, Probe, Runner
 from calibrate.replay import TraceReplay, replay_in_process
-from calibrate.run import write_profile
+from calibrate.run import device_name, write_profile
 from policies.registry import POLICIES, make_policy
 from sim.config import EngineLimits, PolicyConfig, SimConfig, build_run, execute
 from sim.profile import Profile, load_profile, parse_profile
@@ -215,7 +215,11 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
     llm = start_engine(model, device, seed=seed, scheduler_cls=SCHEDULER_CLS, additional_config={"agentsim": conf},
                        **{k: v for k, v in limits.items() if v is not None})
     try:
-        info = {"limits": read_limits(llm), "cpu_core": core}
+        import torch  # loaded by vLLM already
+
+        # the engine's OpenMP threads: one on CPU (one_core). Two on one core ran the
+        # replays 4x slower in a CI run (docs/validation.md); the report keeps the count.
+        info = {"limits": read_limits(llm), "cpu_core": core, "threads": torch.get_num_threads()}
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         if profile_ref is None:
             from calibrate.run import calibrate_engine
@@ -498,7 +502,8 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
     first = real[policies[0]][0][2]
     rep["setup"] = {"programs": int(trace["program_id"].nunique()), "calls": int(len(trace)), "seed": seed,
                     "repeats": repeats, "engine": first["limits"]["engine"], "model": first["limits"]["model"],
-                    "engine_cpu_core": first["cpu_core"],
+                    "engine_cpu_core": first["cpu_core"], "machine": device_name(device),
+                    "engine_threads": sorted({r[2]["threads"] for runs in real.values() for r in runs}),
                     "profile": prof.name, "profile_device": prof.raw.get("device"),
                     "clock_probes": [dict(zip(("kind", "new", "prefix", "batch"), c)) for c in CLOCK],
                     "policy_args": {p: a for p, a in policy_args.items() if a},
