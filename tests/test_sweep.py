@@ -140,7 +140,8 @@ def environ_kept():
     """distributed's Nanny sets OMP_NUM_THREADS=1 (and MKL_, OPENBLAS_) in *this* process's
     environment before spawning a worker and never restores it (nanny.py, its
     pre-spawn-environ): every later subprocess of the test run, the validation matrix's vLLM
-    engines included, then ran one OpenMP thread, 1.5x slower than its calibration."""
+    engines included, inherited it (their replays ran 1.5x slower than alone; why is not
+    understood, docs/validation.md)."""
     saved = dict(os.environ)
     yield
     os.environ.clear()
