@@ -9,6 +9,7 @@ FLAGS = ["-O2", "-ffp-contract=off"]
 setup(ext_modules=cythonize(
     [Extension("policies._samples", ["policies/_samples.pyx"], extra_compile_args=FLAGS),
      Extension("sim._block_pool", ["sim/_block_pool.pyx"], extra_compile_args=FLAGS),
-     Extension("sim._steps", ["sim/_steps.pyx"], extra_compile_args=FLAGS)],
+     Extension("sim._steps", ["sim/_steps.pyx"], extra_compile_args=FLAGS),
+     Extension("sim._content", ["sim/_content.pyx"], extra_compile_args=FLAGS)],
     language_level=3,
 ))

@@ -16,13 +16,16 @@ program shares and everything else is the program's own.
 
 Python's hash is 64-bit: a false hit needs a collision among a run's blocks (about
 n^2 / 2^64), ignored.
+
+`ContentKeys` is the compiled object (sim/_content.pyx, built by the install step: the
+same keys, with no tuple built per block); `PyContentKeys` stays as its reference.
 """
 from __future__ import annotations
 
 from itertools import repeat
 
 
-class ContentKeys:
+class PyContentKeys:
     __slots__ = ("block_size", "runs", "length", "keys", "digest", "_run")
 
     def __init__(self, block_size: int) -> None:
@@ -73,3 +76,9 @@ class ContentKeys:
             hi += ((stop - hi) // bs + 1) * bs
         self._run = r
         return keys[i]
+
+
+try:
+    from sim._content import ContentKeys
+except ImportError:  # a source checkout that was never installed: the reference runs
+    ContentKeys = PyContentKeys

@@ -2,10 +2,12 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import linear_profile, make_trace
 from policies.registry import make_policy
-from sim.content import ContentKeys
+from sim.content import ContentKeys, PyContentKeys
 from sim.simulate import engine_config, run_simulation
 from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
@@ -87,6 +89,44 @@ def test_keys_chain_like_vllm_block_hashes():
     assert keys([("p", 16), ("x", 16)], 2)[1] != keys([("q", 16), ("x", 16)], 2)[1]
     with pytest.raises(IndexError):
         ContentKeys(BS).key(0)
+
+
+# a run: an input segment (id: a string, a (program, turn) pair, an int) or a call's output
+_RUN = st.tuples(st.one_of(st.text(max_size=6), st.tuples(st.text(max_size=4), st.integers(0, 50)),
+                           st.integers(-2**70, 2**70), st.just("<output>")), st.integers(0, 90))
+
+
+@settings(max_examples=300, deadline=None)
+@given(bs=st.sampled_from([1, 4, 16]), runs=st.lists(_RUN, max_size=12),
+       asks=st.lists(st.tuples(st.booleans(), st.integers(-3, 400)), max_size=20))
+def test_the_compiled_keys_are_the_python_reference_to_the_bit(bs, runs, asks):
+    """sim/_content.pyx against PyContentKeys: appends, then key and prefix asked in any
+    order (past the context's end too): the same values, keys, digests and errors. The
+    reference hashes the tuple (digest, run id, offset) itself, so this also checks the
+    compiled replica of CPython's tuple hash."""
+    a, b = ContentKeys(bs), PyContentKeys(bs)
+    for cid, n in runs:
+        for c in (a, b):
+            c.append_output(n) if cid == "<output>" else c.append(cid, n)
+    for prefix, i in asks:
+        got = want = None
+        try:
+            got = a.prefix(i) if prefix else a.key(i)
+        except IndexError as e:
+            got = ("IndexError", str(e))
+        try:
+            want = b.prefix(i) if prefix else b.key(i)
+        except IndexError as e:
+            want = ("IndexError", str(e))
+        assert got == want
+        assert a.keys == b.keys
+    assert (a.digest, a.length, a.runs) == (b.digest, b.length, b.runs)
+
+
+def test_the_install_step_built_the_compiled_keys():
+    from sim import _content
+
+    assert ContentKeys is _content.ContentKeys
 
 
 def test_outputs_are_named_by_their_prompt():
