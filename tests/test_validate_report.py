@@ -4,7 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate.validate import SHAPES, _late_arrivals, check_policies, clock_scale, fit_trace, rank
+from types import SimpleNamespace
+
+from calibrate.validate import (CLOCK_BAND, CLOCKS, SHAPES, _late_arrivals, check_policies, clock_band, clock_scale,
+                                compare_policy, fit_trace, rank)
 from tests.conftest import linear_profile
 from agentsim.errors import InputError
 from traces.schema import read_trace
@@ -29,6 +32,39 @@ def test_clock_scale_is_measured_over_predicted():
     rows = [{"seconds": 2 * (0.01 + 0.001 * n), "features": {"tokens": n, "seqs": 1, "sum_qk": n * n, "sum_k": n,
                                                              "sum_q_cached": 0}} for n in (100, 500)]
     assert clock_scale(rows, prof) == pytest.approx(2.0)
+
+
+def test_a_repeat_is_simulated_on_a_band_of_clocks_around_its_probes():
+    b = clock_band(1.0, 1.0)  # probes that agree: +-CLOCK_BAND around them
+    assert len(b) == CLOCKS and b[CLOCKS // 2] == pytest.approx(1.0)
+    assert b[0] == pytest.approx(1 - CLOCK_BAND) and b[-1] == pytest.approx(1 + CLOCK_BAND)
+    w = clock_band(0.90, 1.00)  # probes wider apart than the band: the band spans them
+    assert (w[0], w[-1]) == pytest.approx((0.90, 1.00)) and w[CLOCKS // 2] == pytest.approx(0.95)
+    assert np.all(np.diff(w) > 0)
+
+
+def _sim(jct: dict) -> SimpleNamespace:
+    """A simulation's result as compare_policy reads it: per-program JCTs and a summary."""
+    s = {"mean_jct": float(np.mean(list(jct.values()))), "p90_jct": 0.0, "cache_hit_ratio": 0.5, "peak_kv_usage": 1.0,
+         "mean_kv_usage": 0.5, "preemptions": 0}
+    return SimpleNamespace(summary=s, programs=pd.DataFrame({"program_id": list(jct), "jct": list(jct.values())}))
+
+
+def test_simulated_figures_are_means_over_every_clock_of_every_repeat():
+    turns = pd.DataFrame({"cached_tokens": [0], "prompt_tokens": [10], "late_s": [0.0], "late_step_s": [0.0],
+                          "late_rest_s": [0.0]})
+    steps = pd.DataFrame({"tokens": [10], "seqs": [1], "sum_qk": [100.0], "sum_k": [10.0], "sum_qc": [0.0],
+                          "seconds": [0.1]})
+    info = {"peak_kv_usage": 1.0, "mean_kv_usage_per_step": 0.5, "preemptions": 0, "wall_s": 1.0, "time_scale": 1.0,
+            "scale_before": 1.0, "scale_after": 1.0, "steps": steps}
+    runs = [(turns, pd.DataFrame({"program_id": ["p", "q"], "jct": [10.0, 10.0]}), info)] * 2
+    bands = [[_sim({"p": 8.0, "q": 8.0}), _sim({"p": 12.0, "q": 12.0})], [_sim({"p": 10.0, "q": 14.0})]]
+    row = compare_policy(runs, bands, [[_sim({"p": 9.0, "q": 9.0})]], linear_profile())
+    assert row["sim"]["mean_jct"] == pytest.approx((8 + 12 + 12) / 3)  # every clock weighs alike
+    assert row["sim"]["mean_jct_clocks"] == [8.0, 12.0]
+    assert row["mean_jct_error"] == pytest.approx((32 / 3 - 10) / 10)
+    assert row["program_jct_mape"] == pytest.approx((0.2 + 0.2 + 0.2) / 3)
+    assert row["sim_unscaled_mean_jct"] == 9.0
 
 
 def test_late_arrival_splits_the_step_in_progress_from_the_rest():
@@ -62,3 +98,21 @@ def test_shapes_cut_as_documented():
     assert scaled[t] == pytest.approx(min(first[t] * 0.15, bfcl.max_tool_s))
     assert fit_trace(full, programs=2, tool_scale=0.5)["tool_duration_s"].sum() < \
         fit_trace(full, programs=2)["tool_duration_s"].sum()
+
+
+def test_the_clock_sensitivity_table_in_the_docs_is_what_its_command_prints():
+    """docs/validation.md's band table comes from benchmarks/clock_sensitivity.py (pure
+    simulation, so the same figures on any machine)."""
+    import re
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import clock_sensitivity
+
+    page = (root / "docs" / "validation.md").read_text()
+    flags, body = re.search(r"<!-- clock_sensitivity: (.*?) -->\n(.*?)<!-- end clock_sensitivity -->", page, re.S).groups()
+    printed = clock_sensitivity.main(flags.split())
+    assert printed.strip() == body.strip()
+    assert "| 1.00 | " in printed and "band" in printed
