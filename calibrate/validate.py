@@ -172,10 +172,10 @@ def clock_probes(llm, vocab: int, budget: int, seed: int) -> list[dict]:
     return [p.to_json(budget) for p in probes]
 
 
-# The probes before and after one replay disagreed by up to 4% (2026-11-25, EPYC, three
+# The probes before and after one replay disagreed by up to 3.7% (2026-11-25, EPYC, two
 # policies x three repeats), and on the swebench shape the simulated mean JCT of
-# `continuum` jumped by 2 s between the clocks 0.98 and 0.99 (a pin's expiry and its
-# program's next call change order), while the real engine's repeats spread as much. So
+# `continuum` jumped by 2 s between the clocks 0.98 and 0.99 (pin expiries, victims and
+# preemptions change order), while the real engine's repeats spread as much. So
 # a repeat is simulated on CLOCKS clocks spread evenly over the probes' bracket, at
 # least +-CLOCK_BAND around its middle, and the band's mean is its simulated figure, as
 # the mean over repeats is the real one (docs/validation.md).
@@ -482,9 +482,9 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
                    out: str | Path | None = None, seed: int = 0, model=None, device: str = "cpu",
                    log=print, policy_args: dict[str, dict] | None = None, repeats: int = 1,
                    merge_from: str | Path | None = None, **limits) -> dict:
-    """One workload, each policy `repeats` times on a fresh engine and once per repeat in
-    the simulator (on the band of clocks around that repeat's, clock_band). `profile`: a profile name or path; None =
-    calibrate on the first engine (written to out/profile.json) and use it for the rest.
+    """One workload, each policy `repeats` times on a fresh engine and, per repeat, in the
+    simulator on the band of clocks around that repeat's (clock_band). `profile`: a
+    profile name or path; None = calibrate on the first engine (written to out/profile.json) and use it for the rest.
     `policy_args`: per policy name, its parameters (the same on both sides). `merge_from`:
     an earlier report.json of the same workload whose other policies' rows are kept (the
     ranking is recomputed over all): re-run some policies after a fix without the rest."""

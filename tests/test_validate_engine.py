@@ -58,6 +58,10 @@ def test_real_engine_and_simulator_rank_policies_alike(tmp_path, engine_log):
     assert shape["setup"]["engine_threads"] == [1], shape["setup"]  # one OpenMP thread on its core, every engine
     print(json.dumps({p: {k: r[k] for k in ("real", "sim", "mean_jct_error", "unscaled_error", "time_scale",
                                             "late_arrival_ms")} for p, r in shape["policies"].items()}, indent=1))
+    for p, r in shape["policies"].items():  # the simulated side in CI's log too, passed or not
+        lo, hi = r["sim"]["mean_jct_clocks"]
+        engine_log(f"{p}: real {r['real']['mean_jct']:.2f} s, sim {r['sim']['mean_jct']:.2f} s over clocks "
+                   f"{lo:.2f}-{hi:.2f} ({100 * r['mean_jct_error']:+.1f}%, unscaled {100 * r['unscaled_error']:+.1f}%)")
     for pol, r in shape["policies"].items():
         assert abs(r["mean_jct_error"]) <= MAX_JCT_ERROR, (pol, r["real"]["mean_jct"], r["sim"]["mean_jct"])
         # memory pressure is real on both sides
