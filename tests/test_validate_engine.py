@@ -61,7 +61,9 @@ def test_real_engine_and_simulator_rank_policies_alike(tmp_path, engine_log):
     for p, r in shape["policies"].items():  # the simulated side in CI's log too, passed or not
         lo, hi = r["sim"]["mean_jct_clocks"]
         engine_log(f"{p}: real {r['real']['mean_jct']:.2f} s, sim {r['sim']['mean_jct']:.2f} s over clocks "
-                   f"{lo:.2f}-{hi:.2f} ({100 * r['mean_jct_error']:+.1f}%, unscaled {100 * r['unscaled_error']:+.1f}%)")
+                   f"{lo:.2f}-{hi:.2f} ({100 * r['mean_jct_error']:+.1f}%, unscaled {100 * r['unscaled_error']:+.1f}%); "
+                   f"clock scales before/after {r['time_scale_runs']}, replay steps vs unscaled model "
+                   f"{100 * r['replay_step_model_error']:+.1f}%")
     for pol, r in shape["policies"].items():
         assert abs(r["mean_jct_error"]) <= MAX_JCT_ERROR, (pol, r["real"]["mean_jct"], r["sim"]["mean_jct"])
         # memory pressure is real on both sides

@@ -7,7 +7,7 @@ import pytest
 from types import SimpleNamespace
 
 from calibrate.validate import (CLOCK_BAND, CLOCKS, SHAPES, _late_arrivals, check_policies, clock_band, clock_scale,
-                                compare_policy, fit_trace, rank)
+                                compare_policy, fit_trace, probe_ratios, rank)
 from tests.conftest import linear_profile
 from agentsim.errors import InputError
 from traces.schema import read_trace
@@ -34,6 +34,18 @@ def test_clock_scale_is_measured_over_predicted():
     assert clock_scale(rows, prof) == pytest.approx(2.0)
 
 
+def _clock_rows(scale: float) -> list[dict]:
+    """A clock probe set read `scale` times linear_profile()'s prediction (0.01 + 0.001 n)."""
+    return [{"kind": "prefill", "new": n, "prefix": 0, "batch": 1, "seconds": scale * (0.01 + 0.001 * n),
+             "features": {"tokens": n, "seqs": 1, "sum_qk": n * n, "sum_k": n, "sum_q_cached": 0}} for n in (100, 500)]
+
+
+def test_the_report_keeps_each_clock_probe_over_its_prediction():
+    rows = _clock_rows(0.9)
+    rows[1]["seconds"] *= 1.1
+    assert probe_ratios(rows, linear_profile()) == {"prefill 100+0 x1": 0.9, "prefill 500+0 x1": 0.99}
+
+
 def test_a_repeat_is_simulated_on_a_band_of_clocks_around_its_probes():
     b = clock_band(1.0, 1.0)  # probes that agree: +-CLOCK_BAND around them
     assert len(b) == CLOCKS and b[CLOCKS // 2] == pytest.approx(1.0)
@@ -56,7 +68,8 @@ def test_simulated_figures_are_means_over_every_clock_of_every_repeat():
     steps = pd.DataFrame({"tokens": [10], "seqs": [1], "sum_qk": [100.0], "sum_k": [10.0], "sum_qc": [0.0],
                           "seconds": [0.1]})
     info = {"peak_kv_usage": 1.0, "mean_kv_usage_per_step": 0.5, "preemptions": 0, "wall_s": 1.0, "time_scale": 1.0,
-            "scale_before": 1.0, "scale_after": 1.0, "steps": steps}
+            "scale_before": 1.0, "scale_after": 1.0, "steps": steps, "clock_before": _clock_rows(0.9),
+            "clock_after": _clock_rows(1.0)}
     runs = [(turns, pd.DataFrame({"program_id": ["p", "q"], "jct": [10.0, 10.0]}), info)] * 2
     bands = [[_sim({"p": 8.0, "q": 8.0}), _sim({"p": 12.0, "q": 12.0})], [_sim({"p": 10.0, "q": 14.0})]]
     row = compare_policy(runs, bands, [[_sim({"p": 9.0, "q": 9.0})]], linear_profile())
@@ -65,6 +78,8 @@ def test_simulated_figures_are_means_over_every_clock_of_every_repeat():
     assert row["mean_jct_error"] == pytest.approx((32 / 3 - 10) / 10)
     assert row["program_jct_mape"] == pytest.approx((0.2 + 0.2 + 0.2) / 3)
     assert row["sim_unscaled_mean_jct"] == 9.0
+    assert row["clock_probe_runs"][1] == {"before": {"prefill 100+0 x1": 0.9, "prefill 500+0 x1": 0.9},
+                                          "after": {"prefill 100+0 x1": 1.0, "prefill 500+0 x1": 1.0}}
 
 
 def test_late_arrival_splits_the_step_in_progress_from_the_rest():
