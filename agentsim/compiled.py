@@ -72,7 +72,7 @@ class _SourceWhenStale:
 
 
 def install() -> None:
-    if not any(isinstance(f, _SourceWhenStale) or f is _SourceWhenStale for f in sys.meta_path):
+    if _SourceWhenStale not in sys.meta_path:
         sys.meta_path.insert(0, _SourceWhenStale)
 
 

@@ -75,7 +75,7 @@ _CHILD = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-import importlib.machinery
+import importlib
 from agentsim.compiled import COMPILED, is_compiled
 from tests.test_golden_runs import GOLDEN, golden_run
 out = {"compiled": [m for m in COMPILED if is_compiled(importlib.import_module(m))], "same": {}}
