@@ -30,7 +30,8 @@ class Call:
     # offload and clusters (sim/cpu_tier.py, sim/cluster.py)
     replica: int = 0  # the replica that served the call
     loaded_tokens: int = 0  # tokens reloaded from an offload tier (all admissions)
-    reload_s: float = 0.0  # transfer time of those reloads
+    admission_loaded_tokens: int = 0  # of those, tokens reloaded at the latest admission
+    reload_s: float = 0.0  # transfer time of those reloads (all admissions)
     saved_chunks: int = 0  # leading chunks LMCache holds or has stored for this call
     # prefill/decode disaggregation (sim/disagg.py)
     prefilled_on: int | None = None  # the prefill replica that prefilled it (None: prefilled where it decodes)

@@ -250,12 +250,14 @@ class KVOffload:
         self.loads += 1
         self.loaded_tokens += n_blocks * self.block_size
         call.loaded_tokens += n_blocks * self.block_size
+        call.admission_loaded_tokens += n_blocks * self.block_size
         call.reload_s += t
         return t
 
     def admitted(self, call, gpu_hit: int) -> None:
         """Bookkeeping at every admission: tokens past the GPU hit (CPU hit ratio's
         denominator); LMCache saves from the end of its own prefix hit onwards."""
+        call.admission_loaded_tokens = 0  # load() follows, if anything is loaded
         self.miss_tokens += max(0, (call.num_tokens - 1) // self.block_size - gpu_hit) * self.block_size
         saved = 0
         while self._chunk_tier(call, saved) is not None:

@@ -28,7 +28,12 @@ class Recorder:
             "output_tokens": call.num_output, "cached_tokens": call.cached_tokens,
             "computed_prompt_tokens": call.computed_prompt_tokens, "preemptions": call.preemptions,
             "exec_time": r.exec_time, "tool": r.tool, "is_last": r.is_last_step,
-            "replica": call.replica, "loaded_tokens": call.loaded_tokens, "reload_s": call.reload_s,
+            "replica": call.replica, "loaded_tokens": call.admission_loaded_tokens, "reload_s": call.reload_s,
+            # vLLM's request metrics (`vllm bench serve`), from the call's arrival at the engine
+            "ttft": call.first_token_at - r.arrival,
+            "tpot": (now - call.first_token_at) / (call.num_output - 1) if call.num_output > 1 else float("nan"),
+            "e2el": now - r.arrival,
+            "reloaded_tokens_total": call.loaded_tokens,
         })
 
 
@@ -38,8 +43,8 @@ class Recorder:
 
 
 # the columns the summary and the per-replica figures read
-_NUMERIC = ("arrival", "program_arrival", "finish", "queue_delay", "prompt_tokens", "output_tokens", "cached_tokens",
-            "computed_prompt_tokens", "preemptions", "replica")
+_NUMERIC = ("arrival", "program_arrival", "first_token", "finish", "queue_delay", "prompt_tokens", "output_tokens",
+            "cached_tokens", "computed_prompt_tokens", "preemptions", "replica")
 
 
 def turn_columns(turns: list[dict]) -> dict[str, np.ndarray]:
@@ -72,6 +77,7 @@ def program_table(turns):
         "preemptions": g["preemptions"].sum(),
         "loaded_tokens": g["loaded_tokens"].sum(),
         "reload_s": g["reload_s"].sum(),
+        "reloaded_tokens_total": g["reloaded_tokens_total"].sum(),
     })
     progs.insert(2, "jct", progs["finish"] - progs["arrival"])
     return progs.reset_index()
@@ -108,7 +114,42 @@ def summarize(turns: dict[str, np.ndarray], extra: dict) -> dict:
         "prefill_tokens_computed": int(turns["computed_prompt_tokens"].sum()),
         "prefill_tokens_cached": int(turns["cached_tokens"].sum()),
         "preemptions": int(turns["preemptions"].sum()),
+        **request_metrics(turns),
         **extra,
+    }
+
+
+# vLLM's request metrics under the names `vllm bench serve` (vllm/benchmarks/serve.py,
+# formerly benchmarks/benchmark_serving.py) writes to its result JSON, with its default
+# percentile (99): mean_/median_/std_/p99_ of ttft, tpot and e2el, in milliseconds. As
+# there, TPOT is (E2E latency - TTFT) / (output tokens - 1) over calls of more than one
+# output token, and a metric with no value is 0. A call's times run from its arrival at
+# the engine (its program's start, or its tool's return), as a client's from sending the
+# request. queue_time (vLLM's per-request `queue_time_ms`, the histogram
+# `vllm:request_queue_time_seconds`: arrival to first scheduled) is the column queue_delay.
+# ITL: only the mean, which is exact (all calls' decode time over all their token gaps);
+# its median and p99 need each token's time, which decode stretches do not keep.
+REQUEST_METRICS = ("ttft", "tpot", "e2el", "queue_time")
+
+
+def _ms_stats(name: str, x: np.ndarray) -> dict[str, float]:
+    x = x if len(x) else np.zeros(1)  # vLLM: np.mean(values or 0)
+    return {f"mean_{name}_ms": float(np.mean(x)) * 1000, f"median_{name}_ms": float(np.median(x)) * 1000,
+            f"std_{name}_ms": float(np.std(x)) * 1000, f"p99_{name}_ms": float(np.percentile(x, 99)) * 1000}
+
+
+def request_metrics(turns: dict[str, np.ndarray]) -> dict[str, float]:
+    """vLLM's request metrics of `turn_columns` (see REQUEST_METRICS)."""
+    first, finish, n = turns["first_token"], turns["finish"], turns["output_tokens"]
+    multi = n > 1
+    decode = finish - first
+    gaps = int((n[multi] - 1).sum())
+    return {
+        **_ms_stats("ttft", first - turns["arrival"]),
+        **_ms_stats("tpot", decode[multi] / (n[multi] - 1)),
+        "mean_itl_ms": float(decode[multi].sum()) / gaps * 1000 if gaps else 0.0,
+        **_ms_stats("e2el", finish - turns["arrival"]),
+        **_ms_stats("queue_time", turns["queue_delay"]),
     }
 
 
@@ -135,8 +176,15 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "tool": ("name", "the tool run after this call (none after the last call or where the trace names none)"),
         "is_last": ("bool", "the program's last call (no tool after it)"),
         "replica": ("index", "the replica that served the call, from 0"),
-        "loaded_tokens": ("tokens", "tokens reloaded from an offload tier instead of recomputed"),
-        "reload_s": ("s", "transfer time of those reloads"),
+        "loaded_tokens": ("tokens", "prompt tokens reloaded from an offload tier instead of recomputed, at the call's last "
+                                    "admission (a preempted call's earlier reloads: reloaded_tokens_total)"),
+        "reload_s": ("s", "transfer time of all the call's reloads (every admission)"),
+        "ttft": ("s", "time to first token: first_token - arrival (vLLM's TTFT)"),
+        "tpot": ("s", "time per output token after the first: (finish - first_token) / (output_tokens - 1); "
+                      "NaN for one output token (vLLM's TPOT)"),
+        "e2el": ("s", "end-to-end latency: finish - arrival (vLLM's E2EL)"),
+        "reloaded_tokens_total": ("tokens", "tokens reloaded from an offload tier over all the call's admissions "
+                                            "(a preempted call reloads again; may exceed the prompt)"),
     },
     "programs": {
         "program_id": ("id", "the program, as in the trace"),
@@ -150,8 +198,9 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "computed_prompt_tokens": ("tokens", "sum of its calls' prefilled prompt tokens"),
         "output_tokens": ("tokens", "sum of its calls' output tokens"),
         "preemptions": ("count", "sum of its calls' preemptions"),
-        "loaded_tokens": ("tokens", "sum of its calls' tokens reloaded from an offload tier"),
+        "loaded_tokens": ("tokens", "sum of its calls' loaded_tokens (reloaded at each call's last admission)"),
         "reload_s": ("s", "sum of its calls' reload transfer times"),
+        "reloaded_tokens_total": ("tokens", "sum of its calls' reloaded_tokens_total (every admission)"),
     },
     "kv_usage": {
         "t": ("s", "the sample's time (a scheduler step's start; samples at least 1 s apart)"),

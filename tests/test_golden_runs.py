@@ -2,7 +2,9 @@
 
 They guard refactors (config, scheduler, pins, profile types) against changing simulator
 results: every float is compared exactly, since a run is deterministic. The stored JSON
-under tests/fixtures/golden/ was written by the code before those refactors.
+under tests/fixtures/golden/ was written by the code before those refactors. The summary
+is compared on the keys stored: a key added to the summary later is a new figure, not a
+changed result (its own tests cover it).
 
 Regenerate with
 
@@ -80,7 +82,11 @@ def test_golden_run_reproduced_exactly(name, tmp_path):
     got = json.loads(json.dumps(golden_run(name, tmp_path)))  # the same JSON round trip as the stored file
     assert got["args"] == want["args"], "RUNS changed: regenerate (see the module docstring)"
     assert got["program_jct"] == want["program_jct"]
-    assert got["summary"] == want["summary"]
+    # the fixture's keys, exactly; keys added to the summary since it was written (vLLM's
+    # request metrics, closed-loop rates) are covered by their own tests, not here
+    missing = set(want["summary"]) - set(got["summary"])
+    assert not missing, f"summary keys dropped: {sorted(missing)}"
+    assert {k: got["summary"][k] for k in want["summary"]} == want["summary"]
 
 
 def test_golden_runs_are_contended():
