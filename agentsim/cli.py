@@ -4,7 +4,8 @@ It lives above the packages it gathers (traces, sim, calibrate), so that `sim` n
 imports `calibrate`: calibrate depends on sim, not the reverse.
 
 Every subcommand is a function taking the parsed args and returning an exit code.
-Bad input raises InputError/PolicyError and is printed as one line (exit 2), never a
+Bad input raises InputError/PolicyError, a simulation that cannot go on (a deadlock,
+the progress watchdog) SimulationError; each is printed as one line (exit 2), never a
 traceback.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import sys
 
 from policies.base import PolicyError
-from agentsim.errors import InputError
+from agentsim.errors import InputError, SimulationError
 
 # The module that registers each subcommand, in `sim --help`'s order. A command line
 # imports only its own command's module: `sim run` needs neither pandas (sim.plan and
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (InputError, PolicyError) as e:
+    except (InputError, PolicyError, SimulationError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -111,6 +111,16 @@ class Cluster:
             heapq.heappop(due)
         return min(first[-1] if first else math.inf, due[0] if due else math.inf)
 
+    def state(self, but: int | None = None) -> str:
+        """Every replica (but replica `but`) on one line, with the calls the proxy holds
+        back and those between a prefill and a decode replica (Engine.state)."""
+        parts = [e.state() for e in self.engines if e.index != but]
+        if self.held:
+            parts.append(f"held by the proxy: {', '.join(sorted(self.held))}")
+        if self.in_flight():
+            parts.append(f"{self.in_flight()} calls between a prefill and a decode replica")
+        return "; ".join(parts)
+
     def _rounds(self):
         ctl = self.controller
         while self.work.remaining > 0:

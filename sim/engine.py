@@ -27,10 +27,22 @@ import simpy
 
 from policies.base import FinishStats, Policy, Release
 from sim import stretch
+from agentsim.errors import SimulationError
 from sim.call import Call
 from sim.cpu_tier import KVOffload, Tier
 from sim.profile import Profile
 from sim.scheduler import EngineConfig, Scheduler
+
+
+# The progress watchdog: passes of a replica's loop at one simulated instant before the
+# run is stopped as stalled. A pass that runs a step moves the clock (step times are > 0),
+# so legitimate passes at one instant are the few that admit arrivals or drop pins; a
+# loop whose clock is frozen makes ~10^5 passes a wall second, so it stops within 0.1 s.
+STALL_PASSES = 10_000
+
+
+def _listed(items: list[str], most: int = 6) -> str:
+    return ", ".join(items[:most]) + (f", ... ({len(items)} in all)" if len(items) > most else "") if items else "none"
 
 
 def _timeout_at(env: simpy.Environment, at: float) -> simpy.Event:
@@ -214,9 +226,40 @@ class Engine:
         expiry = min((p.expiry for p in self.policy.pins.values()), default=math.inf)
         return min(horizon(), expiry)
 
+    def state(self) -> str:
+        """This replica now, on one line: what waits (blocks each needs), what runs (blocks
+        held), what is pinned and for whom (blocks, expiry), free blocks."""
+        sched, bs = self.sched, self.cfg.block_size
+        pols = self.policy.pins
+        waiting = [f"{c.req.program_id}#{c.req.turn} ({-(-c.num_tokens // bs)} blocks)" for c in sched.waiting]
+        running = [f"{c.req.program_id}#{c.req.turn} ({len(c.blocks)} blocks)" for c in sched.running]
+        pinned = [f"{pid} ({len(blks)} blocks" + (f", expires t={pols[pid].expiry:.3f})" if pid in pols else ")")
+                  for pid, blks in sched.pins.items()]
+        return (f"replica {self.index}: waiting {_listed(waiting)}; running {_listed(running)}; "
+                f"pinned {sched.pinned_blocks} blocks for {_listed(pinned)}; free {sched.pool.num_free} of {self.num_blocks} blocks")
+
+    def _error(self, what: str) -> SimulationError:
+        e = SimulationError(f"{what} at t={self.env.now:.3f}: {self.state()}")
+        e.replica = self.index  # the cluster adds the other replicas' state (sim/simulate.py)
+        return e
+
+    def _wake_at(self, now: float) -> float:
+        """When a replica blocked with nothing running may next change: any event (pins
+        elsewhere may be released), or one of its pins' expiry. A pin whose TTL ran out
+        is kept while its program waits; its expiry has passed and changes nothing."""
+        return min(self.env.peek(), min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf))
+
     def _loop(self):
         env, sched = self.env, self.sched
+        spin_t, spins = -1.0, 0  # the progress watchdog: passes at one simulated instant
         while True:
+            now = env.now
+            if now != spin_t:
+                spin_t, spins = now, 0
+            else:
+                spins += 1
+                if spins >= STALL_PASSES:
+                    raise self._error(f"no progress ({spins} passes of the event loop without the simulated clock advancing)")
             for pid, reason in self._deferred:
                 sched.release_pin(pid, env.now, reason)
             self._deferred.clear()
@@ -224,7 +267,6 @@ class Engine:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
-            now = env.now
             if self.policy.reviews_pins and sched.pins:
                 for pid in self.policy.review_pins(now, self):
                     sched.release_pin(pid, now, Release.DISCARD)
@@ -238,10 +280,9 @@ class Engine:
                     continue
                 # Waiting calls blocked with nothing running: only an arrival or a pin
                 # expiry can change that.
-                nxt = self._next_event(env.peek)  # any event: pins elsewhere may be released
+                nxt = self._wake_at(now)
                 if math.isinf(nxt):
-                    raise RuntimeError(f"deadlock at t={now:.3f}: {len(sched.waiting)} waiting, "
-                                       f"{sched.pinned_blocks} pinned blocks, nothing can run")
+                    raise self._error("deadlock (nothing can run and nothing will change)")
                 self._wakeup = env.event()
                 yield self._wakeup | env.timeout(max(nxt - now, 0.0))
                 continue

@@ -16,7 +16,9 @@ only tries counts up to floor(C / u), and a candidate whose next count already c
 more than C is dropped without running it (equal costs are still searched, so ties are
 broken as an exhaustive search would: lower metric, then input order). Every point runs
 through sim.sweep (a point dict per seed, DIR/results.parquet), so an interrupted plan
-resumes where it stopped and points can run on local processes or a Dask cluster.
+resumes where it stopped and points can run on local processes or a Dask cluster. A
+point whose simulation cannot go on (a deadlock, the progress watchdog) stops its
+candidate's search with status "failed" and the message; the others go on.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ SLO_METRICS = ("mean_jct", "p50_jct", "p90_jct", "p95_jct", "p99_jct", "max_jct"
                "mean_turn_latency", "p99_turn_latency")
 # (GPU, model, tp) -> bundled profile measured on that hardware (docs/profiles.md).
 MEASURED = {("H100", "llama3.1-8b", 1): "llama3.1-8b-h100"}
-STATUS_ORDER = {"met": 0, "cut": 1, "pruned": 2, "infeasible": 3}
+STATUS_ORDER = {"met": 0, "cut": 1, "pruned": 2, "infeasible": 3, "failed": 4}
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,7 @@ class _Search:
     hi_value: float = math.nan
     status: str = "open"
     points: int = 0
+    error: str | None = None  # the first failed point's message (status "failed")
 
     def next(self, cap: int, bounded: bool) -> int | None:
         """The next replica count to try (<= cap), or None when the search is over (status
@@ -274,8 +277,13 @@ def search(q: Question, cands: list[Candidate], out: str | Path, workers: int = 
             for i, r in batch:
                 c, s = cands[i], states[i]
                 keys = [point_key(p) for p in q.points(c, r)]
-                value = float(np.mean(rows.loc[keys, q.slo.metric].astype(float)))
                 s.points += len(keys)
+                errors = rows.loc[keys, "error"].dropna() if "error" in rows else ()
+                if len(errors):  # the simulation could not go on (sim.sweep): no metric, stop this candidate
+                    s.status, s.error = "failed", f"{r} replicas: {errors.iloc[0]}"
+                    bar.update(1)
+                    continue
+                value = float(np.mean(rows.loc[keys, q.slo.metric].astype(float)))
                 ok = q.slo.met(value)
                 probes.append({**_describe(c), "replicas": r, "usd_per_hour": r * c.unit_cost,
                                q.slo.metric: value, "meets_slo": ok, "candidate": i})
@@ -305,7 +313,8 @@ def _table(q: Question, cands: list[Candidate], states: list[_Search]) -> pd.Dat
                      "replicas": s.hi if met else None, "gpus": s.hi * c.tp if met else None,
                      "usd_per_hour": s.hi * c.unit_cost if met else None,
                      q.slo.metric: s.hi_value if met else None,
-                     "min_replicas_lower_bound": s.lo + 1, "points": s.points, "profile": c.profile, "order": i})
+                     "min_replicas_lower_bound": s.lo + 1, "points": s.points, "profile": c.profile, "order": i,
+                     "error": s.error})
     t = pd.DataFrame(rows)
     t["_s"] = t["status"].map(STATUS_ORDER)
     t = t.sort_values(["_s", "usd_per_hour", q.slo.metric, "order"], na_position="last", kind="stable")
@@ -373,7 +382,8 @@ def markdown(q: Question, res: PlanResult, command: str | None = None) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "status: met = smallest passing replica count found; cut = stopped once more replicas would cost "
                   "more than the answer; pruned = not run, its first untried count already costs more; "
-                  "infeasible = fails at the replica limit."]
+                  "infeasible = fails at the replica limit; failed = a simulation could not go on (below)."]
+    lines += [f"failed: rank {int(r['rank'])}: {r['error']}" for r in res.table.to_dict("records") if r.get("error")]
     lines += [f"note: {n}" for n in res.notes]
     return "\n".join(lines) + "\n"
 

@@ -198,7 +198,9 @@ class Scheduler:
         While calls run no deadlock is possible (they free memory when they finish): a
         policy with `unpin_while_running` False (Continuum's family, as the authors' fork)
         then keeps its pins; otherwise pins are dropped only if dropping them all would
-        let the head in (else they would be lost for nothing)."""
+        let the head in (else they would be lost for nothing). With nothing running and
+        no other pin left, the head's own pin is dropped last (else nothing could ever
+        run: a deadlock, or with its TTL run out, a loop at one instant)."""
         pid = call.req.program_id
         if self.running:
             if not self.policy.unpin_while_running:
@@ -207,6 +209,12 @@ class Scheduler:
             if releasable < short:
                 return False
         victims = self.policy.unpin_victims(short, self.view, exclude=pid)
+        if not victims and not self.running and pid in self.pins:
+            # Nothing runs and no other pin is left to drop: the head's own pin is what
+            # keeps it out (a pinned block it cannot hit: the last one, partly written,
+            # or a block past what fits beside the rest). Nothing else can free memory,
+            # so it goes too; its blocks stay prefix-cached, so the head still hits them.
+            victims = [pid]
         for victim in victims:
             self.release_pin(victim, now, Release.VICTIM)
         return bool(victims)

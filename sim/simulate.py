@@ -7,6 +7,7 @@ from functools import cached_property
 import numpy as np
 import simpy
 
+from agentsim.errors import SimulationError
 from policies.base import Policy
 from policies.pins import pin_counts
 from sim.cluster import Cluster
@@ -87,7 +88,11 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
                       fast_forward=fast_forward, on_finish=on_finish, disagg=split)
     work.start(cluster)
     cluster.start(work)
-    env.run()
+    try:
+        env.run()
+    except SimulationError as e:  # a replica stopped (deadlock, watchdog): name the others' state too
+        rest = cluster.state(but=getattr(e, "replica", None))
+        raise SimulationError(f"{e}; {rest}" if rest else str(e)) from None
     check_end(cluster, rec, trace)
 
     rows = rec.sorted_turns()
@@ -137,19 +142,19 @@ def check_end(cluster: Cluster, rec: Recorder, trace) -> None:
     for e in cluster.engines:
         sched = e.sched
         if sched.waiting or sched.running:
-            raise RuntimeError(f"replica {e.index}: run ended with {len(sched.waiting)} waiting and {len(sched.running)} running calls")
+            raise SimulationError(f"replica {e.index}: run ended with {len(sched.waiting)} waiting and {len(sched.running)} running calls")
         if sched.pins:  # the last turn always frees; anything left is a bug
-            raise RuntimeError(f"replica {e.index}: pins outlived their programs: {sorted(sched.pins)}")
+            raise SimulationError(f"replica {e.index}: pins outlived their programs: {sorted(sched.pins)}")
         sched.pool.check()
         if e.tier is not None:
             e.tier.check()
     if cluster.in_flight():
-        raise RuntimeError(f"{cluster.in_flight()} calls still between a prefill and a decode replica")
+        raise SimulationError(f"{cluster.in_flight()} calls still between a prefill and a decode replica")
     if cluster.held:
-        raise RuntimeError(f"requests still held by the proxy: {sorted(cluster.held)}")
+        raise SimulationError(f"requests still held by the proxy: {sorted(cluster.held)}")
     done = [(t["program_id"], t["turn"]) for t in rec.turns]
     if len(done) != len(trace) or len(set(done)) != len(done):
-        raise RuntimeError(f"{len(done)} calls finished ({len(set(done))} distinct) for {len(trace)} in the trace")
+        raise SimulationError(f"{len(done)} calls finished ({len(set(done))} distinct) for {len(trace)} in the trace")
 
 
 def replica_stats(e, turns: dict[str, np.ndarray], span: float) -> dict:

@@ -1,5 +1,9 @@
 """Sweeps: run a grid of simulation points, one row per point in one parquet table.
 
+A point whose simulation cannot go on (a deadlock, the progress watchdog's frozen clock;
+agentsim.errors.SimulationError) is a row with its one-line `error` and no summary, and
+the sweep goes on; a rerun skips it as any finished point (the simulator is deterministic).
+
 A point is a flat dict of axes: the leaf fields of a run's config (RUN_AXES: `trace`,
 `jps`, `num_blocks`, `router`, ...; sim/config.py) plus the parameters of its policy
 (e.g. `max_ttl` for continuum). `point_config` makes it a SimConfig and `build_run` a
@@ -42,7 +46,7 @@ from tqdm import tqdm
 
 from policies.registry import POLICIES, policy_params
 from sim.config import Run, SimConfig, build_run as build_config_run, execute, from_flat, leaves, parse_config
-from agentsim.errors import InputError
+from agentsim.errors import InputError, SimulationError
 from agentsim.files import atomic_write
 
 # name -> (type, default): the leaf fields of SimConfig (sim/config.py), whose help says
@@ -178,10 +182,15 @@ def build_run(point: dict) -> Run:
 
 
 def run_point(point: dict, save_kv: bool = False) -> tuple[dict, pd.DataFrame | None]:
-    """One table row (key, axes, summary; dicts as JSON) and, if asked, the KV usage samples."""
+    """One table row (key, axes, summary; dicts as JSON) and, if asked, the KV usage samples.
+    A simulation that cannot go on (SimulationError: a deadlock, the progress watchdog)
+    gives a failed row instead: key, axes, `error` (the one-line state), no summary."""
     p = canonical(point)
     t0 = time.perf_counter()
-    res = execute(build_run(p))
+    try:
+        res = execute(build_run(p))
+    except SimulationError as e:
+        return {"key": point_key(p), **p, "error": str(e), "wall_s": time.perf_counter() - t0}, None
     summary = dict(res.summary)
     summary["n_programs"] = summary.pop("programs")  # `programs` is the axis (first N)
     out = {k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
@@ -409,6 +418,14 @@ class SweepReport:
     skipped: int
     ran: int
     table: pd.DataFrame
+
+    def failed(self, points: list[dict] | None = None) -> pd.DataFrame:
+        """The table's failed rows (a non-null `error`), of `points` only if given."""
+        t = self.table
+        if "error" not in t:
+            return t.iloc[:0]
+        t = t[t["error"].notna()]
+        return t if points is None else t[t["key"].isin({point_key(canonical(p)) for p in points})]
 
 
 def sweep(points: list[dict], out: str | Path, workers: int = 1, dask: str | None = None,

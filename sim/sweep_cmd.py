@@ -88,6 +88,10 @@ def run_sweep(args) -> int:
                 progress=not args.no_progress and sys.stderr.isatty())
     print(f"{rep.points} points: {rep.skipped} already in {Path(args.out) / RESULTS}, {rep.ran} run in "
           f"{time.perf_counter() - t0:.1f} s; the table has {len(rep.table)} rows")
+    failed = rep.failed(points)
+    if len(failed):
+        print(f"warning: {len(failed)} of {rep.points} points failed (column `error` of the table); the first: "
+              f"{failed['error'].iloc[0]}", file=sys.stderr)
     note = sweep_pressure_note(rep.table, points)
     if note:
         print(note)
@@ -134,6 +138,8 @@ def run_plot(args) -> int:
     from sim import plot  # matplotlib only when plotting
 
     table = _where(load_results(args.results), args.where)
+    if "error" in table:  # failed points have no summary to plot
+        table = table[table["error"].isna()]
     if table.empty:
         raise InputError(f"no sweep rows in {args.results!r}{' match --where' if args.where else ''}; run `sim sweep --out {args.results}` first")
     metric = args.metric or "mean_jct"
