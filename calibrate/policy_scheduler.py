@@ -23,7 +23,11 @@ so a policy makes the same decisions in both engines:
   and only if dropping them lets it in).
 - Expiry: checked at every step and at every arrival (the engine does not step while
   idle, and a pin that expired during the idle time must not count as a hit).
-Time is time.monotonic() seconds. Policies see plain records, never vLLM objects.
+Time is the scheduler's `clock`: time.monotonic() seconds inside a real engine; the
+simulator's vLLM engine (sim/vllm_engine.py) passes its simulated clock, its own policy
+object and profile, and the policy's record of each call (`records`), so that the one
+implementation of the policy protocol here runs both. Policies see plain records, never
+vLLM objects.
 """
 from __future__ import annotations
 
@@ -86,18 +90,26 @@ def check_profile_matches(profile: Profile, model_config, parallel_config) -> No
 
 
 class PolicyScheduler(Scheduler):
-    def __init__(self, vllm_config, *args, **kwargs) -> None:
+    def __init__(self, vllm_config, *args, policy: Policy | None = None, profile: Profile | None = None,
+                 clock=None, **kwargs) -> None:
+        """vLLM builds it with its own arguments; the simulator's vLLM engine also passes
+        `policy` (the object to run), `profile` (its step model and limits, not checked
+        against the config's model, which is a stand-in there) and `clock` (simulated
+        seconds)."""
         super().__init__(vllm_config, *args, **kwargs)
         conf = dict((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
+        self.clock = time.monotonic if clock is None else clock
         try:
             self._policy_conf = (str(conf.get("policy", "vllm")), dict(conf.get("policy_args") or {}))
-            self.policy: Policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
-            ref = conf.get("profile") or bundled_profile_name(vllm_config.model_config.model)
-            if ref is None:
-                raise InputError(f"no profile for model {vllm_config.model_config.model!r}: calibrate it with "
-                                 "`sim calibrate` and pass it as additional_config agentsim.profile")
-            self.profile = load_profile(ref)
-            check_profile_matches(self.profile, vllm_config.model_config, vllm_config.parallel_config)
+            self.policy: Policy = make_policy(self._policy_conf[0], **self._policy_conf[1]) if policy is None else policy
+            if profile is None:
+                ref = conf.get("profile") or bundled_profile_name(vllm_config.model_config.model)
+                if ref is None:
+                    raise InputError(f"no profile for model {vllm_config.model_config.model!r}: calibrate it with "
+                                     "`sim calibrate` and pass it as additional_config agentsim.profile")
+                profile = load_profile(ref)
+                check_profile_matches(profile, vllm_config.model_config, vllm_config.parallel_config)
+            self.profile = profile
         except (PolicyError, InputError) as err:  # vLLM shows this at start-up
             raise ValueError(f"agentsim scheduler: {err}") from None
         if self.scheduler_config.policy != "fcfs":
@@ -117,8 +129,11 @@ class PolicyScheduler(Scheduler):
         self.step_log: list[tuple] | None = None
         self.kv_peak = 0  # blocks in use (running + pinned), over steps: how full the pool got
         self.preemptions = 0
-        # request id -> time.monotonic() when it reached the scheduler (validation: late arrivals)
+        # request id -> the clock when it reached the scheduler (validation: late arrivals)
         self.arrival_log: dict[str, float] = {}
+        # request id -> the policy's record of the call, given by a caller that keeps its own
+        # (the simulator's vLLM engine); without one it is built from the request's metadata
+        self.records: dict[str, Request] = {}
         self._kv_sum = self._kv_steps = 0
         self._hooks()
         # steps are timed only for a policy that reads exec_time or while validation logs them
@@ -256,7 +271,7 @@ class PolicyScheduler(Scheduler):
             releasable = sum(sum(1 for b in blks if b.ref_cnt == 1) for p, blks in self.pinned.items() if p != pid)
             if releasable < short:
                 return False
-        now = time.monotonic()
+        now = self.clock()
         victims = self.policy.unpin_victims(short, self, exclude=pid)
         for victim in victims:
             self._release_pin(victim, now, Release.VICTIM)
@@ -269,23 +284,29 @@ class PolicyScheduler(Scheduler):
             logger.warning("agentsim scheduler: %s", msg)
 
     def add_request(self, request) -> None:
-        now = time.monotonic()
+        now = self.clock()
         rid = request.request_id
         if rid not in self.calls:
-            params = request.sampling_params
-            meta = parse_job_meta(getattr(params, "extra_args", None) if params is not None else None, rid)
-            for p in meta.problems:
-                self._warn(p, f"request {rid}: {p}")
-            pid = meta.program_id
-            if pid in self.inflight:  # two calls of one program at once: serve this one on its own
-                self._warn(f"concurrent:{pid}", f"program {pid!r} sent request {rid} while {self.inflight[pid]} "
-                           "is still in the engine; it is served as a one-turn program")
-                pid, meta.is_last_step, meta.tool = f"<anon>{rid}", True, None
-            first, turns = self.programs.get(pid, (now, 0))
-            self.programs[pid] = (first, turns + 1)
-            req = Request(req_id=rid, program_id=pid, turn=turns, arrival=now, program_arrival=first,
-                          prompt_tokens=request.num_prompt_tokens, is_last_step=meta.is_last_step, tool=meta.tool,
-                          true_tool_duration=None if meta.is_last_step else meta.tool_duration_s)
+            req = self.records.pop(rid, None)
+            if req is not None:  # the caller's own record (the simulator's vLLM engine)
+                pid = req.program_id
+                first, turns = self.programs.get(pid, (now, 0))
+                self.programs[pid] = (first, turns + 1)
+            else:
+                params = request.sampling_params
+                meta = parse_job_meta(getattr(params, "extra_args", None) if params is not None else None, rid)
+                for p in meta.problems:
+                    self._warn(p, f"request {rid}: {p}")
+                pid = meta.program_id
+                if pid in self.inflight:  # two calls of one program at once: serve this one on its own
+                    self._warn(f"concurrent:{pid}", f"program {pid!r} sent request {rid} while {self.inflight[pid]} "
+                               "is still in the engine; it is served as a one-turn program")
+                    pid, meta.is_last_step, meta.tool = f"<anon>{rid}", True, None
+                first, turns = self.programs.get(pid, (now, 0))
+                self.programs[pid] = (first, turns + 1)
+                req = Request(req_id=rid, program_id=pid, turn=turns, arrival=now, program_arrival=first,
+                              prompt_tokens=request.num_prompt_tokens, is_last_step=meta.is_last_step, tool=meta.tool,
+                              true_tool_duration=None if meta.is_last_step else meta.tool_duration_s)
             if now >= self._next_expiry:  # pins that ran out while the engine idled go before this arrival
                 self._expire(now)
             self.policy.on_arrival(req, now)
@@ -298,7 +319,7 @@ class PolicyScheduler(Scheduler):
         self._place(request, now)
 
     def schedule(self, *args, **kwargs):
-        now = time.monotonic()
+        now = self.clock()
         if now >= self._next_expiry:
             self._expire(now)
         if self.policy.reviews_pins and self.pinned:  # InferCept re-judges its pins before each step
@@ -329,7 +350,7 @@ class PolicyScheduler(Scheduler):
             self._kv_sum += used
             self._kv_steps += 1
         if self._timed_steps:
-            self._step_start = time.monotonic()
+            self._step_start = self.clock()
         return out
 
     def _features(self, out) -> tuple:
@@ -359,7 +380,7 @@ class PolicyScheduler(Scheduler):
     def _timed_update_from_output(self, scheduler_output, model_runner_output):
         """update_from_output, installed on the instance only when steps are timed (an
         override would cost every step)."""
-        scheduled, dt = scheduler_output.num_scheduled_tokens, time.monotonic() - self._step_start
+        scheduled, dt = scheduler_output.num_scheduled_tokens, self.clock() - self._step_start
         if self.step_log is not None and scheduled:
             self.step_log.append((self._step_start, dt, *self._step_feat))
         if self.policy.reads_exec_time:
@@ -376,7 +397,7 @@ class PolicyScheduler(Scheduler):
             call.req.preempted = True
         self.preemptions += 1
         super()._preempt_request(request, *args, **kwargs)
-        self._place(request, time.monotonic())
+        self._place(request, self.clock())
 
     def _free_request_blocks(self, request) -> None:
         """Called on preemption and on finish; on a normal finish the policy decides."""
@@ -385,7 +406,7 @@ class PolicyScheduler(Scheduler):
         if call is None:
             super()._free_request_blocks(request)
             return
-        now = time.monotonic()
+        now = self.clock()
         req = call.req
         pid = req.program_id
         if self.inflight.get(pid) == request.request_id:
@@ -436,8 +457,8 @@ class PolicyScheduler(Scheduler):
         if self.calls:
             raise RuntimeError("reset_stats with requests in the engine")
         for pid in list(self.pinned):  # programs of the earlier phase are over
-            self._release_pin(pid, time.monotonic(), Release.LAST)
-        self.pinned.restart(time.monotonic())
+            self._release_pin(pid, self.clock(), Release.LAST)
+        self.pinned.restart(self.clock())
         self.policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
         self._hooks()
         self.stats = FinishStats()

@@ -49,7 +49,9 @@ from agentsim.errors import InputError
 class Cluster:
     def __init__(self, env, cfg, profile, policy, replicas: int = 1, router: str | None = None,
                  tiers: tuple[TierSpec, ...] = (), fast_forward: bool = True, on_finish=None,
-                 disagg: Disagg | None = None) -> None:
+                 disagg: Disagg | None = None, engine_cls=None) -> None:
+        """`engine_cls`: the replica class (default sim.engine.Engine; --engine vllm:
+        sim.vllm_engine.VllmReplica)."""
         if not isinstance(replicas, int) or replicas < 1:
             raise InputError(f"--replicas must be an integer >= 1 (got {replicas!r})")
         self.env, self.on_finish = env, on_finish
@@ -61,7 +63,7 @@ class Cluster:
         self.router = make_router(router)
 
         def engine(i, p, done):
-            return Engine(env, cfg, profile, p, on_finish=done, fast_forward=fast_forward,
+            return (engine_cls or Engine)(env, cfg, profile, p, on_finish=done, fast_forward=fast_forward,
                           tiers=build_tiers(tiers, profile, cfg.block_size) if tiers else None, index=i)
 
         # prefill replicas first (none without disaggregation), then the decode replicas,

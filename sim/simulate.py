@@ -64,15 +64,23 @@ def arrivals_for(trace, jps: float | None, seed: int) -> np.ndarray:
 def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
                    arrivals: np.ndarray, fast_forward: bool = True, progress=None, *,
                    replicas: int = 1, router: str | None = None,
-                   offload: str | tuple[TierSpec, ...] | None = None, disagg: str | Disagg | None = None) -> Result:
+                   offload: str | tuple[TierSpec, ...] | None = None, disagg: str | Disagg | None = None,
+                   engine: str = "simpy") -> Result:
     """Replay `trace` (checked columns, traces.schema.Columns, or a DataFrame) on `replicas` replicas (each its own engine, pool, offload tiers and
     copy of `policy`; `policy` itself serves replica 0) behind `router` (round_robin,
     least_loaded, session, prefix; None = round_robin), with `offload` tiers per replica
     ('cpu:200GiB', 'cpu:200GiB,ssd:1TiB', or parsed TierSpecs; None = GPU only); with `disagg`
     ('1P1D', or a sim.disagg.Disagg for a link or thresholds of its own) x prefill + y decode
-    replicas instead of `replicas` (sim/disagg.py)."""
+    replicas instead of `replicas` (sim/disagg.py); `engine` "vllm": each replica's scheduling is
+    the installed vLLM's own Scheduler (sim/vllm_engine.py), else the SimPy replica."""
     tiers = offload if isinstance(offload, tuple) else parse_offload(offload)
     split = make_disagg(disagg) if isinstance(disagg, str) else disagg
+    engine_cls = None
+    if engine == "vllm":
+        from sim import vllm_engine
+
+        vllm_engine.check_supported(policy, cfg, tiers, split, replicas)
+        engine_cls = vllm_engine.VllmReplica
     env = simpy.Environment()
     rec = Recorder()
     work = Workload(env, trace, arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks,
@@ -85,7 +93,7 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
             progress.update(1)
 
     cluster = Cluster(env, cfg, profile, policy, replicas=replicas, router=router, tiers=tiers,
-                      fast_forward=fast_forward, on_finish=on_finish, disagg=split)
+                      fast_forward=fast_forward, on_finish=on_finish, disagg=split, engine_cls=engine_cls)
     work.start(cluster)
     cluster.start(work)
     try:
@@ -110,7 +118,7 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
     per_replica = [replica_stats(e, turns, span) for e in engines]
     offload_stats = tier_totals([e.tier for e in engines if e.tier is not None])
     extra = {
-        "policy": policy.name, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
+        "policy": policy.name, "engine": engine, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
         "replicas": len(engines), "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name,
         "offload": ",".join(f"{t.name}:{t.capacity_bytes / 2**30:g}GiB" for t in tiers) or None,
         "steps": sum(e.steps for e in engines), "engine_busy_s": sum(e.busy_time for e in engines),

@@ -1,0 +1,425 @@
+"""`--engine vllm`: each replica's scheduling is the installed vLLM's own v1 Scheduler and
+KV cache manager, driven without a model, on the simulated clock.
+
+Why: the SimPy replica (sim/engine.py, sim/scheduler.py) re-implements vLLM's scheduling
+(admission, chunking, preemption, prefix hits, eviction) and the policy protocol; this
+engine runs vLLM's own code for them instead, so where the two engines disagree on one
+run spec the SimPy replica is wrong, or makes a documented simplification
+(`benchmarks/twin_check.py`, docs/validation.md). Timing is the same on both: each
+SchedulerOutput is one simulated step whose duration is the profile's step model on
+that step's (q, k) rows (`PolicyScheduler._features`, the features the SimPy engine
+prices).
+
+How:
+- The scheduler is `calibrate.policy_scheduler.PolicyScheduler` (vLLM's Scheduler with
+  the run's policy: the one implementation of the policy protocol inside vLLM), built
+  from a VllmConfig made by vLLM's own EngineArgs from the run's limits (block size, KV
+  blocks, token budget, sequences, chunked prefill, prefix caching on, max_model_len,
+  vLLM 0.32's scheduler_reserve_full_isl) and a one-group KVCacheConfig; the model
+  config is the shipped tiny Llama's, only read (no weights, no engine, no worker). It
+  gets the simulated clock, the run's policy object and profile, and the policy's
+  record of each call (so the policy sees the same records as in the SimPy engine).
+- Token ids come from content (sim/content.py): token j of a content run is a 31-bit
+  hash of (the run's id, j), so identical content gives identical ids and vLLM's
+  hash-chained prefix cache sees exactly the sharing the trace describes. A call's
+  output is its content's output run, fed back one stand-in token a step through
+  ModelRunnerOutput / update_from_output; vLLM ends the call at max_tokens = its
+  output_tokens. Block hashes are vLLM's own (`hash_block_tokens` with the configured
+  hash function), memoised per program: a program's tokens are append-only, so a
+  turn's hashes are the earlier turns' plus the new blocks' (tests compare them with
+  vLLM's request hasher).
+- Calls that reach a replica mid-step are added when the step ends (vLLM's engine core
+  takes requests between steps), as in the SimPy engine.
+
+Not supported here (refused by `check_supported`, one line): offload tiers (vLLM's
+offloading connector needs a worker), the radix cache (SGLang's), disaggregation (a KV
+connector between engines) and ThunderAgent's proxy (acts across replicas outside vLLM).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from agentsim.errors import InputError
+from policies.base import Policy, Release
+from sim import stretch
+from sim.call import Call
+from sim.profile import Profile
+
+_MASK31 = (1 << 31) - 1
+
+
+def vllm_available() -> str | None:
+    """None when vLLM's scheduler can be imported, else why not (one line)."""
+    try:
+        import vllm  # noqa: F401
+        from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - missing, or broken against this torch: one line either way
+        return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    return None
+
+
+def check_supported(policy: Policy, cfg, tiers, disagg, replicas: int) -> None:
+    """One InputError line for what `--engine vllm` cannot run here."""
+    why = vllm_available()
+    if why is not None:
+        raise InputError(f"--engine vllm needs vLLM 0.32 installed (`make engine`; on a GPU machine pip install "
+                         f"'vllm==0.32.*'), and it cannot be imported here ({why}); or use --engine simpy")
+    if tiers:
+        raise InputError("--engine vllm cannot run --offload: vLLM's offloading connector needs a model worker; "
+                         "use --engine simpy for offload tiers")
+    if getattr(cfg, "cache", "vllm") != "vllm":
+        raise InputError("--engine vllm cannot run --cache radix (SGLang's radix cache is not vLLM's); use --engine simpy")
+    if disagg is not None:
+        raise InputError("--engine vllm cannot run --disagg: prefill/decode replicas need a KV connector between "
+                         "engines; use --engine simpy")
+    if policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size) is not None:
+        raise InputError(f"--engine vllm cannot run policy {policy.name!r}: its proxy acts across replicas outside "
+                         "vLLM's scheduler; use --engine simpy")
+
+
+def run_tokens(cid, n: int) -> list[int]:
+    """Token ids of a content run: 31-bit splitmix64 of (hash of the run's id, offset)."""
+    base = np.uint64(hash(cid) & 0xFFFFFFFFFFFFFFFF)
+    with np.errstate(over="ignore"):
+        z = base + (np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(_MASK31)).astype(np.int64).tolist()
+
+
+class ProgramTokens:
+    """A program's token ids and vLLM block hashes, both append-only over its turns; it is
+    the block hasher of the program's requests (each request's tokens are a prefix of them)."""
+
+    __slots__ = ("content", "tokens", "hashes", "_bs", "_hash_fn", "_block_hash", "_hash_tokens")
+
+    def __init__(self, content, block_size: int, hash_fn) -> None:
+        from vllm.v1.core.kv_cache_utils import hash_block_tokens
+
+        self.content = content
+        self.tokens: list[int] = []
+        self.hashes: list = []
+        self._bs, self._hash_fn, self._hash_tokens = block_size, hash_fn, hash_block_tokens
+
+    def extend(self) -> None:
+        """Tokens of every content run appended since (the runs are whole: calls append
+        their prompt's segments and their output run before they are submitted)."""
+        tokens = self.tokens
+        for cid, start, n, _ in self.content.runs:
+            if start >= len(tokens):
+                tokens.extend(run_tokens(cid, n))
+
+    def __call__(self, request) -> list:
+        """vLLM's request block hasher (kv_cache_utils.get_request_block_hasher), memoised."""
+        hashes, bs = self.hashes, self._bs
+        start, end = len(request.block_hashes), request.num_tokens // bs
+        while len(hashes) < end:
+            i = len(hashes)
+            hashes.append(self._hash_tokens(self._hash_fn, hashes[-1] if hashes else None, self.tokens[i * bs:(i + 1) * bs], None))
+        return hashes[start:end]
+
+
+@functools.lru_cache(maxsize=4)
+def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunked: bool, max_model_len: int,
+                 reserve_full: bool):
+    """vLLM's own config for the run's limits, made by vLLM's EngineArgs (its checks
+    included) without loading a model or starting an engine."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from vllm.engine.arg_utils import EngineArgs
+
+    from calibrate.engine import TINY_MODEL
+
+    args = EngineArgs(model=str(TINY_MODEL), skip_tokenizer_init=True, load_format="dummy", dtype="float32",
+                      enable_prefix_caching=True, block_size=block_size, num_gpu_blocks_override=num_blocks,
+                      max_num_batched_tokens=budget, max_num_seqs=seqs, enable_chunked_prefill=chunked,
+                      max_model_len=max_model_len, hf_overrides={"max_position_embeddings": max_model_len})
+    try:
+        config = args.create_engine_config()
+    except (ValueError, TypeError) as err:
+        raise InputError(f"--engine vllm: vLLM refused the engine limits: {' '.join(str(err).split())[:300]}") from None
+    config.cache_config.num_gpu_blocks = num_blocks
+    config.scheduler_config.scheduler_reserve_full_isl = reserve_full
+    config.scheduler_config.async_scheduling = False  # one step in flight, as the simulated engine runs
+    return config
+
+
+def build_scheduler(cfg, policy: Policy, profile: Profile, clock):
+    """A PolicyScheduler for the run's limits (`cfg`: sim.scheduler.EngineConfig) and its
+    block hasher's hash function."""
+    import torch
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from calibrate.policy_scheduler import PolicyScheduler
+
+    config = _vllm_config(cfg.block_size, cfg.num_gpu_blocks, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt))
+    spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[],
+                       kv_cache_groups=[KVCacheGroupSpec(layer_names=["layer.0"], kv_cache_spec=spec)])
+    hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    sched = PolicyScheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                            block_size=cfg.block_size, hash_block_size=cfg.block_size, log_stats=False,
+                            policy=policy, profile=profile, clock=clock)
+    return sched, hash_fn
+
+
+class _Pool:
+    """What the run's end check and the used-block figures read of a replica's pool."""
+
+    def __init__(self, replica) -> None:
+        self.r = replica
+
+    @property
+    def num_used(self) -> int:
+        return self.r.num_blocks - self.r.core.free_blocks()
+
+    @property
+    def num_free(self) -> int:
+        return self.r.core.free_blocks()
+
+    def check(self) -> None:
+        """No block leaked: every usable block is free (or cached) once the run is over."""
+        if self.num_free != self.r.num_blocks:
+            raise RuntimeError(f"replica {self.r.index}: {self.num_used} KV blocks still in use at the end of the run")
+
+
+class _SchedView:
+    """The face of a replica's scheduler that clusters, routers and the run's summary read
+    (sim/cluster.py, sim/router.py, sim/simulate.py): queues, pins, preemptions, pool."""
+
+    def __init__(self, replica) -> None:
+        self.r = replica
+        self.pool = _Pool(replica)
+
+    @property
+    def waiting(self) -> list:
+        core = self.r.core
+        return list(core.waiting) + list(core.kv_holding_waiting) + self.r._arrivals
+
+    @property
+    def running(self) -> list:
+        return self.r.core.running
+
+    @property
+    def pins(self):
+        return self.r.core.pinned
+
+    @property
+    def pinned_blocks(self) -> int:
+        return self.r.core.pinned.distinct
+
+    @property
+    def pinned_block_seconds(self) -> float:
+        return self.r.core.pinned_block_seconds
+
+    @property
+    def preemptions(self) -> int:
+        return self.r.core.preemptions
+
+    def _prefix_hit(self, call: Call) -> list:
+        """Blocks of the call's prompt vLLM's prefix cache holds now (for the prefix router),
+        at most num_tokens - 1 tokens' worth, as a lookup at admission."""
+        prog = self.r._program(call)
+        n = (call.prompt_len - 1) // self.r.cfg.block_size
+        prog.extend()
+        hashes = prog(_Len(n * self.r.cfg.block_size))
+        pool = self.r.core.kv_cache_manager.block_pool
+        hit = []
+        for h in hashes:
+            block = pool.get_cached_block(h, [0])
+            if block is None:
+                break
+            hit.append(block[0])
+        return hit
+
+
+class _Len:
+    """A stand-in request for ProgramTokens' hasher: no hashes yet, `num_tokens` tokens."""
+
+    block_hashes = ()
+
+    def __init__(self, n: int) -> None:
+        self.num_tokens = n
+
+
+class VllmReplica:
+    """One replica whose scheduling is vLLM's own (see the module's docstring); the
+    interface sim/cluster.py and sim/simulate.py use of sim.engine.Engine."""
+
+    tier = None  # no offload tiers here (check_supported)
+
+    def __init__(self, env, cfg, profile: Profile, policy: Policy, on_finish=None, fast_forward: bool = True,
+                 tiers=None, index: int = 0) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+
+        self._Request, self._MRO, self._Sampling = Request, ModelRunnerOutput, SamplingParams
+        self.env, self.cfg, self.profile, self.policy, self.index = env, cfg, profile, policy, index
+        self.on_finish = on_finish
+        self.core, self._hash_fn = build_scheduler(cfg, policy, profile, clock=lambda: env.now)
+        self.stats = self.core.stats
+        self.sched = _SchedView(self)
+        self._arrivals: list[Call] = []  # calls that arrived mid-step, added at its end
+        self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
+        self._in_step = False
+        self._calls: dict[str, Call] = {}  # request id -> the simulator's record of the call
+        self._requests: dict[str, object] = {}  # request id -> vLLM's Request
+        self._programs: dict[str, ProgramTokens] = {}
+        self.horizon = self.read_horizon = env.peek  # set by the cluster; unused (no stretches)
+        self._wakeup = env.event()
+        self.steps = 0
+        self.busy_time = 0.0
+        self.kv_samples: list[tuple[float, int, int]] = []
+        self._used_area = 0.0
+        self.peak_used = 0
+        # per step, when a caller sets it to a list: (start, {request id: tokens}, preempted ids)
+        self.schedule_log: list | None = None
+        self.process = env.process(self._loop())
+
+    # --- what the cluster reads ---------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.cfg.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.cfg.num_gpu_blocks - 1  # vLLM's null block
+
+    def used_blocks(self) -> int:
+        return self.sched.pool.num_used
+
+    def mean_used_blocks(self, horizon: float) -> float:
+        return self._used_area / horizon if horizon > 0 else 0.0
+
+    def state(self) -> str:
+        core = self.core
+        return (f"replica {self.index} (vLLM scheduler): {len(core.waiting) + len(core.kv_holding_waiting)} waiting, "
+                f"{len(core.running)} running, pinned {core.pinned.distinct} blocks for {len(core.pinned)} programs, "
+                f"free {core.free_blocks()} of {self.num_blocks} blocks")
+
+    # --- requests -----------------------------------------------------------------------
+    def _program(self, call: Call) -> ProgramTokens:
+        pid = call.req.program_id
+        prog = self._programs.get(pid)
+        if prog is None or prog.content is not call.content:
+            prog = self._programs[pid] = ProgramTokens(call.content, self.cfg.block_size, self._hash_fn)
+        return prog
+
+    def submit(self, call: Call) -> None:
+        """vLLM's engine core takes requests between steps (as Engine.submit)."""
+        call.replica = self.index
+        if self._in_step:
+            self._arrivals.append(call)
+            return
+        self._deliver(call)
+
+    def _deliver(self, call: Call) -> None:
+        prog = self._program(call)
+        prog.extend()
+        rid = call.req.req_id
+        params = self._Sampling(max_tokens=call.max_output, ignore_eos=True, detokenize=False, temperature=0.0)
+        request = self._Request(rid, prog.tokens[:call.prompt_len], params, None, arrival_time=self.env.now,
+                                block_hasher=prog)
+        self._calls[rid], self._requests[rid] = call, request
+        self.core.records[rid] = call.req
+        self.core.add_request(request)
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def release_pin_later(self, program_id: str, reason: str) -> None:
+        """As Engine.release_pin_later: mid-step it waits for the step's end."""
+        if program_id not in self.core.pinned:
+            return
+        if self._in_step:
+            self._deferred.append((program_id, reason))
+            return
+        self.core._release_pin(program_id, self.env.now, reason)
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    # --- the step loop ------------------------------------------------------------------
+    def _loop(self):
+        env, core, profile = self.env, self.core, self.profile
+        empty = self._MRO(req_ids=[], req_id_to_index={})
+        while True:
+            for pid, reason in self._deferred:
+                core._release_pin(pid, env.now, reason)
+            self._deferred.clear()
+            if not core.has_requests():
+                self._wakeup = env.event()
+                yield self._wakeup
+                continue
+            now = env.now
+            pre = core.preemptions
+            out = core.schedule()
+            if not out.total_num_scheduled_tokens:
+                core.update_from_output(out, empty)
+                # blocked with nothing running: only an arrival, a release or a pin expiry changes that
+                expiry = min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf)
+                self._wakeup = env.event()
+                yield self._wakeup if math.isinf(expiry) else (self._wakeup | env.timeout(expiry - now))
+                continue
+            scheduled = out.num_scheduled_tokens
+            requests, calls = self._requests, self._calls
+            for new in out.scheduled_new_reqs:
+                call = calls[new.req_id]
+                if call.scheduled_at is None:  # first admission: the prefix hit is what it did not compute
+                    call.scheduled_at = now
+                    call.cached_tokens = requests[new.req_id].num_computed_tokens - scheduled[new.req_id]
+            for rid, q in scheduled.items():  # prompt tokens computed (a recompute counts again)
+                r = requests[rid]
+                before = r.num_computed_tokens - q
+                if before < r.num_prompt_tokens:
+                    calls[rid].computed_prompt_tokens += min(r.num_computed_tokens, r.num_prompt_tokens) - before
+            if self.schedule_log is not None:
+                self.schedule_log.append((now, dict(scheduled), core.preemptions - pre))
+            dt = profile.step_time(*core._features(out))
+            used = self.sched.pool.num_used
+            _, self._used_area, self.busy_time, end = stretch.account_steps(
+                [dt], [0], used, self._used_area, self.busy_time, now,
+                self.kv_samples[-1][0] if self.kv_samples else -math.inf, self.kv_samples, core.pinned.distinct)
+            self.peak_used = max(self.peak_used, used)
+            self._in_step = True
+            yield env.timeout(dt)
+            self._in_step = False
+            self.steps += 1
+            ids = list(scheduled)
+            sampled = []
+            for rid in ids:
+                r = requests[rid]
+                sampled.append([self._programs[calls[rid].req.program_id].tokens[r.num_tokens]]
+                               if r.num_computed_tokens >= r.num_tokens else [])
+            core.update_from_output(out, self._MRO(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                   sampled_token_ids=sampled))
+            t = env.now
+            timed = core._timed_steps  # the adapter adds each step's time itself (a policy that reads it)
+            for rid in ids:
+                r, call = requests[rid], calls[rid]
+                if not timed:
+                    call.req.exec_time += dt
+                call.num_output = r.num_output_tokens
+                if call.first_token_at is None and call.num_output:
+                    call.first_token_at = t
+                if r.is_finished():
+                    call.finished_at = t
+                    call.preemptions = r.num_preemptions
+                    del requests[rid], calls[rid]
+                    if call.req.is_last_step:
+                        self._programs.pop(call.req.program_id, None)
+                    if self.on_finish is not None:
+                        self.on_finish(call, t)
+            if self._arrivals:
+                for call in self._arrivals:
+                    self._deliver(call)
+                self._arrivals.clear()
