@@ -34,6 +34,7 @@ from sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.router import make_router
 from sim.scheduler import EngineConfig
 from sim.simulate import Result, arrivals_for, engine_config, run_simulation
+from sim.workload import closed_loop_arrivals
 from agentsim.errors import InputError
 from traces.schema import Columns, columns, read_columns
 from traces.transform import repeat_turns
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 Count = Annotated[JSONInt, Field(ge=1)]
 CACHES = ("vllm", "radix")  # KV cache models of a replica (sim/block_pool.py, sim/radix_cache.py)
+WORKLOAD_MODES = ("open", "closed")  # arrivals, or N programs in flight (sim/workload.py)
+FLAG_NAMES = {"mode": "workload"}  # leaf -> `sim run` flag where they differ (`--workload closed`)
 
 
 class _Section(BaseModel):
@@ -60,6 +63,17 @@ class WorkloadConfig(_Section):
     seed: Annotated[JSONInt, Field(ge=0, lt=2**63)] = Field(0, description="arrival seed")
     rep: Annotated[JSONInt, Field(ge=0)] = Field(
         0, description="repetition: rep r > 0 draws arrivals from SeedSequence([seed, r])")
+    mode: str = Field(
+        "open", description="open: programs arrive (the trace's arrivals, or Poisson at jps); closed: --concurrency programs "
+                            "in flight, the next one (in trace order) starting when one finishes, as RL rollouts or a batch evaluation")
+    concurrency: Count | None = Field(None, description="with --workload closed: programs in flight at once")
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, v: str) -> str:
+        if v not in WORKLOAD_MODES:
+            raise ValueError(f"no such workload mode; give one of: {', '.join(WORKLOAD_MODES)}")
+        return v
 
 
 class PolicyConfig(_Section):
@@ -174,7 +188,7 @@ def parse_config(data: object, where: str, style: str = "field") -> SimConfig:
         loc = e.errors()[0]["loc"]
         if style != "field" and loc:
             name = "policy" if tuple(loc[:2]) == ("policy", "name") else str(loc[-1])
-            shown = "--" + name.replace("_", "-") if style == "flag" else name
+            shown = "--" + FLAG_NAMES.get(name, name).replace("_", "-") if style == "flag" else name
             msg = msg.replace(f"field '{'.'.join(map(str, loc))}'", f"{'field' if style == 'flag' else 'axis'} '{shown}'", 1)
         raise InputError(f"{where}: {msg}") from None
 
@@ -213,6 +227,17 @@ def read_config(path: str | Path) -> dict:
                              f"known: {', '.join(known) or 'none'}")
     validated(params_model(c.policy.name), c.policy.args, f"{where}: policy.args")
     return data
+
+
+def check_workload(w: WorkloadConfig) -> None:
+    """The closed loop's flags go together: --workload closed with --concurrency, no --jps."""
+    if w.mode == "closed":
+        if w.concurrency is None:
+            raise InputError("--workload closed needs --concurrency N (the programs in flight at once)")
+        if w.jps is not None:
+            raise InputError("--jps has no meaning with --workload closed (a program starts when another finishes); drop it")
+    elif w.concurrency is not None:
+        raise InputError("--concurrency applies only to --workload closed; add --workload closed or drop --concurrency")
 
 
 def check_limits(profile: Profile, e: EngineLimits) -> None:
@@ -281,13 +306,16 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
     disagg = make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue)  # bad spec or link: here too
     if disagg is not None:
         check_replicas(disagg.spec, (disagg.prefill, disagg.decode), c.replicas)
+    check_workload(w)
     trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
                         enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache)
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
-    if arrivals is None:
+    if arrivals is None and w.mode == "closed":
+        arrivals = closed_loop_arrivals(len(np.unique(np.asarray(trace["program_id"]))), w.concurrency)
+    elif arrivals is None:
         seed = w.seed if w.rep == 0 else int(np.random.SeedSequence([w.seed, w.rep]).generate_state(1)[0])
         arrivals = arrivals_for(trace, w.jps, seed)
     params = params_model(config.policy.name).model_validate(config.policy.args)

@@ -108,6 +108,10 @@ def summarize(turns: dict[str, np.ndarray], extra: dict) -> dict:
         "mean_jct": float(jct.mean()), **pct, "max_jct": float(jct.max()),
         "makespan_s": span, "jobs_per_s": len(starts) / span,
         "output_tokens_per_s": float(turns["output_tokens"].sum()) / span,
+        # agent steps (LLM calls) per minute, the rollout throughput of Continuum's Table 5
+        # and ThunderAgent's; prompt and output tokens per second (vLLM's total_token_throughput)
+        "steps_per_minute": len(turn) / span * 60,
+        "total_tokens_per_s": float(turns["prompt_tokens"].sum() + turns["output_tokens"].sum()) / span,
         "mean_queue_delay": float(turns["queue_delay"].mean()),
         "mean_turn_latency": float(turn.mean()), "p99_turn_latency": float(np.percentile(turn, 99)),
         "cache_hit_ratio": float(turns["cached_tokens"].sum() / turns["prompt_tokens"].sum()),

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from policies.base import PolicyError
 from policies.registry import POLICIES
-from sim.config import SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
+from sim.config import FLAG_NAMES, SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
 from sim.metrics import write_results
 from agentsim.files import atomic_write
 from traces.schema import is_nan
@@ -26,7 +26,7 @@ from traces.validation import Model, validated
 
 _GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
            "cluster": "memory tiers and clusters"}
-_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "trace": "NAME|PATH", "profile": "NAME|PATH"}
+_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "mode": "open|closed", "trace": "NAME|PATH", "profile": "NAME|PATH"}
 
 
 def register(sub) -> None:
@@ -37,7 +37,7 @@ def register(sub) -> None:
                    help="a run config, JSON or YAML (e.g. an earlier run's config.json); flags override it")
     groups = {sec: p if title is None else p.add_argument_group(title) for sec, title in _GROUPS.items()}
     for name, (sec, _, kind, _default, help_) in leaves().items():
-        flag = "--" + name.replace("_", "-")
+        flag = "--" + FLAG_NAMES.get(name, name).replace("_", "-")
         if name == "policy":
             help_ = f"one of: {', '.join(sorted(POLICIES))} (default vllm)"
         if kind is bool:
@@ -134,6 +134,8 @@ def format_summary(s: dict) -> str:
         ("JCT p90 / p95 / p99", f"{s['p90_jct']:.2f} / {s['p95_jct']:.2f} / {s['p99_jct']:.2f} s"),
         ("turn latency mean / p99", f"{s['mean_turn_latency']:.2f} / {s['p99_turn_latency']:.2f} s"),
         ("throughput", f"{s['jobs_per_s']:.3f} jobs/s, {s['output_tokens_per_s']:.0f} output tok/s"),
+        ("agent steps / min", f"{s['steps_per_minute']:.1f} ({s['total_tokens_per_s']:.0f} prompt + output tok/s)"),
+        ("TTFT / TPOT / E2EL mean", f"{s['mean_ttft_ms']:.1f} / {s['mean_tpot_ms']:.2f} / {s['mean_e2el_ms']:.0f} ms"),
         ("mean queueing delay / call", f"{s['mean_queue_delay']:.3f} s"),
         ("prefix cache hit ratio", f"{s['cache_hit_ratio']:.3f}"),
         ("prefill tokens computed / cached", f"{s['prefill_tokens_computed']} / {s['prefill_tokens_cached']}"),

@@ -1,9 +1,15 @@
 """Agent programs as SimPy processes: arrive, then alternate an LLM call with a tool wait.
 
 Turn t's prompt = turn t-1's prompt + its output + new input (append-only context).
-Arrivals come from the trace (`arrival_s`) or a seeded Poisson process at `jps`.
+Arrivals come from the trace (`arrival_s`) or a seeded Poisson process at `jps` (open
+loop); or, closed loop (`closed_loop_arrivals`), N programs start at 0 and each of the
+others, in trace order, when a running one finishes: a program whose arrival is NaN
+starts at the finish of an earlier one, as a rollout worker takes its next task.
 """
 from __future__ import annotations
+
+import math
+from collections import deque
 
 import numpy as np
 
@@ -20,6 +26,16 @@ def poisson_arrivals(n: int, jps: float, seed: int) -> np.ndarray:
         raise InputError(f"--jps must be > 0 and finite (got {jps}); give programs per second, e.g. 0.2")
     gaps = np.random.default_rng(seed).exponential(1.0 / jps, size=n)
     return np.concatenate([[0.0], np.cumsum(gaps[1:])]) if n else gaps
+
+
+def closed_loop_arrivals(n: int, concurrency: int) -> np.ndarray:
+    """Closed loop: programs 0..concurrency-1 start at 0; the others (NaN) each when a
+    running program finishes, in trace order."""
+    if not isinstance(concurrency, (int, np.integer)) or isinstance(concurrency, bool) or concurrency < 1:
+        raise InputError(f"--concurrency must be an integer >= 1 (got {concurrency!r}): the programs in flight at once")
+    a = np.full(n, np.nan)
+    a[:concurrency] = 0.0
+    return a
 
 
 class Workload:
@@ -39,8 +55,12 @@ class Workload:
         for vals in zip(*(np.asarray(trace[c]).tolist() for c in names)):  # one conversion, not one per program
             r = dict(zip(names, vals))
             groups.setdefault(r["program_id"], []).append(r)
+        self._next: deque = deque()  # closed loop: programs that start when a running one finishes
         for (pid, rows), arr in zip(groups.items(), arrivals):
             self._check_fits(pid, rows, max_model_len, num_blocks, whole_prompt_budget)
+            if math.isnan(arr):
+                self._next.append((str(pid), rows))
+                arr = math.inf  # for the cluster: no known arrival (sim/cluster.py plans to known ones)
             self.programs.append((str(pid), rows, float(arr)))
 
     def _check_fits(self, pid, rows, max_model_len: int, num_blocks: int, budget: int | None) -> None:
@@ -67,16 +87,20 @@ class Workload:
         self.engine = engine
         self.remaining = len(self.programs)  # programs whose last call has not finished
         for pid, rows, arr in self.programs:
-            self.env.process(self._program(pid, rows, arr))
+            if arr < math.inf:
+                self.env.process(self._program(pid, rows, arr))
 
     def finished(self, call: Call, now: float) -> None:
         if call.req.is_last_step:
             self.remaining -= 1
+            if self._next:  # closed loop: the next program takes the finished one's place
+                pid, rows = self._next.popleft()
+                self.env.process(self._program(pid, rows, now))
         self._events.pop(id(call)).succeed()
 
     def _program(self, pid: str, rows: list[dict], arrival: float):
         env = self.env
-        yield env.timeout(arrival)
+        yield env.timeout(arrival - env.now)  # processes start at 0 (open loop) or at `arrival` (closed)
         prompt = prev_out = 0
         shared = int(rows[0].get("shared_prefix_tokens", 0) or 0)
         content = ContentKeys(self.block_size)

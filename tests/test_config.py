@@ -124,8 +124,9 @@ def test_every_leaf_is_a_flag_and_a_sweep_axis():
     assert list(RUN_AXES) == [k for k in leaves() if k != "block_size"]  # only ever the profile's
     text = subprocess.run([sys.executable, "-m", "agentsim.cli", "run", "--help"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout
+    from sim.config import FLAG_NAMES
     for name, (*_, help_) in leaves().items():
-        assert "--" + name.replace("_", "-") in text
+        assert "--" + FLAG_NAMES.get(name, name).replace("_", "-") in text
         assert help_.split()[0] in text, name  # help text comes from the config
 
 
