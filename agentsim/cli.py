@@ -25,6 +25,29 @@ COMMANDS = {"run": "sim.run_cmd", "sweep": "sim.sweep_cmd", "plot": "sim.sweep_c
             "trace": "traces.cli", "calibrate": "calibrate.cli", "validate": "calibrate.cli", "profile": "sim.profile_cmd"}
 
 
+# What each writer makes at its output flags: (attribute, flag, "file" | "dir"), checked by
+# agentsim.files.check_output before the command does any work (nothing read, simulated or
+# written first). A command with subcommands is keyed "command subcommand".
+OUTPUTS = {
+    "run": [("out", "--out", "dir")], "sweep": [("out", "--out", "dir")], "plot": [("out", "--out", "file")],
+    "plan": [("out", "--out", "dir"), ("md", "--md", "file")],
+    "trace gen": [("output", "--output", "file")], "trace import": [("out", "--out", "file")],
+    "trace resample": [("output", "--output", "file")],
+    "calibrate": [("out", "--out", "file")], "validate": [("out", "--out", "dir")],
+    "profile roofline": [("out", "--out", "file")], "profile fit-roofline": [("out", "--out", "file")],
+}
+
+
+def check_outputs(args) -> None:
+    """Every output path of the parsed command line, before any work (OUTPUTS)."""
+    from agentsim.files import check_output
+
+    name = args.command
+    sub = getattr(args, "trace_cmd", None) or getattr(args, "profile_command", None)
+    for attr, flag, kind in OUTPUTS.get(f"{name} {sub}" if sub else name, ()):
+        check_output(getattr(args, attr, None), kind, flag)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not argparse's usage block
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
@@ -45,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
+        check_outputs(args)
         return int(args.func(args) or 0)
     except (InputError, PolicyError, SimulationError) as e:
         print(f"error: {e}", file=sys.stderr)

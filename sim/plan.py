@@ -41,7 +41,7 @@ from sim.cpu_tier import parse_offload
 from sim.router import ROUTERS
 from sim.sweep import RESULTS, build_run, point_key, sweep
 from agentsim.errors import InputError
-from agentsim.files import atomic_write
+from agentsim.files import atomic_write, check_output
 from traces.validation import JSONFloat, Model, validated
 
 PRICES_FILE = roofline.SPEC_DIR / "prices.json"
@@ -327,9 +327,7 @@ def plan(q: Question, cands: list[Candidate], out: str | Path, profiles: dict[st
          workers: int = 1, dask: str | None = None, prune: bool = True, progress: bool = False,
          notes: list[str] | None = None, command: str | None = None) -> PlanResult:
     """Write the roofline profiles, check every candidate's point, search, write the outputs."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {str(out)!r} is a file; give a directory for the plan")
+    out = check_output(out, "dir")
     if q.max_replicas < 1:
         raise InputError(f"--max-replicas must be >= 1 (got {q.max_replicas})")
     if not q.jps > 0:

@@ -47,7 +47,7 @@ from tqdm import tqdm
 from policies.registry import POLICIES, policy_params
 from sim.config import Run, SimConfig, build_run as build_config_run, execute, from_flat, leaves, parse_config
 from agentsim.errors import InputError, SimulationError
-from agentsim.files import atomic_write
+from agentsim.files import atomic_write, check_output
 
 # name -> (type, default): the leaf fields of SimConfig (sim/config.py), whose help says
 # what each means. None as a default means "the trace's / the profile's".
@@ -431,9 +431,7 @@ class SweepReport:
 def sweep(points: list[dict], out: str | Path, workers: int = 1, dask: str | None = None,
           save_kv: bool = False, progress: bool = False) -> SweepReport:
     """Run the points not yet in DIR/results.parquet; each finished point is saved at once."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {str(out)!r} is a file; give a directory for the sweep table")
+    out = check_output(out, "dir")
     out.mkdir(parents=True, exist_ok=True)
     with _lock(out):
         table = load_results(out)
