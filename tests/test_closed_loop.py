@@ -93,3 +93,21 @@ def test_bad_flags_one_line_exit_2(capsys):
         assert main(["run", "--programs", "2", "--no-progress", *args]) == 2, args
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("error:") and says in err, (args, err)
+
+
+def test_closed_config_round_trips(tmp_path):
+    """config.json of a closed-loop run reproduces it (mode and concurrency are in it)."""
+    import json
+
+    from agentsim.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", "--programs", "6", "--workload", "closed", "--concurrency", "2", "--num-blocks", "3000",
+                 "--no-progress", "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["workload"]["mode"] == "closed" and cfg["workload"]["concurrency"] == 2
+    assert main(["run", "--config", str(out / "config.json"), "--no-progress", "--out", str(tmp_path / "again")]) == 0
+    a, b = (pd.read_parquet(d / "turns.parquet") for d in (out, tmp_path / "again"))
+    pd.testing.assert_frame_equal(a, b)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["steps_per_minute"] == pytest.approx(len(a) * 60 / s["makespan_s"])
