@@ -26,7 +26,6 @@ the GPU's memory (calibrate/vllm_limits.py) and the PCIe figures of the same fil
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -36,8 +35,8 @@ from calibrate.fit import FEATURES, fit_gpu_step_model, fit_quadratic, fit_step_
 from calibrate.probes import _step_row
 from calibrate.vllm_limits import gpu_engine_limits
 from agentsim.errors import InputError
+from sim.profile_check import load_probe_file, read_probes
 
-NEED = {"prefill": ("n", "k", "median_s", "min_s"), "decode": ("B", "ctx", "median_s", "min_s")}
 REPO = Path(os.path.normpath(Path(__file__).absolute().parent.parent))
 # Model shapes by the file's `model` prefix (the file names the shape, its README gives it).
 SHAPES = {"llama3.1-8b": {
@@ -47,48 +46,25 @@ SHAPES = {"llama3.1-8b": {
 
 
 def load_measurements(path: str | Path) -> dict:
-    """The file's JSON, checked for what the rows and the PCIe fit need (one-line InputError)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"probe file {str(p)!r} not found; give the path of a measurement JSON "
-                         "(e.g. ../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json)")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"probe file {str(p)!r} is not valid JSON ({e}); fix or re-export it".replace("\n", " ")) from None
-    if not isinstance(data, dict) or not isinstance(data.get("probes"), list) or not data["probes"]:
-        raise InputError(f"probe file {str(p)!r} has no 'probes' list; see calibrate/measured.py for the format")
-    for i, pr in enumerate(data["probes"]):
-        kind = pr.get("kind") if isinstance(pr, dict) else None
-        if kind not in NEED:
-            raise InputError(f"probe file {str(p)!r}: probe {i} has kind {kind!r}; expected 'prefill' or 'decode'")
-        for key in NEED[kind]:
-            v = pr.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key != "k" and v <= 0):
-                raise InputError(f"probe file {str(p)!r}: probe {i} ({kind}) has {key}={v!r}; "
-                                 f"need a positive number{' (k may be 0)' if key == 'k' else ''}")
-    if not isinstance(data.get("device"), str):
-        raise InputError(f"probe file {str(p)!r} has no 'device' name; see calibrate/measured.py for the format")
+    """The file's JSON, checked for what the rows and the PCIe fit need (one-line InputError);
+    the file and its probes are read by sim/profile_check.py, the one reader of the format."""
+    data = load_probe_file(path, kinds=("prefill", "decode"), doc="calibrate/measured.py")
     mem = data.get("mem_total_GB")
     if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0:
-        raise InputError(f"probe file {str(p)!r} has mem_total_GB={mem!r}; need the GPU's memory in GB (a positive number)")
+        raise InputError(f"probe file {str(Path(path))!r} has mem_total_GB={mem!r}; need the GPU's memory in GB (a positive number)")
     return data
 
 
 def probe_rows(data: dict, stat: str = "min_s") -> list[dict]:
     """Probe rows {kind, new, prefix, batch, heldout, seconds, features} in file order."""
     rows, seen = [], {}
-    for pr in data["probes"]:
-        if pr["kind"] == "decode":
-            kind, new, prefix, batch = "decode", 1, int(pr["ctx"]), int(pr["B"])
-            x = _step_row([(1, prefix)] * batch)
-        else:
-            new, prefix, batch = int(pr["n"]), int(pr["k"]), 1
-            kind = "cached_prefill" if prefix > 0 else "prefill"
-            x = _step_row([(new, prefix + new)])
+    for pr in read_probes(data, kinds=("prefill", "decode")):
+        kind = "prefill" if pr.group == "fresh_prefill" else pr.group
+        new, prefix, batch = (1, pr.ctx, pr.B) if pr.kind == "decode" else (pr.n, pr.k, 1)
+        x = _step_row(pr.chunks())
         i = seen[kind] = seen.get(kind, -1) + 1
         rows.append({"kind": kind, "new": new, "prefix": prefix, "batch": batch, "heldout": i % 3 == 2,
-                     "seconds": float(pr[stat]), "features": dict(zip(FEATURES, map(float, x)))})
+                     "seconds": pr.seconds[stat], "features": dict(zip(FEATURES, map(float, x)))})
     return rows
 
 

@@ -2,6 +2,7 @@
 
   sim profile roofline --gpu H100 --model llama3.1-8b [--tp N] [--out FILE]
   sim profile fit-roofline [--measurements FILE]   (refits sim/specs/roofline_fit.json)
+  sim profile check PROFILE [--probes FILE ...] [--aiconfigurator] [--json FILE]
 """
 from __future__ import annotations
 
@@ -38,6 +39,20 @@ def register(sub) -> None:
     f.add_argument("--measurements", default=str(roofline.DEFAULT_MEASUREMENTS))
     f.add_argument("--out", default=str(roofline.FIT_FILE))
     f.set_defaults(func=run_fit)
+    c = ps.add_parser("check", help="a profile's step-time error against independent references",
+                      description="Per kind (fresh prefill, cached-prefix prefill, decode by batch size, mixed): "
+                                  "MAPE, signed mean error and worst point of the profile's step times (sim/profile.py) "
+                                  "against probe files of its GPU and model (judged on median_s) and/or NVIDIA "
+                                  "aiconfigurator's vLLM kernel database (optional extra `aiconfigurator`). "
+                                  "+ means the profile prices a step slower than the reference.")
+    c.add_argument("profile", help="a bundled profile name or a profile JSON path")
+    c.add_argument("--probes", nargs="+", default=[], metavar="FILE",
+                   help="probe files in the shared format (sim/profile_check.py), e.g. "
+                        "../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json")
+    c.add_argument("--aiconfigurator", action="store_true",
+                   help="also against aiconfigurator's estimates for the profile's GPU and model (offline)")
+    c.add_argument("--json", default=None, metavar="FILE", help="also write every point and summary here")
+    c.set_defaults(func=run_check)
 
 
 def _fmt(m: dict) -> str:
@@ -90,4 +105,22 @@ def run_fit(args) -> int:
     if rep["at_bound"]:
         print(f"at a bound: {', '.join(rep['at_bound'])}")
     print(f"hand-made A100 method on the H100 specs: {_fmt(rep['handmade_a100_method_on_h100_mape'])}")
+    return 0
+
+
+def run_check(args) -> int:
+    from sim.profile import load_profile
+    from sim.profile_check import check, format_table
+
+    prof = load_profile(args.profile)
+    refs = check(prof, args.probes, args.aiconfigurator)
+    print(f"profile {prof.name}: {prof.raw.get('device', '?')}, {prof.model.get('name', '?')}; error = "
+          "(profile - reference) / reference, one step per point, unchunked")
+    for ref in refs:
+        print()
+        print(format_table(prof, ref))
+    if args.json:
+        out = {"profile": prof.name, "device": prof.raw.get("device"), "model": prof.model.get("name"), "references": refs}
+        atomic_write(args.json, lambda p: Path(p).write_text(json.dumps(out, indent=1) + "\n"))
+        print(f"\nwrote {args.json}")
     return 0

@@ -153,23 +153,17 @@ def read_measurements(path: str | Path) -> dict:
 
 
 def probe_rows(meas: dict) -> list[tuple[str, np.ndarray, float]]:
-    """(kind, features [steps, tokens, sum_qk, seqs, sum_k, sum_q_cached], seconds) per probe.
-    Prefill: one sequence of n new tokens after k cached. Decode: B sequences of 1 token
-    attending over ctx tokens."""
+    """(kind, features [steps, tokens, sum_qk, seqs, sum_k, sum_q_cached], seconds) per prefill
+    or decode probe (sim/profile_check.py reads the file; mixed probes are left out):
+    prefill, one sequence of n new tokens after k cached; decode, B sequences of 1 token
+    attending over ctx tokens. Seconds: median_s."""
+    from sim.profile_check import read_probes
+
     rows = []
-    for i, p in enumerate(meas.get("probes", [])):
-        try:
-            if p["kind"] == "prefill":
-                n, k = int(p["n"]), int(p["k"])
-                f, kind = [1, n, n * (n + k), 1, n + k, n * k], ("cached_prefill" if k else "fresh_prefill")
-            elif p["kind"] == "decode":
-                b, ctx = int(p["B"]), int(p["ctx"])
-                f, kind = [1, b, b * ctx, b, b * ctx, b * (ctx - 1)], "decode"
-            else:
-                continue
-            rows.append((kind, np.array(f, float), float(p["median_s"])))
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"measurement probe {i} lacks kind/n/k or B/ctx or median_s: {p!r}") from None
+    for p in read_probes(meas, "measurement file"):
+        if p.kind != "mixed":
+            tokens, seqs, sum_qk, sum_k, sum_q_cached = p.features()
+            rows.append((p.group, np.array([1, tokens, sum_qk, seqs, sum_k, sum_q_cached], float), p.seconds["median_s"]))
     if not rows:
         raise InputError("the measurement file has no prefill/decode probes")
     return rows
