@@ -187,10 +187,14 @@ def _same_shape(a: dict, b: dict) -> list[str]:
 
 def errors(profile, probes: list[Probe], stat: str = STAT) -> list[dict]:
     """One row per probe: its point, the reference and predicted seconds, the error in percent."""
+    return error_rows([profile.step_time(*p.features()) for p in probes], probes, stat)
+
+
+def error_rows(predicted: list[float], probes: list[Probe], stat: str = STAT) -> list[dict]:
+    """errors() for seconds predicted by anything (one per probe)."""
     out = []
-    for p in probes:
+    for pred, p in zip(predicted, probes, strict=True):
         ref = p.seconds[stat]
-        pred = profile.step_time(*p.features())
         out.append({**p.point(), "group": _group(p), "label": p.label(), "reference_s": ref, "predicted_s": pred,
                     "error_pct": (pred - ref) / ref * 100})
     return out

@@ -265,3 +265,15 @@ def test_aiconfigurator_without_the_model_shape_is_one_line(tmp_path):
             "head_dim": 16, "dtype_bytes": 2}
     with pytest.raises(InputError, match="ships no model config of the profile's shape"):
         pc.aiconfigurator_reference(_profile(model=tiny))
+
+
+@needs(H100, H200)
+def test_the_docs_table_is_the_scripts(capsys):
+    """docs/profiles.md's probe rows are what benchmarks/profile_check_table.py computes now."""
+    sys.path.insert(0, str(roofline.REPO_ROOT / "benchmarks"))
+    import profile_check_table as t
+
+    page = (roofline.REPO_ROOT / "docs" / "profiles.md").read_text()
+    block = page.split("<!-- profile_check_table: --shared ../shared/measurements -->")[1].split("<!-- end profile_check_table -->")[0]
+    rows = [ln for ln in t.table(SHARED, with_aic=False).splitlines() if ln.startswith("| `") or ln.startswith("| roofline")]
+    assert len(rows) == 3 and all(r in block.splitlines() for r in rows)
