@@ -111,3 +111,15 @@ def test_closed_config_round_trips(tmp_path):
     pd.testing.assert_frame_equal(a, b)
     s = json.loads((out / "summary.json").read_text())
     assert s["steps_per_minute"] == pytest.approx(len(a) * 60 / s["makespan_s"])
+
+
+def test_closed_loop_arrivals_from_python():
+    from agentsim.errors import InputError
+    from sim.workload import closed_loop_arrivals
+
+    a = closed_loop_arrivals(5, 2)
+    assert list(a[:2]) == [0.0, 0.0] and np.isnan(a[2:]).all()
+    assert (closed_loop_arrivals(3, 8) == 0).all()  # more slots than programs: all start at once
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InputError, match="--concurrency"):
+            closed_loop_arrivals(3, bad)
