@@ -35,6 +35,7 @@ OUTPUTS = {
     "trace resample": [("output", "--output", "file")],
     "calibrate": [("out", "--out", "file")], "validate": [("out", "--out", "dir")],
     "profile roofline": [("out", "--out", "file")], "profile fit-roofline": [("out", "--out", "file")],
+    "profile check": [("json", "--json", "file")],
 }
 
 

@@ -37,6 +37,7 @@ WRITERS = {
     "validate": (["validate", "--programs", "2", "--out", "{P}"], "dir"),
     "profile roofline": (["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--out", "{P}"], "file"),
     "profile fit-roofline": (["profile", "fit-roofline", "--out", "{P}"], "file"),
+    "profile check": (["profile", "check", "llama3.1-8b-h100", "--probes", "probes.json", "--json", "{P}"], "file"),
 }
 BAD = ("under a file", "the other kind exists", "folder not writable")
 
