@@ -105,7 +105,7 @@ def test_bad_run_input_is_refused_up_front(args, words, capsys, tmp_path):
 def test_out_naming_an_existing_file_is_refused(tmp_path, capsys):
     f = tmp_path / "results"
     f.write_text("keep me")
-    assert "'--out'" in _cli(RUN + ["--out", str(f)], capsys)
+    assert f"--out '{f}' is a file" in _cli(RUN + ["--out", str(f)], capsys)  # agentsim.files.check_output
     assert f.read_text() == "keep me"
 
 

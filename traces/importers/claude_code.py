@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from pydantic import StrictStr
+from pydantic import StrictBool, StrictStr
 
 from traces.importers.common import (Call, Notes, Program, check_record, fail, fill_gap_durations, get_int, labels, parse_time,
                                      read_jsonl)
@@ -66,29 +66,43 @@ def _system_segments(progs: list[Program]) -> None:
             first.content = [(sid, n)] + first.content
 
 
-class _Block(Model):  # a content block: ids key dicts, so they must be strings
+class _Block(Model):
+    """A content block, every field the importer reads: ids key dicts and texts are
+    measured, so each must be text (a tool result's `content` and a tool's `input` may
+    be any JSON: they are serialised)."""
+    type: StrictStr | None = None
     id: StrictStr | None = None
     tool_use_id: StrictStr | None = None
+    name: StrictStr | None = None
+    text: StrictStr | None = None
+    thinking: StrictStr | None = None
 
 
 class _Message(Model):
     id: StrictStr | None = None
-    content: StrictStr | list | None = None
+    model: StrictStr | None = None
+    content: StrictStr | list[dict] | None = None  # text, or a list of block objects
+    usage: dict | None = None  # its counts are read by get_int
 
 
 class _Record(Model):
+    type: StrictStr | None = None
     uuid: StrictStr | None = None
     parentUuid: StrictStr | None = None
+    isSidechain: StrictBool | None = None
+    version: StrictStr | None = None
 
 
 def _check(path, line: int, r: dict) -> None:
     check_record(_Record, r, path, f"line {line}")
     msg = r.get("message")
+    if r.get("type") in ("user", "assistant") and not isinstance(msg, dict):
+        raise fail(path, f"line {line}", "message", f"is {msg!r}, not an object" if "message" in r else "is missing",
+                   "a user or assistant record holds its message object (wrong format?)")
     if isinstance(msg, dict):
         check_record(_Message, msg, path, f"line {line} message")
         for i, b in enumerate(msg["content"] if isinstance(msg.get("content"), list) else []):
-            if isinstance(b, dict):
-                check_record(_Block, b, path, f"line {line} message.content[{i}]")
+            check_record(_Block, b, path, f"line {line} message.content[{i}]")
 
 
 def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
@@ -104,9 +118,11 @@ def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
     ready: dict[str, float] = {}  # chain → latest user/tool_result time: next call's input-ready
     results: dict[str, float] = {}  # tool_use_id → tool_result time
     text: dict[str, list[str]] = {}  # chain → user text since its last call (the next call's new input)
+    untyped = 0
     for line, r in records:
         kind = r.get("type")
-        if kind not in ("user", "assistant") or not isinstance(r.get("message"), dict):
+        if kind not in ("user", "assistant"):
+            untyped += kind is None
             continue  # summary, system, file-history records carry no call
         where = f"line {line}"
         ts = parse_time(r.get("timestamp"), path, where, "timestamp")
@@ -160,6 +176,8 @@ def _chains(path, records, notes: Notes) -> dict[str, list[Call]]:
                 tools.append((b.get("id"), b["name"], ts))
     for call, tools in open_calls.values():
         _set_tool(call, tools, results)
+    if untyped:  # Claude Code writes a type on every record: say what was skipped
+        notes.extra.append(f"{path}: {untyped} records without a 'type' skipped")
     return chains
 
 

@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, StrictStr
+
 from agentsim.errors import InputError
-from traces.validation import validated
+from traces.validation import Model, validated
 
 PLACEHOLDER_MAX = 4  # Claude Code 2.0.0 logs output_tokens of 1-4 from the stream start
 
@@ -29,6 +33,37 @@ def check_record(model, obj, path, where: str) -> None:
     """The record's shape against the importer's pydantic model (traces/validation.py):
     a field of the wrong type is one line naming file, record and field."""
     validated(model, obj, f"{path}" + (f" {where}" if where else ""), "fix the record (wrong format?)")
+
+
+def one_of(ok, what: str):
+    """A field that may hold several JSON kinds: one message naming them (a pydantic
+    union would name its first member only, as 'field.str')."""
+    def check(v):
+        if v is None or ok(v):
+            return v
+        raise ValueError(f"should be {what}")
+    return Annotated[Any, BeforeValidator(check)]
+
+
+def _text_or_parts(v) -> bool:  # a content part: text, an image, an Anthropic tool_use block
+    return isinstance(v, str) or isinstance(v, list) and all(
+        isinstance(p, str) or isinstance(p, dict) and isinstance(p.get("text"), (str, type(None))) for p in v)
+
+
+# A chat message's content (message_text reads it): text or a list of content parts.
+Content = one_of(_text_or_parts, "text or a list of content parts (text, or objects whose 'text' is text)")
+
+
+_Arguments = one_of(lambda v: isinstance(v, (str, dict)), "text or an object")
+
+
+class ToolFunction(Model):
+    name: StrictStr | None = None
+    arguments: _Arguments = None
+
+
+class ToolCall(Model):  # a chat message's tool call (OpenAI form)
+    function: ToolFunction | None = None
 
 
 @dataclass

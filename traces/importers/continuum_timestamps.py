@@ -40,6 +40,9 @@ class _Event(Model):
     num_output_tokens: _Tokens = None
 
 
+_KNOWN = frozenset(_Event.model_fields) | {"hit_length"}
+
+
 def load(files, opts: dict, notes: Notes) -> list[Program]:
     progs = []
     fixed_out = opts.get("output_tokens")
@@ -47,8 +50,9 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
         data = read_json(path)
         if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
             raise fail(path, "", "", "is not a Continuum scheduler_timestamps object {job_id: [events]}", "is this the right format?")
+        skipped: list[str] = []
         for job, events in data.items():
-            reqs = _requests(path, job, events, notes)
+            reqs = _requests(path, job, events, notes, skipped)
             if not reqs:
                 continue
             calls = []
@@ -65,16 +69,22 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
             for a, b in zip(calls, calls[1:]):
                 a.tool_duration_s = b.start_s - a.end_s
             progs.append(Program(str(job), calls, arrival_abs_s=calls[0].start_s))
+        if skipped:
+            notes.extra.append(f"{path}: {len(skipped)} events with no field the Continuum recorder writes skipped "
+                               f"(the first: {skipped[0]})")
     return progs
 
 
-def _requests(path, job, events, notes: Notes) -> list[dict]:
+def _requests(path, job, events, notes: Notes, skipped: list[str]) -> list[dict]:
     reqs: list[dict] = []
     for i, e in enumerate(events):
         w = f"job {job!r} event {i}"
         if not isinstance(e, dict):
             raise fail(path, w, "", "is not an object", "each event is a JSON object")
         ev = validated(_Event, e, f"{path} {w}", "fix the event (wrong format?)")
+        if not _KNOWN.intersection(e):  # none of the recorder's fields: counted (load), not guessed at
+            skipped.append(w)
+            continue
         if ev.Request_arrival_time is not None:
             t = ev.Request_arrival_time
             if reqs and "departure" not in reqs[-1]:
@@ -93,6 +103,9 @@ def _requests(path, job, events, notes: Notes) -> list[dict]:
                 rq["output"] = getattr(ev, key)
         if ev.Request_departure_time is not None:
             t = ev.Request_departure_time
+            if "departure" in rq:
+                raise fail(path, w, "Request_departure_time", "is a second departure of the request (its next arrival missing?)",
+                           "each request has one Request_arrival_time and one Request_departure_time")
             if t < rq["arrival"]:
                 raise fail(path, w, "Request_departure_time", "is before the request's arrival (unsorted timestamps)", "give the events in time order")
             rq["departure"] = t

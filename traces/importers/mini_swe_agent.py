@@ -17,13 +17,11 @@ task text are shared by every trajectory that has them.
 from __future__ import annotations
 
 from traces.toolparse import command_name, parse_tool_from_message
-from typing import Any
-
 from pydantic import StrictStr
 
 from traces.segments import text_id
-from traces.importers.common import (Call, Notes, Program, check_record, fail, get_int, message_text, parse_time, read_json,
-                                     token_counter)
+from traces.importers.common import (Call, Content, Notes, Program, ToolCall, check_record, fail, get_int, message_text,
+                                     parse_time, read_json, token_counter)
 from traces.validation import Model
 
 
@@ -33,7 +31,11 @@ class _Extra(Model):
 
 
 class _Message(Model):
-    role: Any = None
+    """Every field the importer reads: a message of another role or without one would
+    be dropped from the calls, content of another kind read as empty."""
+    role: StrictStr | None = None  # required where other messages have one (_calls)
+    content: Content = None
+    tool_calls: list[ToolCall] | None = None
     extra: _Extra | None = None
 
 PATTERNS = ("*.traj.json", "*.traj")
@@ -70,9 +72,12 @@ def _calls(path, msgs, count, notes: Notes) -> list[Call]:
     text_so_far = []  # the context: every message before the call
     since = 0  # index in text_so_far of the first message after the last call
     last_ts = None
+    roles = any("role" in m for m in msgs)  # none at all: another format ("no LLM calls found")
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
         check_record(_Message, m, path, where)
+        if roles and m.get("role") is None:
+            raise fail(path, where, "role", "is missing", "every message has its role (system, user, assistant, tool)")
         ts = _ts(path, i, m)
         if ts is not None and last_ts is not None and ts < last_ts - 1e-3:
             raise fail(path, where, "extra.timestamp", "is earlier than the message before it", "give messages in the order they were made")

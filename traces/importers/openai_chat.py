@@ -15,13 +15,13 @@ this call's end to the next call's start (chat logs have no tool timestamps).
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BeforeValidator, Field, StrictStr
+from pydantic import Field
 
 from traces.toolparse import parse_tool_from_message
-from traces.importers.common import (TOKENS_MAX, Call, Notes, Program, fail, fill_gap_durations, labels, message_text, parse_time,
-                                     read_json, read_jsonl, token_counter)
+from traces.importers.common import (TOKENS_MAX, Call, Content, Notes, Program, ToolCall, fail, fill_gap_durations, labels,
+                                     message_text, one_of, parse_time, read_json, read_jsonl, token_counter)
 from traces.validation import JSONInt, Model, validated
 
 PATTERNS = ("*.jsonl", "*.json")
@@ -30,42 +30,14 @@ _START_KEYS = ("start_time", "request_time", "timestamp", "created")
 _END_KEYS = ("end_time", "response_time")
 
 
-def _kind(ok, what: str):
-    """A field that may hold several JSON kinds: one message naming them (a pydantic
-    union would name its first member only, as 'field.str')."""
-    def check(v):
-        if v is None or ok(v):
-            return v
-        raise ValueError(f"should be {what}")
-    return Annotated[Any, BeforeValidator(check)]
-
-
 # a program id becomes a dict key and a trace column: text or a whole number, never a
 # list or object (str() of them would be an id nobody logged)
-_Id = _kind(lambda v: isinstance(v, (str, int)) and not isinstance(v, bool), "text or a whole number")
-_Arguments = _kind(lambda v: isinstance(v, (str, dict)), "text or an object")
-
-
-class _Function(Model):
-    name: StrictStr | None = None
-    arguments: _Arguments = None
-
-
-class _ToolCall(Model):
-    function: _Function | None = None
-
-
-def _text_or_parts(v) -> bool:  # a content part: text, an image, an Anthropic tool_use block
-    return isinstance(v, str) or isinstance(v, list) and all(
-        isinstance(p, str) or isinstance(p, dict) and isinstance(p.get("text"), (str, type(None))) for p in v)
-
-
-_Content = _kind(_text_or_parts, "text or a list of content parts (text, or objects whose 'text' is text)")
+_Id = one_of(lambda v: isinstance(v, (str, int)) and not isinstance(v, bool), "text or a whole number")
 
 
 class _Message(Model):
-    content: _Content = None
-    tool_calls: list[_ToolCall] | None = None
+    content: Content = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class _Choice(Model):

@@ -9,6 +9,8 @@ round's input).
 """
 from __future__ import annotations
 
+from pydantic import StrictStr
+
 from traces.importers.common import Call, Notes, Program, check_record, fail, fill_gap_durations, get_int, parse_time, read_jsonl
 from traces.validation import Model
 
@@ -22,6 +24,7 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
             where = f"line {line}"
             if "input_tokens_total" not in r and "round_index" not in r:
                 raise fail(path, where, "input_tokens_total", "is missing", "is this a TraceLab round_trace.jsonl? (wrong format?)")
+            check_record(_Round, r, path, where)
             sid = r.get("session_id")
             if not isinstance(sid, str) or not sid:
                 raise fail(path, where, "session_id", "is missing", "each round needs its session id")
@@ -42,13 +45,25 @@ def load(files, opts: dict, notes: Notes) -> list[Program]:
     return progs
 
 
+class _Event(Model):
+    event_type: StrictStr | None = None  # the timestamp is read by parse_time
+
+
+class _Tool(Model):
+    tool_name: StrictStr | None = None  # required below, with its own message
+    # emitted_at / result_at by parse_time, tool_wall_latency_ms by get_int
+
+
 class _Round(Model):
-    timing_events: list | None = None
-    tools: list | None = None
+    """Every field the importer reads, the kinds the checks below do not cover: an
+    event or tool that is not an object would be skipped, an event type of another
+    kind never match."""
+    session_id: StrictStr | None = None
+    timing_events: list[_Event] | None = None
+    tools: list[_Tool] | None = None
 
 
 def _call(path, where: str, r: dict) -> Call:
-    check_record(_Round, r, path, where)
     prompt = get_int(r, "input_tokens_total", path, where, minimum=1)
     out = get_int(r, "output_tokens", path, where)
     times = []
