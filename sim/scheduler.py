@@ -148,6 +148,7 @@ class Scheduler:
         # admits them: do it now (else the engine would idle, or report a deadlock).
         if (not preempted or not scheduled) and self.waiting:
             self.waiting.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
+            hits = []  # programs whose pin the admitted call consumes: released after the loop
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 call = self.waiting[0]
                 num_new, short = self._admit(call, budget)
@@ -160,10 +161,16 @@ class Scheduler:
                     call.scheduled_at = now
                     call.cached_tokens = call.num_computed - call.loaded_tokens  # GPU hit only
                     policy.on_schedule(call.req, now)
-                self.release_pin(call.req.program_id, now, Release.HIT)
+                hits.append(call.req.program_id)
                 self.running.append(call)
                 scheduled.append((call, num_new))
                 budget -= num_new
+            # vLLM with the policy adapter releases a consumed pin once its scheduler has
+            # built the step (calibrate/policy_scheduler.py schedule): blocks the pin held
+            # beyond the hit (its partial last block) are not free to later admissions of
+            # the same step (the twin check, benchmarks/twin_check.py)
+            for pid in hits:
+                self.release_pin(pid, now, Release.HIT)
         return scheduled
 
     def _admit(self, call: Call, budget: int) -> tuple[int | None, int]:

@@ -283,8 +283,6 @@ class VllmReplica:
         self.kv_samples: list[tuple[float, int, int]] = []
         self._used_area = 0.0
         self.peak_used = 0
-        # per step, when a caller sets it to a list: (start, {request id: tokens}, preempted ids)
-        self.schedule_log: list | None = None
         self.process = env.process(self._loop())
 
     # --- what the cluster reads ---------------------------------------------------------
@@ -361,10 +359,14 @@ class VllmReplica:
                 yield self._wakeup
                 continue
             now = env.now
-            pre = core.preemptions
+            before = (core.preemptions, len(core.pinned), core.free_blocks())
             out = core.schedule()
             if not out.total_num_scheduled_tokens:
                 core.update_from_output(out, empty)
+                if (core.preemptions, len(core.pinned), core.free_blocks()) != before:
+                    # it preempted every running call, or dropped pins: vLLM's engine core
+                    # schedules again at once (an empty step costs no model time)
+                    continue
                 # blocked with nothing running: only an arrival, a release or a pin expiry changes that
                 expiry = min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf)
                 self._wakeup = env.event()
@@ -382,8 +384,6 @@ class VllmReplica:
                 before = r.num_computed_tokens - q
                 if before < r.num_prompt_tokens:
                     calls[rid].computed_prompt_tokens += min(r.num_computed_tokens, r.num_prompt_tokens) - before
-            if self.schedule_log is not None:
-                self.schedule_log.append((now, dict(scheduled), core.preemptions - pre))
             dt = profile.step_time(*core._features(out))
             used = self.sched.pool.num_used
             _, self._used_area, self.busy_time, end = stretch.account_steps(
