@@ -129,6 +129,41 @@ def _numbers(a: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=np.float64)
 
 
+# Bounds checked before any cast (a float past int64 casts to garbage with a numpy
+# warning): no context holds 10^9 tokens (importers refuse larger counts too), and past
+# 10^10 s (year 2286 as epoch seconds) a float time's resolution (2 us) nears a step's.
+INT_MAX = 10**9
+SECONDS_MAX = 1e10
+
+
+def _show(x) -> str:
+    """A value as the user wrote it: numpy scalars as Python's (1e+20, not np.float64(1e+20))."""
+    return repr(x.item() if isinstance(x, np.generic) else x)
+
+
+def _whole_numbers(cols: dict, col: str) -> np.ndarray:
+    """One integer column as int64, each value checked before the cast: missing, not a
+    number, fractional, infinite or beyond INT_MAX is one line naming program, turn and field."""
+    raw = cols[col]
+    vals = _numbers(raw)
+    if vals.dtype.kind == "f":
+        nan = np.isnan(vals)
+        if nan.any():
+            i = int(np.flatnonzero(nan)[0])
+            _fail(cols, i, col, "is missing" if _missing(raw[i:i + 1])[0] else f"is {_show(raw[i])}, not a number",
+                  "write a whole number")
+        frac = np.isfinite(vals) & (vals != np.floor(vals))
+        if frac.any():
+            i = int(np.flatnonzero(frac)[0])
+            _fail(cols, i, col, f"is {_show(raw[i])}, not a whole number", "write a whole number")
+    big = ~(np.abs(vals.astype(np.float64)) <= INT_MAX)  # infinities too
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        _fail(cols, i, col, f"is {_show(raw[i])}, outside 0..{INT_MAX:.0e} (a corrupt or mis-scaled value)",
+              "write the count itself" if col != "turn" else "number a program's turns 0..n-1")
+    return vals.astype(np.int64)
+
+
 def _fail(cols: dict, i: int, field: str, problem: str, fix: str) -> None:
     raise InputError(
         f"trace program {cols['program_id'][i]!r} turn {cols['turn'][i]}: field '{field}' {problem}; {fix}"
@@ -156,18 +191,18 @@ def check(cols: dict[str, np.ndarray]) -> Columns:
     for col in ("turn", "new_input_tokens", "output_tokens") + (
         ("shared_prefix_tokens",) if "shared_prefix_tokens" in cols else ()
     ):
-        vals = _numbers(cols[col])
-        bad = vals != np.floor(vals)  # NaN too
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            _fail(cols, i, col, f"is {cols[col][i]!r}, not an integer", "write a whole number")
-        cols[col] = vals.astype(np.int64)
+        cols[col] = _whole_numbers(cols, col)
     for col in ("tool_duration_s",) + (("arrival_s",) if "arrival_s" in cols else ()):
         vals = _numbers(cols[col]).astype(np.float64)
         bad = np.isnan(vals) & ~_missing(cols[col])
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            _fail(cols, i, col, f"is {cols[col][i]!r}, not a number", "write seconds as a number")
+            _fail(cols, i, col, f"is {_show(cols[col][i])}, not a number", "write seconds as a number")
+        big = np.isfinite(vals) & (np.abs(vals) > SECONDS_MAX)
+        if big.any():
+            i = int(np.flatnonzero(big)[0])
+            _fail(cols, i, col, f"is {_show(cols[col][i])} s, beyond {SECONDS_MAX:.0e} s in size (a corrupt or mis-scaled value)",
+                  "write seconds (not ms or ns)")
         cols[col] = vals
     cols["tool"] = np.array([None if is_nan(t) else str(t) for t in cols["tool"]], dtype=object)
 
