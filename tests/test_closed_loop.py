@@ -123,3 +123,28 @@ def test_closed_loop_arrivals_from_python():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(InputError, match="--concurrency"):
             closed_loop_arrivals(3, bad)
+
+
+def test_closed_loop_table_writes_its_block_and_the_results_page_marks_it(tmp_path, capsys):
+    import re
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import closed_loop_table as clt
+
+    marked = re.findall(r"^<!-- closed_loop_table: (.*?) -->\n\n(Table: .*?)\n\n<!-- end closed_loop_table -->$",
+                        (root / "docs" / "results.md").read_text(), re.S | re.M)
+    assert len(marked) == 1
+    key, body = marked[0]
+    rows = body.split("\n")[4:]
+    assert [r.split(" | ")[0][2:] for r in rows] == re.search(r"--concurrency (\S+)", key).group(1).split(",")
+    assert all(r.count("(x") == 3 for r in rows) and "(x1.00;" in rows[0]
+    tiny = ["--programs", "4", "--concurrency", "1,2", "--num-blocks", "3000", "--policies", "vllm,continuum"]
+    tiny_key = "--trace swebench --programs 4 --num-blocks 3000 --concurrency 1,2 --policies vllm,continuum --profile llama3.1-8b-h100"
+    page = tmp_path / "results.md"
+    page.write_text(f"before\n<!-- closed_loop_table: {tiny_key} -->\nold\n<!-- end closed_loop_table -->\nafter\n")
+    text = clt.main([*tiny, "--write-docs", str(page)])
+    assert text in capsys.readouterr().out and text in page.read_text() and "old" not in page.read_text()
+    assert page.read_text().startswith("before\n") and page.read_text().endswith("after\n")
