@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 Count = Annotated[JSONInt, Field(ge=1)]
 CACHES = ("vllm", "radix")  # KV cache models of a replica (sim/block_pool.py, sim/radix_cache.py)
 WORKLOAD_MODES = ("open", "closed")  # arrivals, or N programs in flight (sim/workload.py)
-FLAG_NAMES = {"mode": "workload"}  # leaf -> `sim run` flag where they differ (`--workload closed`)
+FLAG_NAMES = {"mode": "workload", "kind": "engine"}  # leaf -> `sim run` flag where they differ (`--workload closed`)
+ENGINES = ("simpy", "vllm")  # a replica's scheduling: the SimPy model, or vLLM's own Scheduler (sim/vllm_engine.py)
 
 
 class _Section(BaseModel):
@@ -92,6 +93,16 @@ class EngineLimits(_Section):
     reserve_full_prompt: JSONBool | None = Field(
         None, description="admit a waiting call only when blocks for its whole prompt are free, not just its first chunk (vLLM's scheduler_reserve_full_isl)")
     fast_forward: JSONBool = Field(True, description="run decode-only stretches in one event (same results; off: step by step)")
+    kind: str = Field(
+        "simpy", description="the replica's scheduler: simpy (the simulator's model of vLLM, fast) or vllm (the installed "
+                             "vLLM 0.32's own Scheduler and KV cache manager, no model, same step times; docs/validation.md)")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in ENGINES:
+            raise ValueError(f"no such engine; give one of: {', '.join(ENGINES)}")
+        return v
 
 
 class ClusterConfig(_Section):
@@ -313,6 +324,10 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
                         enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache)
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
+    if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs
+        from sim.vllm_engine import check_supported
+
+        check_supported(policy, cfg, tiers, disagg, c.replicas if disagg is None else disagg.prefill + disagg.decode)
     if arrivals is None and w.mode == "closed":
         arrivals = closed_loop_arrivals(len(np.unique(np.asarray(trace["program_id"]))), w.concurrency)
     elif arrivals is None:
@@ -338,4 +353,5 @@ def execute(run: Run, progress=None) -> Result:
     c = run.config.cluster
     return run_simulation(run.trace, run.policy, run.profile, run.cfg, run.arrivals,
                           fast_forward=run.config.engine.fast_forward, progress=progress,
-                          replicas=c.replicas, router=c.router, offload=run.tiers, disagg=run.disagg)
+                          replicas=c.replicas, router=c.router, offload=run.tiers, disagg=run.disagg,
+                          engine=run.config.engine.kind)

@@ -26,7 +26,7 @@ from traces.validation import Model, validated
 
 _GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
            "cluster": "memory tiers and clusters"}
-_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "mode": "open|closed", "trace": "NAME|PATH", "profile": "NAME|PATH"}
+_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "mode": "open|closed", "kind": "simpy|vllm", "trace": "NAME|PATH", "profile": "NAME|PATH"}
 
 
 def register(sub) -> None:
@@ -129,7 +129,7 @@ def run(args) -> int:
 
 def format_summary(s: dict) -> str:
     rows = [
-        ("policy", s["policy"]), ("programs / calls", f"{s['programs']} / {s['calls']}"),
+        ("policy", s["policy"] + (" (engine: vLLM's own scheduler)" if s.get("engine") == "vllm" else "")), ("programs / calls", f"{s['programs']} / {s['calls']}"),
         ("JCT mean / p50", f"{s['mean_jct']:.2f} s / {s['p50_jct']:.2f} s"),
         ("JCT p90 / p95 / p99", f"{s['p90_jct']:.2f} / {s['p95_jct']:.2f} / {s['p99_jct']:.2f} s"),
         ("turn latency mean / p99", f"{s['mean_turn_latency']:.2f} / {s['p99_turn_latency']:.2f} s"),

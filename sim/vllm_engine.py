@@ -53,6 +53,15 @@ _MASK31 = (1 << 31) - 1
 
 def vllm_available() -> str | None:
     """None when vLLM's scheduler can be imported, else why not (one line)."""
+    import os
+
+    # vLLM's start-up lines (INFO) would bury the run's own output and one-line errors;
+    # its logging stays the user's to configure (VLLM_CONFIGURE_LOGGING=1)
+    if "VLLM_CONFIGURE_LOGGING" not in os.environ:
+        import logging
+
+        os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+        logging.getLogger("vllm").setLevel(logging.ERROR)
     try:
         import vllm  # noqa: F401
         from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
@@ -62,11 +71,8 @@ def vllm_available() -> str | None:
 
 
 def check_supported(policy: Policy, cfg, tiers, disagg, replicas: int) -> None:
-    """One InputError line for what `--engine vllm` cannot run here."""
-    why = vllm_available()
-    if why is not None:
-        raise InputError(f"--engine vllm needs vLLM 0.32 installed (`make engine`; on a GPU machine pip install "
-                         f"'vllm==0.32.*'), and it cannot be imported here ({why}); or use --engine simpy")
+    """One InputError line for what `--engine vllm` cannot run here (checked before vLLM
+    is imported, which takes seconds)."""
     if tiers:
         raise InputError("--engine vllm cannot run --offload: vLLM's offloading connector needs a model worker; "
                          "use --engine simpy for offload tiers")
@@ -78,6 +84,10 @@ def check_supported(policy: Policy, cfg, tiers, disagg, replicas: int) -> None:
     if policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size) is not None:
         raise InputError(f"--engine vllm cannot run policy {policy.name!r}: its proxy acts across replicas outside "
                          "vLLM's scheduler; use --engine simpy")
+    why = vllm_available()
+    if why is not None:
+        raise InputError(f"--engine vllm needs vLLM 0.32 installed (`make engine`; on a GPU machine pip install "
+                         f"'vllm==0.32.*'), and it cannot be imported here ({why}); or use --engine simpy")
 
 
 def run_tokens(cid, n: int) -> list[int]:

@@ -1,0 +1,70 @@
+"""`--engine vllm` input checks that need no vLLM (they run before it is imported), and
+the twin check's first-difference classifier (benchmarks/twin_check.py)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentsim.cli import main
+from agentsim.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import twin_check  # noqa: E402
+
+_RUN = ["run", "--trace", "swebench", "--programs", "3", "--no-progress"]
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--offload", "cpu:1GiB"], "cannot run --offload"),
+    (["--cache", "radix"], "cannot run --cache radix"),
+    (["--disagg", "1P1D"], "cannot run --disagg"),
+    (["--policy", "thunderagent"], "cannot run policy 'thunderagent'"),
+])
+def test_unsupported_features_are_one_line_exit_2(flags, why, capsys, tmp_path):
+    rc = main([*_RUN, "--engine", "vllm", *flags, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.count("\n") == 0 and why in err and "--engine simpy" in err
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_without_vllm_one_line_exit_2(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    rc = main([*_RUN, "--engine", "vllm"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.count("\n") == 0 and "--engine vllm needs vLLM 0.32 installed" in err
+
+
+def test_unknown_engine_is_refused(capsys):
+    assert main([*_RUN, "--engine", "sglang"]) == 2
+    assert "no such engine; give one of: simpy, vllm" in capsys.readouterr().err
+
+
+def test_engine_field_in_the_config():
+    from sim.config import SimConfig, parse_config
+
+    assert SimConfig().engine.kind == "simpy"  # the SimPy replica stays the default
+    assert parse_config({"engine": {"kind": "vllm"}}, "t").engine.kind == "vllm"
+    with pytest.raises(InputError, match="engine.kind"):
+        parse_config({"engine": {"kind": "x"}}, "t")
+
+
+def test_first_difference_names_the_mechanism():
+    same = [(0.0, {"a#0": 100}, 0), (0.1, {"a#0": 1, "b#0": 50}, 0)]
+    assert twin_check.first_difference(same, same) is None
+    admit = [(0.0, {"a#0": 100}, 0), (0.1, {"a#0": 1}, 0)]
+    d = twin_check.first_difference(same, admit)
+    assert d["step"] == 1 and d["mechanism"].startswith("admission order") and "SimPy only b#0" in d["mechanism"]
+    chunk = [(0.0, {"a#0": 100}, 0), (0.1, {"a#0": 1, "b#0": 40}, 0)]
+    assert twin_check.first_difference(same, chunk)["mechanism"].startswith("prefix hit at admission")
+    chunk2 = [(0.0, {"a#0": 60}, 0), (0.1, {"a#0": 1}, 0)]
+    assert twin_check.first_difference(admit, chunk2)["mechanism"].startswith("prefix hit")  # a's first step
+    later = [(0.0, {"a#0": 100}, 0), (0.1, {"a#0": 2}, 0)]
+    assert twin_check.first_difference(admit, later)["mechanism"].startswith("chunk size")
+    pre = [(0.0, {"a#0": 100}, 0), (0.1, {"a#0": 1}, 1)]
+    assert twin_check.first_difference(admit, pre)["mechanism"].startswith("preemption")
+    late = [(0.0, {"a#0": 100}, 0), (0.2, {"a#0": 1}, 0)]
+    assert twin_check.first_difference(admit, late)["mechanism"].startswith("step start")
+    assert twin_check.first_difference(admit, admit[:1])["mechanism"].startswith("step count")
