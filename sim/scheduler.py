@@ -50,6 +50,7 @@ class Scheduler:
         self.preemptions = 0
         self.view = None  # EngineView, set by the engine
         self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
+        self._custom_victim = type(policy).preemption_victim is not Policy.preemption_victim
 
     # --- pins -----------------------------------------------------------------------
     def pin(self, pid: str, blocks: list[int], now: float) -> None:
@@ -122,6 +123,14 @@ class Scheduler:
         cfg, policy = self.cfg, self.policy
         self.expire_pins(now)
 
+        if self._custom_victim and len(self.running) > 1:
+            # vLLM preempts the tail of its running list; with the policy adapter the list is
+            # put in the policy's victim order before every step (last victim first), which
+            # also decides which running call gets the step's budget and blocks first
+            # (calibrate/policy_scheduler.py _order_running_for_victims; the twin check)
+            order = policy.preemption_order([c.req for c in self.running], self.view)
+            call_of = {id(c.req): c for c in self.running}
+            self.running = [call_of[id(r)] for r in reversed(order)]
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Call, int]] = []
         preempted = False
