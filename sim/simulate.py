@@ -99,7 +99,8 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
     try:
         env.run()
     except SimulationError as e:  # a replica stopped (deadlock, watchdog): name the others' state too
-        rest = cluster.state(but=getattr(e, "replica", None))
+        # SimPy raises a copy of a process's exception, the original as its __cause__
+        rest = cluster.state(but=getattr(e, "replica", getattr(e.__cause__, "replica", None)))
         raise SimulationError(f"{e}; {rest}" if rest else str(e)) from None
     check_end(cluster, rec, trace)
 

@@ -92,6 +92,7 @@ def test_watchdog_stops_a_frozen_clock_with_one_line_naming_the_state(monkeypatc
     for part in ("10000 passes", "at t=33.188", "waiting bfcl-0434#4 (42 blocks)", "running none",
                  "pinned 36 blocks for bfcl-0434 (36 blocks, expires t=33.188)", "free 6 of 42 blocks"):
         assert part in line, line
+    assert line.count("replica 0: ") == 1
     assert not (tmp_path / "o").exists()  # nothing written
 
 
@@ -118,6 +119,7 @@ def test_a_deadlock_is_one_line_naming_every_replica(monkeypatch, capsys):
     assert line.startswith("error: deadlock (nothing can run and nothing will change) at t=58.260: replica 2: "), line
     assert "pinned 238 blocks for p14 (238 blocks, expires t=inf); free 1 of 239 blocks" in line
     assert "; replica 0: " in line and "; replica 1: " in line  # the cluster adds the other replicas
+    assert line.count("replica 2: ") == 1
 
 
 def test_sweep_marks_a_failed_point_and_goes_on(monkeypatch, tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Property-based tests (hypothesis): random small traces x every policy x pool sizes,
+"""Property-based tests (hypothesis): random small traces x every policy x pool sizes
+(30-200 blocks, and 5-50 with short calls),
 token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off, both
 KV cache models (vLLM's block pool, SGLang's radix tree), prefill/decode
 disaggregation (1P1D, 2P1D, 1P2D); and random wrong values in profiles and anywhere
@@ -26,13 +27,17 @@ EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="AGENTSIM_FUZZ_EXAMPLES" not in os.environ,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
-turns = st.tuples(st.integers(1, 300), st.integers(1, 40), st.sampled_from(["ls", "cat", "pytest", None]),
-                  st.floats(0, 3, allow_nan=False))
-programs = st.lists(st.lists(turns, min_size=1, max_size=4), min_size=1, max_size=6)
+def _programs(max_input: int, max_output: int):
+    turns = st.tuples(st.integers(1, max_input), st.integers(1, max_output), st.sampled_from(["ls", "cat", "pytest", None]),
+                      st.floats(0, 3, allow_nan=False))
+    return st.lists(st.lists(turns, min_size=1, max_size=4), min_size=1, max_size=6)
+
+
+programs = _programs(300, 40)
 
 
 @st.composite
-def configs(draw):
+def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3)):
     progs = draw(programs)
     trace = make_trace([[(i, o, None if t == len(p) - 1 else tool, None if t == len(p) - 1 else d)
                          for t, (i, o, tool, d) in enumerate(p)] for p in progs],
@@ -40,9 +45,9 @@ def configs(draw):
     return dict(
         trace=trace, arrivals=np.sort(np.asarray(draw(st.lists(st.floats(0, 5, allow_nan=False),
                                                                min_size=len(progs), max_size=len(progs))))),
-        policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(st.integers(30, 200)),
+        policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(blocks),
         budget=draw(st.sampled_from([16, 64, 256, 8192])), seqs=draw(st.integers(1, 16)),
-        chunked=draw(st.booleans()), replicas=draw(st.integers(1, 3)), router=draw(st.sampled_from(ROUTERS)),
+        chunked=draw(st.booleans()), replicas=draw(replicas), router=draw(st.sampled_from(ROUTERS)),
         offload=draw(st.sampled_from([None, "cpu:1MiB@0.05", "cpu:1MiB@0.05,ssd:2MiB@0.01"])),
         cache=draw(st.sampled_from(["vllm", "radix"])),
         disagg=draw(st.sampled_from([None, None, "1P1D", "2P1D", "1P2D"])), local_prefill=draw(st.sampled_from([0, 64, 1000])),
@@ -64,6 +69,22 @@ def _simulate(c, policy, ff=True):
 @SETTINGS
 @given(configs())
 def test_invariants_under_random_configurations(c):
+    _check_invariants(c)
+
+
+# Where issue 36's hangs and deadlock were found: pools of 5-50 blocks, short calls (so
+# that most programs fit such a pool), 1-4 replicas. A run whose clock freezes is stopped
+# by the engine's progress watchdog within a second (a SimulationError), never a hang.
+tiny = configs(programs=_programs(40, 12), blocks=st.integers(5, 50), replicas=st.integers(1, 4))
+
+
+@SETTINGS
+@given(tiny)
+def test_invariants_on_tiny_pools(c):
+    _check_invariants(c)
+
+
+def _check_invariants(c):
     try:
         base = _simulate(c, "vllm")  # an input the simulator refuses is refused for every policy
     except InputError:
@@ -71,7 +92,7 @@ def test_invariants_under_random_configurations(c):
     assert len(base.turns) == len(c["trace"])
     # run_simulation checks itself: every call finished exactly once, nothing waits or
     # runs at the end, no pin outlives its program, no block or tier leak (check_end).
-    # A policy deadlock raises RuntimeError: none may where plain vLLM finishes.
+    # A policy deadlock or a frozen clock raises SimulationError: none may where plain vLLM finishes.
     res = _simulate(c, c["policy"])
     t, s = res.turns, res.summary
     assert len(t) == len(c["trace"]) and not t.duplicated(["program_id", "turn"]).any()
