@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, StrictStr
 
 from agentsim.errors import InputError
+from traces.schema import SECONDS_MAX
 from traces.validation import Model, validated
 
 PLACEHOLDER_MAX = 4  # Claude Code 2.0.0 logs output_tokens of 1-4 from the stream start
@@ -162,14 +163,20 @@ def parse_time(value, path, where: str, fld: str) -> float:
     """ISO-8601 string or epoch number → epoch seconds."""
     if isinstance(value, bool) or value is None:
         raise fail(path, where, fld, "is missing", "give a timestamp (ISO-8601 or epoch seconds)")
+    t = None
     if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    if isinstance(value, str):
+        t = float(value)
+    elif isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            t = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
         except ValueError:
             pass
-    raise fail(path, where, fld, f"is {value!r}, not a timestamp", "give ISO-8601 (2026-01-31T12:00:00.000Z) or epoch seconds")
+    if t is None:
+        raise fail(path, where, fld, f"is {value!r}, not a timestamp", "give ISO-8601 (2026-01-31T12:00:00.000Z) or epoch seconds")
+    if not 0 <= t <= SECONDS_MAX:  # the trace's bound on its times (traces/schema.py), so any difference fits
+        raise fail(path, where, fld, f"is {value!r}, " + ("before 1970" if t < 0 else f"more than {SECONDS_MAX:.0e} s after 1970 (milliseconds?)"),
+                   "give epoch seconds or ISO-8601")
+    return t
 
 
 TOKENS_MAX = 10**9  # far above any context: a larger count is a corrupt record (and would overflow int64)

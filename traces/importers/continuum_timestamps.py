@@ -16,12 +16,13 @@ from typing import Annotated
 from pydantic import Field
 
 from traces.importers.common import TOKENS_MAX, Call, Notes, Program, fail, read_json
+from traces.schema import SECONDS_MAX
 from traces.validation import JSONFloat, JSONInt, Model, validated
 
 PATTERNS = ("scheduler_timestamps", "scheduler_timestamps*.json")
 _OUT_KEYS = ("output_length", "output_tokens", "num_output_tokens")
 
-_Time = JSONFloat  # epoch seconds, finite (Model); absent is None, null is refused
+_Time = Annotated[JSONFloat, Field(ge=0, le=SECONDS_MAX)]  # epoch seconds, finite; absent is None, null refused
 _Tokens = Annotated[JSONInt, Field(ge=1, le=TOKENS_MAX)]
 
 

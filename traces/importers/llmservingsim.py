@@ -10,11 +10,12 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, StrictStr
 
 from traces.importers.common import TOKENS_MAX, Call, Notes, Program, fail, read_jsonl
+from traces.schema import SECONDS_MAX
 from traces.validation import JSONInt, Model, validated
 
 PATTERNS = ("*.sessions.jsonl",)
 _Tokens = Annotated[JSONInt, Field(ge=1, le=TOKENS_MAX)]
-_Nanoseconds = Annotated[JSONInt, Field(ge=0)]
+_Nanoseconds = Annotated[JSONInt, Field(ge=0, le=int(SECONDS_MAX * 1e9))]  # the trace's bound on times
 
 
 def _id(v):
