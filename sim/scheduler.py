@@ -163,6 +163,12 @@ class Scheduler:
                 num_new, short = self._admit(call, budget)
                 if num_new is None and short > 0 and self._unpin_for(call, short, now):
                     num_new, short = self._admit(call, budget)
+                    # the dropped pins' programs wait further back now (an order key may read
+                    # the pins): the adapter re-places their calls at once (_pins_changed),
+                    # within this step's admissions (the twin check)
+                    rest = self.waiting[1:]
+                    rest.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
+                    self.waiting[1:] = rest
                 if num_new is None:
                     break  # head-of-line blocking
                 self.waiting.pop(0)
