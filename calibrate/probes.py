@@ -149,10 +149,11 @@ def _align(n: int, block: int) -> int:
     return max(block, n // block * block)
 
 
-def plan(engine: dict, quick: bool = False) -> list[Probe]:
+def plan(engine: dict, quick: bool = False, gpu: bool = False) -> list[Probe]:
     """Probes scaled to the engine's limits: the paper's prefill sizes 1000, 2000,
     4000, ... up to the max context, cached-prefix prefills, decode over batch sizes
-    and context lengths. Held-out probes use sizes the fit never sees."""
+    and context lengths. Held-out probes use sizes the fit never sees. `gpu`: decode
+    batches up to 256 sequences (where agent serving runs a GPU) over short contexts too."""
     L, M, bs = engine["max_model_len"], engine["max_num_batched_tokens"], engine["block_size"]
     if not engine["enable_chunked_prefill"]:
         L = min(L, M)  # whole prompts only: a prompt must fit one step
@@ -169,10 +170,15 @@ def plan(engine: dict, quick: bool = False) -> list[Probe]:
     cached = [(1024, 1000), (L // 2, 500)] if quick else [(1024, 1000), (1024, 256), (L // 2, 1000), (L // 4, 2000)]
     out += [Probe("cached_prefill", n, _align(P, bs)) for P, n in cached if _align(P, bs) + n < top]
     out += [Probe("cached_prefill", 500, _align(3 * L // 8, bs), heldout=True)]
-    steps = 24
+    steps = 8 if gpu else 24  # a replayed CUDA graph repeats within ~1%; CPU steps do not
     batches = [1, 4, 16] if quick else [1, 4, 16, 32]
     contexts = [bs, L // 4, 3 * L // 4] if quick else [bs, L // 8, L // 4, L // 2, 3 * L // 4]
-    grid = [(b, c, False) for b in batches for c in contexts] + [(2, L // 8 * 3, True), (8, L // 2, True)]
+    held = [(2, L // 8 * 3, True), (8, L // 2, True)]
+    if gpu:
+        batches = [1, 16, 64, 256] if quick else [1, 4, 16, 32, 64, 128, 256]
+        contexts = sorted({bs, 512, 2048, *contexts})
+        held += [(48, 3072, True), (96, 1024, True), (192, 640, True)]
+    grid = [(b, c, False) for b in batches for c in contexts] + held
     for b, c, held in grid:
         c = _align(min(c, top - DECODE_SUFFIX - steps - 1), bs)
         if b <= seqs and b * (c + DECODE_SUFFIX + steps + bs) <= capacity:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from calibrate.engine import resolve_device, start_engine
-from calibrate.fit import fit_quadratic, fit_step_model
+from calibrate.fit import fit_gpu_step_model, fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
 from calibrate.probes import REPEATS, Runner, plan, repeat_time
@@ -82,17 +82,41 @@ def calibrate_engine(llm, device: str, quick: bool = False, reps: int | None = N
 VLLM_METHOD = "sim calibrate (calibrate/run.py) on a real vLLM engine, dummy weights"
 
 
+def choose_step_model(rows: list[dict]) -> tuple[dict, str, dict]:
+    """The linear step model, or the GPU form (calibrate/fit.py) where every row is one step
+    and the GPU form predicts the held-out rows better: (fit, form, the other form's fit)."""
+    lin = fit_step_model(rows)
+    if any(r["features"]["steps"] != 1 for r in rows):
+        return lin, "linear", {}
+    gpu = fit_gpu_step_model(rows)
+    if gpu["heldout_mape"] < lin["heldout_mape"]:
+        return gpu, "gpu", lin
+    return lin, "linear", gpu
+
+
 def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: dict, *,
-                  method: str = VLLM_METHOD, engine_version: str | None = None, how: dict | None = None) -> dict:
+                  method: str = VLLM_METHOD, engine_version: str | None = None, how: dict | None = None,
+                  gpu_form: bool = False) -> dict:
     """The profile JSON from the engine limits (read_limits, or computed ones) and the probe
     rows; shared by the vLLM and the torch backend (calibrate/torch_backend.py), which
-    differ only in method, engine_version and how the probes were timed."""
-    step, quad = fit_step_model(rows), fit_quadratic(rows)
+    differ only in method, engine_version and how the probes were timed. `gpu_form`: the
+    linear and the GPU step model are both fitted and the one with the lower held-out
+    error is kept (choose_step_model)."""
+    step, form, other = choose_step_model(rows) if gpu_form else (fit_step_model(rows), "linear", {})
+    quad = fit_quadratic(rows)
     eng = lim["engine"]
+    per_kind = lambda fit: {k: v for k, v in fit.items() if k.startswith(("heldout_mape_", "train_mape_"))}
     fit_error = {"unit": "percent (MAPE)", "step_model_mape": step["heldout_mape"],
                  "prefill_quadratic_mape": quad["heldout_mape"], "step_model_train_mape": step["train_mape"],
-                 "prefill_quadratic_train_mape": quad["train_mape"],
-                 **{k: v for k, v in step.items() if k.startswith(("heldout_mape_", "train_mape_"))}}
+                 "prefill_quadratic_train_mape": quad["train_mape"], **per_kind(step)}
+    if gpu_form:
+        fit_error["step_model_form"] = form
+        if other:
+            fit_error[f"{'linear' if form == 'gpu' else 'gpu'}_step_model"] = {"heldout_mape": other["heldout_mape"],
+                                                                                **per_kind(other)}
+        how = {**(how or HOW), "step_time": "calibrate/run.py choose_step_model: the linear model (NNLS, relative "
+               "error) and the GPU form smax(launch, c0 + smax(w, c1*tokens) + ...) (calibrate/fit.py "
+               "fit_gpu_step_model) fitted on one-step probes; the one with the lower held-out MAPE is kept"}
     return {
         "schema": "agentsim-profile/1",
         "model": lim["model"],

