@@ -1,9 +1,11 @@
 """The table of docs/profiles.md "Checking a profile against independent references":
 `sim profile check` (sim/profile_check.py) of the bundled H100 profile, the H200 roofline
 profile (`sim profile roofline --gpu H200 --model llama3.1-8b`) and the calibrated H200
-profiles in SHARED/h200/calibrate-torch-cuda-*.json, each against the probe files of
-SHARED/h100 and SHARED/h200 whose GPU and model are the profile's, and against
-aiconfigurator (when the optional extra is installed; --write-docs needs it).
+profiles in SHARED/h200/calibrate-torch-cuda-*.json and benchmarks/gpu/*/ (each run of
+benchmarks/gpu/calibration_check.sh: its calibrated profiles and reference probes, same
+GPU), each against the probe files of SHARED/h100, SHARED/h200 and benchmarks/gpu/*/ whose
+GPU and model are the profile's, and against aiconfigurator (when the optional extra is
+installed; --write-docs needs it).
 
     python benchmarks/profile_check_table.py [--shared ../shared/measurements] [--write-docs [PAGE]]
 
@@ -26,6 +28,7 @@ from sim import roofline  # noqa: E402
 from sim.profile import load_profile, parse_profile  # noqa: E402
 
 REPO = roofline.REPO_ROOT
+GPU_RUNS = REPO / "benchmarks" / "gpu"
 COLS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16", "decode B=17-64", "decode B=65-256", "mixed", "all")
 
 
@@ -34,27 +37,34 @@ def _rel(path: Path) -> str:
     return os.path.relpath(path, REPO)
 
 
-def profiles(shared: Path) -> list[tuple[str, object]]:
-    """(how the docs name it, Profile) for each profile of the table."""
-    out = [("`llama3.1-8b-h100`", load_profile("llama3.1-8b-h100"))]
+def profiles(shared: Path) -> list[tuple[str, object, Path | None]]:
+    """(how the docs name it, Profile, its GPU run's folder or None) for each profile of the table."""
+    out = [("`llama3.1-8b-h100`", load_profile("llama3.1-8b-h100"), None)]
     raw, _ = roofline.roofline_profile("H200", "llama3.1-8b")
-    out.append(("roofline H200 Llama-3.1-8B", parse_profile(raw, "roofline-h200-llama3.1-8b")))
+    out.append(("roofline H200 Llama-3.1-8B", parse_profile(raw, "roofline-h200-llama3.1-8b"), None))
     for f in sorted((shared / "h200").glob("calibrate-torch-cuda-*.json")):
-        out.append((f"`{f.stem}` (H200)", load_profile(str(f))))
+        out.append((f"`{f.stem}` (H200)", load_profile(str(f)), None))
+    for f in sorted(GPU_RUNS.glob("*/calibrate-torch-cuda-*.json")):
+        out.append((f"`{f.stem}` ({f.parent.name})", load_profile(str(f)), f.parent))
     return out
+
+
+def probe_files(shared: Path, run: Path | None) -> list[Path]:
+    """The shared probe files, and those a GPU run took beside its calibration (same GPU)."""
+    return sorted(shared.glob("*/*-probes.json")) + (sorted(run.glob("*-probes.json")) if run else [])
 
 
 def rows(shared: Path, with_aic: bool) -> list[tuple[str, str, dict]]:
     """(profile, reference, reference dict) for every pair whose GPU and model match."""
-    probe_files = sorted(shared.glob("*/*-probes.json"))
     out = []
-    for name, prof in profiles(shared):
-        for f in probe_files:
+    for name, prof, run in profiles(shared):
+        for f in probe_files(shared, run):
             try:
                 ref = pc.probe_reference(prof, f)
             except InputError:  # another GPU or model: not a reference for this profile
                 continue
-            out.append((name, f"{f.parent.name.upper()} probes", ref))
+            where = f.parent.name.upper() if f.parent.parent == shared else "same run's"
+            out.append((name, f"{where} {f.name.split('-shape')[0]} probes", ref))
         if with_aic:
             ref = pc.aiconfigurator_reference(prof)
             out.append((name, f"aiconfigurator ({ref['system']}, {ref['backend']})", ref))
@@ -75,7 +85,7 @@ def agreement(shared: Path) -> str:
     """aiconfigurator's estimates of the probe files' own points against the probes: how far
     the two references are from each other."""
     lines = ["| aiconfigurator | reference | " + " | ".join(COLS) + " | worst point |", "|" + "---|" * (len(COLS) + 3)]
-    for f in sorted(shared.glob("*/*-probes.json")):
+    for f in sorted(shared.glob("*/*-probes.json")):  # the shared Llama files: one per GPU
         data = pc.load_probe_file(f)
         raw, _ = roofline.roofline_profile(pc.gpu_family(data["device"]), "llama3.1-8b")  # the GPU and model to ask for
         probes = pc.read_probes(data)

@@ -1,0 +1,26 @@
+#!/bin/bash
+# The GPU check of the torch calibration: on one CUDA GPU, calibrate Llama-3.1-8B and
+# Qwen3-8B (`sim calibrate --backend torch --device cuda`, public config.json in
+# benchmarks/gpu/models/) and time the independent reference probes of the same shapes
+# (../shared/measurements/h200/probe_shapes.py, copied beside this script first: ../shared
+# does not travel to a device machine). Writes into $OUT (default ./gpu-out):
+#   calibrate-torch-cuda-MODEL.json, MODEL-shape-torch-probes.json, log.txt
+# Then, here: sim profile check OUT/calibrate-torch-cuda-MODEL.json --probes OUT/MODEL-shape-torch-probes.json
+# Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 4 minutes on an H100.
+set -u
+cd "$(dirname "$0")/../.."
+REPO=$PWD OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+for m in llama3.1-8b qwen3-8b; do
+  t0=$(date +%s)
+  timeout 200 python3 -c "import sys; from agentsim.cli import main; sys.exit(main(sys.argv[1:]))" calibrate \
+    --backend torch --device cuda --model benchmarks/gpu/models/$m --max-model-len 32768 \
+    --out "$OUT/calibrate-torch-cuda-$m.json" 2>&1 | tr '\r' '\n' | grep -v "calibrate (torch)" | tail -8
+  echo "calibrate $m wall $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  (cd "$OUT" && SHAPE=$m timeout 100 python3 "$REPO/benchmarks/gpu/probe_shapes.py" > /dev/null 2>&1 \
+     && mv "gpu_probe_$m.json" "$m-shape-torch-probes.json")
+  echo "reference probes $m wall $(( $(date +%s) - t0 )) s"
+done
