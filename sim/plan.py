@@ -278,9 +278,10 @@ def search(q: Question, cands: list[Candidate], out: str | Path, workers: int = 
                 c, s = cands[i], states[i]
                 keys = [point_key(p) for p in q.points(c, r)]
                 s.points += len(keys)
-                errors = rows.loc[keys, "error"].dropna() if "error" in rows else ()
-                if len(errors):  # the simulation could not go on (sim.sweep): no metric, stop this candidate
-                    s.status, s.error = "failed", f"{r} replicas: {errors.iloc[0]}"
+                lost = [why for p, why in rep.lost if point_key(p) in keys]
+                errors = list(rows.loc[[k for k in keys if k in rows.index], "error"].dropna()) if "error" in rows else []
+                if lost or errors:  # the simulation could not go on, or its worker died (sim.sweep): stop this candidate
+                    s.status, s.error = "failed", f"{r} replicas: " + (errors[0] if errors else f"a point's {lost[0]}")
                     bar.update(1)
                     continue
                 value = float(np.mean(rows.loc[keys, q.slo.metric].astype(float)))

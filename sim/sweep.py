@@ -19,11 +19,19 @@ are workers are started at a time, so a first Ctrl-C starts nothing more and kee
 finishes, and a second stops at once. DIR/.lock names its owner, so a lock still held
 after its owner died is taken over.
 
+Faults: a point whose worker process dies (killed, out of memory) runs again: Dask
+reschedules it itself (KilledWorker when it gives up); a broken local pool is replaced
+and the points in flight run again, each alone, and one whose worker dies TRIES times
+alone is reported lost (not stored, so a rerun retries it). A table or KV file that
+cannot be written (a full disk) is one line; the file is the previous one, never half
+written (agentsim.files.atomic_write).
+
 Resuming trusts the key: after changing simulator code, sweep into a new DIR.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+from concurrent.futures.process import BrokenProcessPool
 import contextlib
 import ctypes
 import fcntl
@@ -37,6 +45,7 @@ import signal
 import sys
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -337,16 +346,31 @@ def _stop_now(ex: cf.ProcessPoolExecutor) -> None:
     ex.shutdown(wait=False, cancel_futures=True)
 
 
+# A point whose worker process died (killed, out of memory) is run again on a fresh
+# worker, up to this many runs in all; then it is reported lost (not stored: a rerun of
+# the sweep retries it). Dask retries on its own (its `allowed-failures`, 3 by default)
+# and reports KilledWorker when it gives up.
+TRIES = 3
+
+
+def _worker_lost(e: BaseException) -> bool:
+    """Did the point fail because its worker process died (not because of the point)?"""
+    if isinstance(e, BrokenProcessPool):
+        return True
+    return type(e).__name__ == "KilledWorker" and type(e).__module__.startswith("distributed")
+
+
 def _completed(todo: list[dict], fn, workers: int, dask: str | None):
-    """fn(point) results in completion order: in-process, on local worker processes, or on
-    a Dask cluster. At most as many points as there are workers are started at a time, so
-    an interrupt (see _Interrupts) leaves the rest unstarted."""
+    """(point, fn(point), None), or (point, None, error) for a point lost with its worker,
+    in completion order: in-process, on local worker processes, or on a Dask cluster. At
+    most as many points as there are workers are started at a time, so an interrupt (see
+    _Interrupts) leaves the rest unstarted."""
     with _Interrupts() as stop:
         if dask is None and workers <= 1:
             for p in todo:
                 if stop.count:
                     break
-                yield fn(p)
+                yield p, fn(p), None
         else:
             yield from _on_pool(todo, fn, workers, dask, stop)
         if stop.count:
@@ -380,26 +404,58 @@ def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interr
         ex = client.get_executor(pure=False)
         slots = max(1, sum(client.nthreads().values()))
     else:
-        # spawned, not forked: a forked worker would inherit (and so hold) the sweep's lock
-        ex = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                    initializer=_worker_init, initargs=(os.getpid(),))
+        ex = _local_pool(workers)
         slots = workers
-    queued = iter(todo)
-    running: set[cf.Future] = set()
+    queued = list(reversed(todo))  # popped from the end; a point to run again goes back on it
+    deaths: dict[str, int] = {}  # point key -> local worker deaths while it ran alone
+    suspects: set[str] = set()  # points in flight when a local pool broke: each runs alone next
+    running: dict[cf.Future, dict] = {}
     finished = False
     try:
         while True:
-            while not stop.count and len(running) < slots:
-                p = next(queued, None)
-                if p is None:
-                    break
-                running.add(_submit(ex, fn, p, spawns=client is None))
+            while not stop.count and len(running) < slots and queued:
+                alone = point_key(queued[-1]) in suspects
+                if running and (alone or any(point_key(q) in suspects for q in running.values())):
+                    break  # a suspect runs alone, so that a death is its own
+                p = queued.pop()
+                try:
+                    running[_submit(ex, fn, p, spawns=client is None)] = p
+                except BrokenProcessPool:  # the pool broke since the last check
+                    queued.append(p)
+                    ex = _renew(ex, workers)
             if not running:
                 break
-            done, pending = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
-            running = set(pending)
+            done, _ = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            hit: list[tuple[dict, BaseException]] = []  # points whose local worker died
             for f in done:
-                yield f.result()
+                p = running.pop(f)
+                try:
+                    result = f.result()
+                except Exception as e:  # noqa: BLE001 - only a lost worker is handled, the rest re-raised
+                    if not _worker_lost(e):
+                        raise
+                    if client is not None:  # Dask ran it again on its own and gave up
+                        yield p, None, f"its worker died each time it ran ({type(e).__name__}: {_first_line(e)})"
+                    else:
+                        hit.append((p, e))
+                    continue
+                suspects.discard(point_key(p))
+                yield p, result, None
+            if hit:  # a local worker died: the pool is unusable; the points in flight run again
+                hit += [(p, hit[0][1]) for p in running.values()]  # their futures fail too
+                running.clear()
+                ex = _renew(ex, workers)
+                if len(hit) == 1:  # it ran alone: the death is its own
+                    p, e = hit[0]
+                    k = point_key(p)
+                    deaths[k] = deaths.get(k, 0) + 1
+                    if deaths[k] >= TRIES:
+                        suspects.discard(k)
+                        yield p, None, f"its worker died {deaths[k]} times running it alone ({type(e).__name__}: {_first_line(e)})"
+                        continue
+                for p, _ in hit:
+                    suspects.add(point_key(p))
+                    queued.append(p)
         finished = True
     finally:
         if client is not None:
@@ -412,12 +468,29 @@ def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interr
             _stop_now(ex)
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else "killed"
+
+
+def _local_pool(workers: int) -> cf.ProcessPoolExecutor:
+    # spawned, not forked: a forked worker would inherit (and so hold) the sweep's lock
+    return cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_worker_init, initargs=(os.getpid(),))
+
+
+def _renew(ex: cf.ProcessPoolExecutor, workers: int) -> cf.ProcessPoolExecutor:
+    """A broken local pool's replacement (its surviving workers are killed)."""
+    _stop_now(ex)
+    return _local_pool(workers)
+
+
 @dataclass
 class SweepReport:
     points: int
     skipped: int
     ran: int
     table: pd.DataFrame
+    lost: list[tuple[dict, str]] = dataclasses.field(default_factory=list)  # (point, why): not in the table
 
     def failed(self, points: list[dict] | None = None) -> pd.DataFrame:
         """The table's failed rows (a non-null `error`), of `points` only if given."""
@@ -445,21 +518,36 @@ def sweep(points: list[dict], out: str | Path, workers: int = 1, dask: str | Non
                 seen.add(k)
                 todo.append(c)
         new: list[dict] = []
+        lost: list[tuple[dict, str]] = []
         fn = functools.partial(run_point, save_kv=save_kv)
         with tqdm(total=len(todo), desc="sweep", unit="pt", disable=not progress, leave=False) as bar:
-            for row, kv in _completed(todo, fn, workers, dask):
+            for p, res, why in _completed(todo, fn, workers, dask):
+                bar.update(1)
+                if res is None:
+                    lost.append((p, why))
+                    continue
+                row, kv = res
                 if kv is not None:  # before its row: a row in the table always has its samples
-                    atomic_write(out / "kv" / f"{row['key']}.parquet", lambda t, kv=kv: kv.to_parquet(t, index=False))
+                    _write(out, f"kv/{row['key']}.parquet", lambda t, kv=kv: kv.to_parquet(t, index=False), len(table))
                 new.append(row)
                 table = _append(out, table, new[-1:])
-                bar.update(1)
-    return SweepReport(points=len(points), skipped=len(points) - len(todo), ran=len(new), table=table)
+    return SweepReport(points=len(points), skipped=len(points) - len(todo), ran=len(new), table=table, lost=lost)
+
+
+def _write(out: Path, name: str, write, kept: int) -> None:
+    """atomic_write of DIR/name, a failure (a full disk) as one line: the file is as it
+    was before, never half written."""
+    try:
+        atomic_write(out / name, write)
+    except OSError as e:
+        raise InputError(f"cannot write {str(out / name)!r} ({e.strerror or e}); {out / RESULTS} keeps the "
+                         f"{kept} points written before; make room and run the same sweep again to resume") from None
 
 
 def _append(out: Path, table: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
     add = pd.DataFrame(rows)
-    table = add if table.empty else pd.concat([table, add], ignore_index=True)
-    axes = [c for c in axis_columns() if c in table]
-    table = table[["key", *axes, *(c for c in table if c != "key" and c not in axes)]]  # axes first, for reading
-    atomic_write(out / RESULTS, lambda t: table.to_parquet(t, index=False))
-    return table
+    new = add if table.empty else pd.concat([table, add], ignore_index=True)
+    axes = [c for c in axis_columns() if c in new]
+    new = new[["key", *axes, *(c for c in new if c != "key" and c not in axes)]]  # axes first, for reading
+    _write(out, RESULTS, lambda t: new.to_parquet(t, index=False), len(table))
+    return new

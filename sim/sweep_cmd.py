@@ -95,6 +95,11 @@ def run_sweep(args) -> int:
     note = sweep_pressure_note(rep.table, points)
     if note:
         print(note)
+    if rep.lost:  # not in the table: the same command runs them again
+        print(f"error: {len(rep.lost)} points lost with their worker processes and not stored (the first, "
+              f"{point_key(canonical(rep.lost[0][0]))}: {rep.lost[0][1]}); run the same sweep again to retry them",
+              file=sys.stderr)
+        return 1
     return 0
 
 
