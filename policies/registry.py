@@ -53,12 +53,14 @@ def _bounds(v: str) -> str:
 # Ranges of policy parameters, by name (a name means the same in every policy that has
 # it); the types come from the constructors' annotations. Every numeric parameter
 # must be listed (tests/test_issue17.py checks), so none is accepted unchecked.
+# ThunderAgent's `interval` >= 1 ms: rounds of 1e-9 s took the run 10^9 rounds a second
+# of simulated time, a run that never ended (issue 36).
 RANGES: dict[str, object] = {
     "K": Field(ge=0), "T_window": Field(ge=1), "T_init": Field(ge=0), "cold_tool_mean": Field(gt=0),
     "eta_min_programs": Field(ge=0), "max_ttl": Field(ge=0), "epsilon": Field(ge=0),
     "threshold": Field(ge=0), "pin_seconds": Field(ge=0), "beta": Field(ge=0),
     "S": Field(ge=1), "a_ms": Field(ge=0), "c_ms": Field(ge=0), "swap_budget_blocks": Field(ge=-1),
-    "interval": Field(gt=0), "acting_weight": Field(ge=0), "reserve_tokens": Field(ge=0),
+    "interval": Field(ge=0.001), "acting_weight": Field(ge=0), "reserve_tokens": Field(ge=0),
     "force_resume_s": Field(ge=0),
     "fast_ttl": Field(ge=0), "quantile": Field(gt=0, lt=1), "min_samples": Field(ge=1),
     "prior_median_s": Field(gt=0), "prior_kappa": Field(gt=0), "prior_alpha": Field(gt=0), "prior_beta": Field(gt=0),

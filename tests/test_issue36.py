@@ -162,3 +162,11 @@ def test_plan_marks_a_failed_candidate_and_goes_on(monkeypatch, tmp_path):
     assert t.loc["continuum-static", "error"].startswith("1 replicas: no progress (")
     assert t.loc["vllm", "status"] == "met"
     assert "failed: rank 2: 1 replicas: no progress" in (tmp_path / "p" / "plan.md").read_text()
+
+
+def test_a_proxy_interval_too_small_to_finish_is_refused(capsys):
+    # rounds of 1e-9 s: 10^9 rounds per simulated second, a run that never ended
+    rc = main(["run", "--trace", "swebench", "--programs", "3", "--policy", "thunderagent", "--policy-arg", "interval=1e-9",
+               "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "interval" in err[0] and "0.001" in err[0], err
