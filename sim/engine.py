@@ -332,6 +332,8 @@ class Engine:
             return False  # the policy may drop pins at any step
         if not self.sched.waiting:
             return True
+        if self.sched.preempted_now:
+            return False  # the step admitted nothing because it preempted: the next one may
         return not self.policy.order_depends_on_time and not self.sched.pins
 
     def _stretch(self, scheduled, dt0: float, now: float, sum_qk: float, sum_k: float, sum_qc: float) -> list[float]:

@@ -51,6 +51,7 @@ class Scheduler:
         self.view = None  # EngineView, set by the engine
         self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
         self._custom_victim = type(policy).preemption_victim is not Policy.preemption_victim
+        self.preempted_now = False  # the last step preempted (it admitted nothing then)
 
     # --- pins -----------------------------------------------------------------------
     def pin(self, pid: str, blocks: list[int], now: float) -> None:
@@ -133,7 +134,7 @@ class Scheduler:
             self.running = [call_of[id(r)] for r in reversed(order)]
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Call, int]] = []
-        preempted = False
+        preempted = self.preempted_now = False
         i = 0
         while i < len(self.running) and budget > 0:
             call = self.running[i]
@@ -144,7 +145,7 @@ class Scheduler:
                 chosen = policy.preemption_victim([c.req for c in candidates], self.view)
                 victim = next(c for c in candidates if c.req is chosen)
                 self._preempt(victim)
-                preempted = True
+                preempted = self.preempted_now = True
                 if victim is call:
                     break
             else:
