@@ -7,7 +7,7 @@ from functools import cached_property
 import numpy as np
 import simpy
 
-from agentsim.errors import SimulationError
+from agentsim.errors import InputError, SimulationError
 from policies.base import Policy
 from policies.pins import pin_counts
 from sim.cluster import Cluster
@@ -17,6 +17,8 @@ from sim.metrics import Recorder, kv_table, program_table, summarize, turn_colum
 from sim.profile import Profile
 from sim.scheduler import EngineConfig
 from sim.workload import Workload, poisson_arrivals
+
+SECONDS_MAX = 1e10  # traces/schema.py's bound on a trace's times (not imported: it needs pyarrow)
 
 
 class Result:
@@ -58,7 +60,11 @@ def arrivals_for(trace, jps: float | None, seed: int) -> np.ndarray:
     if jps is None and "arrival_s" in trace:
         a = np.asarray(trace["arrival_s"], dtype=float)[first]
         return a - a.min()
-    return poisson_arrivals(len(first), 0.2 if jps is None else jps, seed)
+    a = poisson_arrivals(len(first), 0.2 if jps is None else jps, seed)
+    if len(a) and not a[-1] <= SECONDS_MAX:  # past it the float clock stops moving by a step's time
+        raise InputError(f"--jps {jps:g} puts the last of {len(a)} programs at t={a[-1]:.3g} s, beyond {SECONDS_MAX:.0e} s "
+                         f"(a float clock there cannot move by a step's time); give a larger --jps")
+    return a
 
 
 def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,

@@ -170,3 +170,10 @@ def test_a_proxy_interval_too_small_to_finish_is_refused(capsys):
                "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "interval" in err[0] and "0.001" in err[0], err
+
+
+def test_a_load_that_puts_arrivals_past_the_clocks_resolution_is_refused(capsys):
+    # --jps 1e-300: arrivals near 1e300 s, where a step's time no longer moves the clock
+    rc = main(["run", "--trace", "swebench", "--programs", "3", "--jps", "1e-300", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "give a larger --jps" in err[0], err
