@@ -141,3 +141,22 @@ def test_full_disk_keeps_the_table_whole_and_the_sweep_resumes(tmp_path, monkeyp
     assert "4 points: 2 already in" in capsys.readouterr().out
     t = sw.load_results(tmp_path)
     assert len(t) == 4 and t["key"].is_unique
+
+
+def test_cli_names_a_lost_point_and_exits_1(tmp_path, monkeypatch, capsys):
+    real = sw._completed
+
+    def losing(todo, fn, workers, dask):  # the second point's worker died every time
+        for i, (p, res, why) in enumerate(real(todo, fn, workers, dask)):
+            yield (p, None, "its worker died 3 times running it alone (BrokenProcessPool: killed)") if i == 1 else (p, res, why)
+
+    monkeypatch.setattr(sw, "_completed", losing)
+    argv = ["sweep", "--out", str(tmp_path), "--axis", "trace=swebench", "--axis", "programs=3", "--axis", "seed=0,1,2",
+            "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: 1 points lost with their worker processes and not stored"), err
+    assert len(sw.load_results(tmp_path)) == 2
+    monkeypatch.setattr(sw, "_completed", real)
+    assert main(argv) == 0  # the same command runs the lost point
+    assert "3 points: 2 already in" in capsys.readouterr().out
