@@ -135,6 +135,7 @@ def compare(pair: dict) -> dict:
         "steps": (sa["steps"], sb["steps"]),
         "preemptions": (sa["preemptions"], sb["preemptions"]),
         "cached": (sa["prefill_tokens_cached"], sb["prefill_tokens_cached"]),
+        "peak_kv_usage": (sa["peak_kv_usage"], sb["peak_kv_usage"]),
         "pins": {k: (sa[k], sb[k]) for k in PIN_KEYS},
         "speed": (sa["makespan_s"] / a["wall_s"], sb["makespan_s"] / b["wall_s"]),
         "first_difference": pair.get("first_difference"),

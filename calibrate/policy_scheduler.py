@@ -182,9 +182,13 @@ class PolicyScheduler(Scheduler):
         return self.profile.linear_step()
 
     def running_tokens(self) -> tuple[int, int]:
-        """(tokens the running requests put in a step, KV tokens they hold)."""
+        """(tokens the running requests put in a step, KV tokens they hold: their blocks x
+        block size, as the simulator counts them, so that a request admitted earlier in
+        this step, whose tokens are not computed yet, counts as running (InferCept's
+        "nothing running" rule; the twin check found the two engines disagreeing there))."""
+        ids = self.kv_cache_manager.get_block_ids
         return (sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running),
-                sum(r.num_computed_tokens for r in self.running))
+                sum(len(ids(r.request_id)[0]) for r in self.running) * self.block_size)
 
     def prefill_reload_time(self, tokens: int) -> float:
         return self.profile.prefill_time(tokens)

@@ -214,7 +214,7 @@ class _SchedView:
     @property
     def waiting(self) -> list:
         core = self.r.core
-        return list(core.waiting) + list(core.kv_holding_waiting) + self.r._arrivals
+        return list(core.waiting) + list(core.kv_holding_waiting)  # not calls still to be added (as Engine)
 
     @property
     def running(self) -> list:
