@@ -43,6 +43,17 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Make a Policy subclass available by its `name` (`--policy`, `policy.name`), its
+    constructor's parameters checked as the bundled ones' (numeric ones need a RANGES
+    entry); usable as a class decorator (docs/extending.md)."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy)) or not isinstance(cls.name, str) or cls.name == Policy.name:
+        raise TypeError("register_policy takes a Policy subclass with its own `name`")
+    POLICIES[cls.name] = cls
+    params_model.cache_clear()
+    return cls
+
+
 def _bounds(v: str) -> str:
     b = [float(x) for x in v.split(",")]  # a ValueError here is reported as the field's problem
     if not all(0 <= x < float("inf") for x in b) or b != sorted(b):

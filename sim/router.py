@@ -154,9 +154,20 @@ class CacheAware(Router):
                 self.trees[i] = dict.fromkeys(list(t)[len(t) - keep:])
 
 
+_CLASSES: dict[str, type[Router]] = {c.name: c for c in (RoundRobin, LeastLoaded, Session, Prefix, CacheAware)}
+
+
+def register_router(cls: type[Router]) -> type[Router]:
+    """Make a Router subclass available by its `name` (`cluster.router` in a run's config);
+    usable as a class decorator (docs/extending.md)."""
+    if not (isinstance(cls, type) and issubclass(cls, Router)) or not isinstance(cls.name, str) or cls.name == Router.name:
+        raise TypeError("register_router takes a Router subclass with its own `name`")
+    _CLASSES[cls.name.replace("-", "_")] = cls
+    return cls
+
+
 def make_router(name: str | None) -> Router:
     name = "round_robin" if name is None else str(name).replace("-", "_")
-    classes = {c.name: c for c in (RoundRobin, LeastLoaded, Session, Prefix, CacheAware)}
-    if name not in classes:
-        raise InputError(f"--router {name!r} is not a router; choose one of {', '.join(ROUTERS)}")
-    return classes[name]()
+    if name not in _CLASSES:
+        raise InputError(f"--router {name!r} is not a router; choose one of {', '.join(_CLASSES)}")
+    return _CLASSES[name]()
