@@ -3,7 +3,7 @@
 
     python benchmarks/twin_check.py [--trace swebench] [--programs 100] [--jps 0.5]
         [--num-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
-        [--write-docs] [--json OUT]
+        [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
 
 Any difference between the two engines is a scheduling-semantics difference (admission,
 chunking, preemption, prefix hits, eviction, pins), free of timing noise. Per policy:
@@ -13,7 +13,8 @@ mechanism (admission, chunk size, preemption, prefix hit, step time). Targets (i
 mean JCT within 1%, per-program MAPE within 3%, pin outcomes and preemptions within 2%,
 the same policy ranking. Also each engine's speed (simulated s per wall s, whole run).
 
---write-docs writes the table into docs/validation.md between the twin-check markers.
+--write-docs writes the table into docs/validation.md between the markers
+`<!-- twin-check:SECTION:begin -->` and `... :end -->` (--doc-section, default ci).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "validation.md"
-BEGIN, END = "<!-- twin-check:begin -->", "<!-- twin-check:end -->"
+MARK = "<!-- twin-check:{}:{} -->"  # a table's markers in the doc: MARK.format(section, "begin"/"end")
 PIN_KEYS = ("pins_hit", "pins_expired", "pins_victim")
 TARGETS = {"mean_jct": 0.01, "mape": 0.03, "pins": 0.02, "preemptions": 0.02}
 
@@ -176,13 +177,14 @@ def table(spec_line: str, rows: dict) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str) -> None:
+def write_docs(text: str, section: str) -> None:
     doc = DOC.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{DOC} has no {BEGIN} ... {END} markers")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    begin, end = MARK.format(section, "begin"), MARK.format(section, "end")
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{DOC} has no {begin} ... {end} markers")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    DOC.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 def main(argv=None) -> int:
@@ -197,6 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-log", action="store_true", help="skip the schedule logs (no first differing step; SimPy with stretches)")
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--doc-section", default="ci", help="with --write-docs: which table of docs/validation.md (its markers' name)")
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)
     spec = {"workload": {"trace": args.trace, "programs": args.programs, "jps": args.jps, "seed": args.seed},
@@ -209,19 +212,20 @@ def main(argv=None) -> int:
             rows[pol]["speed"] = compare(run_pair(spec, pol, log=False))["speed"]
         rows[pol]["speed_measured"] = args.speed or args.no_log
         r = rows[pol]
+        if args.json:  # after every policy: a capped long run keeps what it finished
+            Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
         print(f"{pol}: mean JCT {r['mean_jct'][0]:.3f} / {r['mean_jct'][1]:.3f} s ({100 * r['mean_jct'][2]:+.2f}%), "
               f"MAPE {100 * r['mape']:.2f}%, steps {r['steps']}, preemptions {r['preemptions']}, cached {r['cached']}, "
               f"pins {r['pins']}, speed {r['speed'][0]:.0f} / {r['speed'][1]:.0f} sim s per wall s, "
               f"first difference {r['first_difference']}, targets {r['targets']}", flush=True)
     spec_line = (f"`python benchmarks/twin_check.py --trace {args.trace} --programs {args.programs} --jps {args.jps} "
                  f"--num-blocks {args.num_blocks} --policies {args.policies} --seed {args.seed}"
-                 + (f" --profile {args.profile}" if args.profile else "") + "`")
+                 + (f" --profile {args.profile}" if args.profile else "") + (" --no-log" if args.no_log else "")
+                 + (" --speed" if args.speed else "") + "`")
     text = table(spec_line, rows)
     print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     if args.write_docs:
-        write_docs(text)
+        write_docs(text, args.doc_section)
     return 0
 
 
