@@ -66,7 +66,7 @@ def test_the_results_page_marks_each_table_of_the_script(pt):
     and every table the script printed into the page is marked."""
     text = RESULTS.read_text()
     blocks = re.findall(r"^<!-- policy_table: (.*?) -->\n\n(.*?)\n\n<!-- end policy_table -->$", text, re.S | re.M)
-    assert len(blocks) == 5 and len(blocks) == len(re.findall(r"^<!-- end policy_table -->$", text, re.M))
+    assert len(blocks) == 3 and len(blocks) == len(re.findall(r"^<!-- end policy_table -->$", text, re.M))
     for key, body in blocks:
         a = dict(re.findall(r"--([\w-]+) (\S+)", key))
         trace, blocks_, profile = a["trace"], a["num-blocks"], a["profile"]
