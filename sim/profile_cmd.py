@@ -1,6 +1,6 @@
 """`sim profile`: hardware profiles without a run on the hardware.
 
-  sim profile roofline --gpu H100 --model llama3.1-8b [--tp N] [--out FILE]
+  sim profile roofline --gpu H100 --model llama3.1-8b [--tp N | --ep N] [--out FILE]
   sim profile fit-roofline [--measurements FILE]   (refits sim/specs/roofline_fit.json)
   sim profile check PROFILE [--probes FILE ...] [--aiconfigurator] [--json FILE]
 """
@@ -27,6 +27,8 @@ def register(sub) -> None:
     r.add_argument("--gpu", required=True, help=f"one of {gpus}")
     r.add_argument("--model", required=True, help=f"one of {models}")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1-8, dividing the attention heads)")
+    r.add_argument("--ep", type=int, default=1,
+                   help="MoE models: expert-parallel GPUs (1-8, dividing the experts; attention data-parallel), instead of --tp")
     r.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     r.add_argument("--max-model-len", type=int, default=None,
                    help="default: the model's, capped to what the KV cache holds")
@@ -69,7 +71,8 @@ def _source(path: str) -> str:
 
 
 def run_roofline(args) -> int:
-    profile, notes = roofline.roofline_profile(args.gpu, args.model, args.tp, args.gpu_memory_utilization, args.max_model_len)
+    profile, notes = roofline.roofline_profile(args.gpu, args.model, args.tp, args.gpu_memory_utilization, args.max_model_len,
+                                             ep=args.ep)
     text = json.dumps(profile, indent=1) + "\n"
     report = sys.stdout if args.out else sys.stderr  # keep stdout pure JSON when it carries the profile
     if args.out:
@@ -80,7 +83,7 @@ def run_roofline(args) -> int:
     for n in notes:
         print(f"note: {n}", file=report)
     own = profile["model"]["name"].startswith("meta-llama/Llama-3.1-8B") and profile["device"].startswith("NVIDIA H100") \
-        and args.tp == 1
+        and args.tp == 1 and args.ep == 1
     if not Path(args.measurements).exists():
         fit = roofline.load_fit()
         print(f"H100 measurement not available ({args.measurements}); the committed fit of {fit['date']} "
