@@ -152,6 +152,10 @@ class Engine:
             if len(self._dts) > 1:
                 self._cut_stretch()
             return
+        # between steps (idle, or blocked): pins that ran out meanwhile expire before the
+        # call reaches the scheduler, as at a step's end (the adapter does so at
+        # add_request); else an idle replica kept an expired pin for its next call (a hit)
+        self.sched.expire_pins(self.env.now)
         self._deliver(call)
 
     def _deliver(self, call: Call) -> None:
