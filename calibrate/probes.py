@@ -26,6 +26,7 @@ import numpy as np
 
 from calibrate.engine import generate
 from calibrate.fit import FEATURES
+from sim.profile import step_features
 
 
 REPEATS = 5  # a probe's runs, interleaved with the other probes'
@@ -64,9 +65,8 @@ class Probe:
 
 def _step_row(seqs: list[tuple[int, int]]) -> np.ndarray:
     """One engine step: (q, k) per scheduled sequence -> the step model's features."""
-    q = np.array([s[0] for s in seqs], float)
-    k = np.array([s[1] for s in seqs], float)
-    return np.array([1.0, q.sum(), (q * k).sum(), len(seqs), k.sum(), (q * (k - q)).sum()])
+    tokens, n, sum_qk, sum_k, sum_qc = step_features(seqs)
+    return np.array([1.0, tokens, sum_qk, n, sum_k, sum_qc], float)
 
 
 DECODE_SUFFIX = 16  # distinct tokens after the shared prefix of a decode probe

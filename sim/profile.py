@@ -52,6 +52,21 @@ BUNDLED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofline stays as llama3.1-8b-a100-80gb
 
 
+def step_features(chunks) -> tuple[int, int, float, float, float]:
+    """One step's (q, k) chunks (q new tokens attending over k, k counting the chunk) ->
+    the step model's inputs (tokens, seqs, sum q*k, sum k, sum q*(k-q)): the one place
+    the features are defined; every engine and every probe prices a step through it."""
+    tokens = seqs = 0
+    sum_qk = sum_k = sum_qc = 0.0
+    for q, k in chunks:
+        tokens += q
+        seqs += 1
+        sum_qk += q * k
+        sum_k += k
+        sum_qc += q * (k - q)
+    return tokens, seqs, sum_qk, sum_k, sum_qc
+
+
 @dataclass(frozen=True)
 class StepModel:
     """The step-time formula above, its coefficients named as in the profile's step_time."""

@@ -71,9 +71,9 @@ class Probe:
 
     def features(self) -> tuple[int, int, float, float, float]:
         """(tokens, seqs, sum q*k, sum k, sum q*(k-q)): Profile.step_time's arguments."""
-        ch = self.chunks()
-        return (sum(q for q, _ in ch), len(ch), float(sum(q * k for q, k in ch)), float(sum(k for _, k in ch)),
-                float(sum(q * (k - q) for q, k in ch)))
+        from sim.profile import step_features
+
+        return step_features(self.chunks())
 
     def label(self) -> str:
         pre = f"n={self.n}" + (f" k={self.k}" if self.k else "")
