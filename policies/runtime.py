@@ -1,0 +1,31 @@
+"""The rules both engines apply around a policy, written once: the SimPy replica
+(sim/scheduler.py) and the vLLM adapter (calibrate/policy_scheduler.py) supply their
+block operations and call these for the decisions. Stdlib only: it runs inside vLLM.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+
+from policies.base import EngineView, Policy
+
+
+def no_deadlock_victims(policy: Policy, view: EngineView, pins: Container[str], head: str | None, short: int,
+                        running: bool, releasable: Callable[[], int]) -> list[str]:
+    """Continuum's no-deadlock rule: the programs whose pins to drop so that the waiting
+    queue's head (program `head`, `short` blocks short) can be allocated.
+
+    While calls run no deadlock is possible (they free memory when they finish): a policy
+    with `unpin_while_running` False (Continuum's family, as the authors' fork) then keeps
+    its pins; otherwise pins are dropped only if dropping every other pin would let the
+    head in (`releasable()`: the blocks that would free), else they would be lost for
+    nothing. With nothing running and no other pin to drop, the head's own pin goes last:
+    a pinned block it cannot hit (its partly written last block, or one past what fits
+    beside the rest) keeps it out, and nothing else can free memory; its blocks stay
+    prefix-cached, so the head still hits them."""
+    if running:
+        if not policy.unpin_while_running or releasable() < short:
+            return []
+    victims = policy.unpin_victims(short, view, exclude=head)
+    if not victims and not running and head in pins:
+        victims = [head]
+    return victims
