@@ -163,7 +163,7 @@ def table(spec_line: str, rows: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
         fd = r["first_difference"]
-        first = "none" if fd is None else f"step {fd['step']}" + (f" (t = {fd['t']:.2f} s)" if fd.get("t") is not None else "") + f": {fd['mechanism']}"
+        first = "not searched (--no-log)" if not r.get("logged", True) else "none" if fd is None else f"step {fd['step']}" + (f" (t = {fd['t']:.2f} s)" if fd.get("t") is not None else "") + f": {fd['mechanism']}"
         pins = " / ".join(f"{r['pins'][k][0]}:{r['pins'][k][1]}" for k in PIN_KEYS)
         lines.append(f"| {p} | {r['mean_jct'][0]:.2f} / {r['mean_jct'][1]:.2f} | {100 * r['mean_jct'][2]:+.2f}% "
                      f"| {r['p95_jct'][0]:.2f} / {r['p95_jct'][1]:.2f} | {100 * r['mape']:.2f}% "
@@ -200,17 +200,26 @@ def main(argv=None) -> int:
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--doc-section", default="ci", help="with --write-docs: which table of docs/validation.md (its markers' name)")
-    ap.add_argument("--json", default=None, help="write the rows as JSON here")
+    ap.add_argument("--json", default=None, help="write the rows as JSON here (after every policy)")
+    ap.add_argument("--from-json", default=None, metavar="A.json[,B.json]",
+                    help="no runs: the table from rows an earlier run wrote with --json (merged in order); "
+                         "the other flags name the spec for its caption")
     args = ap.parse_args(argv)
     spec = {"workload": {"trace": args.trace, "programs": args.programs, "jps": args.jps, "seed": args.seed},
             "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {})}}
     rows = {}
-    for pol in [p for p in args.policies.split(",") if p]:
+    if args.from_json:
+        for f in args.from_json.split(","):
+            rows.update(json.loads(Path(f).read_text()))
+        for r in rows.values():
+            r.setdefault("logged", not args.no_log)
+    for pol in [] if args.from_json else [p for p in args.policies.split(",") if p]:
         pair = run_pair(spec, pol, log=not args.no_log)
         rows[pol] = compare(pair)
         if args.speed and not args.no_log:
             rows[pol]["speed"] = compare(run_pair(spec, pol, log=False))["speed"]
         rows[pol]["speed_measured"] = args.speed or args.no_log
+        rows[pol]["logged"] = not args.no_log
         r = rows[pol]
         if args.json:  # after every policy: a capped long run keeps what it finished
             Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
