@@ -150,12 +150,15 @@ def one_run(policy: str | None, programs: int, output_tokens: int = 8, split: bo
             gc.collect()
 
 
-def _core_parts():
+def _core_parts(**limits):
     """A started engine's scheduler inputs, to build fresh schedulers from without a model:
-    (Scheduler's constructor arguments, the engine's block hasher, the engine to keep alive)."""
+    (Scheduler's constructor arguments, the engine's block hasher, the engine to keep alive).
+    `limits`: start_engine's engine limits, in place of this benchmark's small ones
+    (benchmarks/vllm_host_time.py starts one with a GPU's)."""
     from calibrate.engine import start_engine
 
-    llm = start_engine(device="cpu", num_gpu_blocks=600, max_model_len=2048, max_num_seqs=8, seed=0)
+    limits = {"num_gpu_blocks": 600, "max_model_len": 2048, "max_num_seqs": 8, **limits}
+    llm = start_engine(device="cpu", seed=0, **limits)
     core = llm.llm_engine.engine_core.engine_core
     sched = core.scheduler
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
