@@ -22,8 +22,11 @@ FORMATS = {
     "mini-swe-agent": "mini_swe_agent",
     "openai-chat": "openai_chat",
     "continuum-timestamps": "continuum_timestamps",
+    "mooncake": "mooncake",
+    "mooncake-agentic": "mooncake_agentic",
 }
-DEFAULTS = {"subagents": "drop", "tokenizer": None, "chars_per_token": 4.0, "estimate_tokens": False, "output_tokens": None}
+DEFAULTS = {"subagents": "drop", "tokenizer": None, "chars_per_token": 4.0, "estimate_tokens": False, "output_tokens": None,
+            "block_size": None}
 
 
 def import_trace(fmt: str, paths, **opts) -> tuple[pd.DataFrame, dict]:
@@ -42,6 +45,9 @@ def import_trace(fmt: str, paths, **opts) -> tuple[pd.DataFrame, dict]:
         raise InputError(f"--chars-per-token {cpt!r} must be a number > 0; e.g. 4.0")
     if opts["output_tokens"] is not None and not (isinstance(opts["output_tokens"], int) and opts["output_tokens"] >= 1):
         raise InputError(f"--output-tokens {opts['output_tokens']!r} must be a whole number >= 1")
+    bs = opts["block_size"]
+    if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or not 1 <= bs <= 1 << 20):
+        raise InputError(f"--block-size {bs!r} must be a whole number of tokens in [1, 1048576]; e.g. 512")
     mod = importlib.import_module(f"traces.importers.{FORMATS[fmt]}")
     files = find_files([paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else paths, mod.PATTERNS, fmt)
     notes = Notes()
@@ -92,13 +98,15 @@ def register(tsub) -> None:
     p.add_argument("--chars-per-token", type=float, default=4.0, help="characters per token for estimates (default 4.0)")
     p.add_argument("--estimate-tokens", action="store_true", help="replace logged output token counts by characters / --chars-per-token (for placeholder counts)")
     p.add_argument("--output-tokens", type=int, default=None, help="continuum-timestamps: output tokens per call (the recorder does not log them)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="mooncake, mooncake-agentic: tokens per hash id (default 512, the FAST'25 traces; Dynamo prints its trace_block_size)")
     p.set_defaults(func=_cmd)
 
 
 def _cmd(args) -> int:
     df, meta = import_trace(args.format, args.files, subagents=args.subagents, tokenizer=args.tokenizer,
                             chars_per_token=args.chars_per_token, estimate_tokens=args.estimate_tokens,
-                            output_tokens=args.output_tokens)
+                            output_tokens=args.output_tokens, block_size=args.block_size)
     write_trace(df, args.out, meta)
     line = f"wrote {args.out}: {df['program_id'].nunique()} programs, {len(df)} calls"
     print(line + "".join(f"; warning: {w}" for w in meta["warnings"]))
