@@ -510,7 +510,9 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "c5": "= c2: new tokens attend all cached keys (no causal half)",
         "engine": "vLLM 0.32 start-up arithmetic (sim/roofline.py engine_limits, calibrate/vllm_limits.py; see engine.computed)",
         "kv_bytes_per_block": ("per GPU (each tensor-parallel rank holds and moves its own KV heads)" if layout == "tp"
-                               else "all KV heads of a block (a sequence's blocks live on the GPU that serves it)")
+                               else "all KV heads of a block (a sequence's blocks live on the GPU that serves it; offload "
+                                    "and disaggregation transfers are priced on one GPU's link, though the N GPUs' links "
+                                    "would move different sequences' blocks in parallel)")
                               + (f"; KV {'FP8, 1 B' if kvb == 1 else 'bf16, 2 B'} per element"),
         "pcie": f"{host['kind']} {host['GBps_per_direction']} GB/s per direction x eff_pcie {eff['eff_pcie']:.3f} "
                 f"(fitted on the H100's pinned copies), latency {eff['pcie_latency_s'] * 1e6:.1f} us; not measured on this GPU",
