@@ -170,10 +170,10 @@ def table(spec_line: str, rows: dict) -> str:
                      f"| {r['steps'][0]} / {r['steps'][1]} | {r['preemptions'][0]} / {r['preemptions'][1]} "
                      f"| {r['cached'][0]} / {r['cached'][1]} | {pins} | {first} |")
     same = ranking(rows, 0) == ranking(rows, 1)
+    speeds = "; ".join(f"{p} SimPy {r['speed'][0]:.0f}, vLLM {r['speed'][1]:.0f}" for p, r in rows.items() if r.get("speed_measured"))
     lines += ["", f"Ranking by mean JCT: SimPy {' < '.join(ranking(rows, 0))}; vLLM {' < '.join(ranking(rows, 1))} "
-                  f"({'the same' if same else 'DIFFERENT'}). Pins as SimPy:vLLM. Speed (simulated s per wall s, whole run "
-                  "with the schedule logs off): " + "; ".join(f"{p} SimPy {r['speed'][0]:.0f}, vLLM {r['speed'][1]:.0f}"
-                                                               for p, r in rows.items() if r.get("speed_measured")) + "."]
+                  f"({'the same' if same else 'DIFFERENT'}). Pins as SimPy:vLLM."
+                  + (f" Speed (simulated s per wall s, whole run with the schedule logs off): {speeds}." if speeds else "")]
     return "\n".join(lines)
 
 

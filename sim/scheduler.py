@@ -52,6 +52,11 @@ class Scheduler:
         self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
         self._custom_victim = type(policy).preemption_victim is not Policy.preemption_victim
         self.preempted_now = False  # the last step preempted (it admitted nothing then)
+        # vLLM's allocate_slots caches the full blocks of the tokens it schedules at once, so
+        # a call admitted later in the same step hits a prefix another call is computing in
+        # it (kv_cache_manager.py: cache_blocks(request, computed + new)); the radix model
+        # keeps SGLang's insert at the chunk's end (complete)
+        self._key_at_schedule = cfg.cache != "radix"
 
     # --- pins -----------------------------------------------------------------------
     def pin(self, pid: str, blocks: list[int], now: float) -> None:
@@ -96,6 +101,15 @@ class Scheduler:
         # At least one prompt token must be computed, as in vLLM (max hit = num_tokens - 1).
         n = (call.num_tokens - 1) // self.cfg.block_size
         return self.pool.lookup(call.content.prefix(n), call.content)
+
+    def _key_blocks(self, call: Call, upto: int) -> None:
+        """Register the call's full blocks up to token `upto` in the prefix cache."""
+        full = min(upto, call.num_tokens) // self.cfg.block_size
+        if full > call.num_keyed:
+            call.block_key(full - 1)  # computes the program's keys up to there
+            parent = call.content.keys[call.num_keyed - 1] if call.num_keyed else None
+            self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full], parent)
+            call.num_keyed = full
 
     def _free_call(self, call: Call) -> None:
         self.pool.free(call.blocks)
@@ -150,6 +164,8 @@ class Scheduler:
                     break
             else:
                 scheduled.append((call, num_new))
+                if self._key_at_schedule:
+                    self._key_blocks(call, call.num_computed + num_new)
                 budget -= num_new
                 i += 1
 
@@ -180,6 +196,8 @@ class Scheduler:
                 hits.append(call.req.program_id)
                 self.running.append(call)
                 scheduled.append((call, num_new))
+                if self._key_at_schedule:
+                    self._key_blocks(call, call.num_computed + num_new)
                 budget -= num_new
             # vLLM with the policy adapter releases a consumed pin once its scheduler has
             # built the step (calibrate/policy_scheduler.py schedule): blocks the pin held
