@@ -360,7 +360,17 @@ class VllmReplica:
     def _loop(self):
         env, core, profile = self.env, self.core, self.profile
         empty = self._MRO(req_ids=[], req_id_to_index={})
+        spin_t, spins = -1.0, 0  # a watchdog, as Engine's: passes at one simulated instant
         while True:
+            if env.now != spin_t:
+                spin_t, spins = env.now, 0
+            else:
+                spins += 1
+                if spins >= 100_000:
+                    from agentsim.errors import SimulationError
+
+                    raise SimulationError(f"no progress at t={env.now:.3f} ({spins} scheduler passes without the "
+                                          f"simulated clock advancing): {self.state()}")
             for pid, reason in self._deferred:
                 core._release_pin(pid, env.now, reason)
             self._deferred.clear()
