@@ -38,7 +38,7 @@ from tqdm import tqdm
 from policies.registry import policy_params
 from sim import roofline
 from sim.cpu_tier import parse_offload
-from sim.router import ROUTERS
+from sim.router import ROUTERS, make_router
 from sim.sweep import RESULTS, build_run, point_key, sweep
 from agentsim.errors import InputError
 from agentsim.files import atomic_write, check_output
@@ -176,9 +176,7 @@ def candidates(gpus, models, tps, policies, offloads, routers, prices: dict[str,
     offs = list(dict.fromkeys(None if not parse_offload(o) else str(o).strip() for o in offloads)) or [None]
     routs = []
     for r in routers or ["round_robin"]:
-        name = str(r).strip().replace("-", "_")
-        if name not in ROUTERS:
-            raise InputError(f"--router {r!r} is not a router; choose from {', '.join(ROUTERS)}")
+        name = make_router(str(r).strip()).name  # InputError for one that is not a router
         routs.append(None if name == "round_robin" else name)  # round_robin is the sweep's default
     routs = list(dict.fromkeys(routs))
 
@@ -448,7 +446,9 @@ def register(sub) -> None:
     p.add_argument("--tp", default="1", help="comma-separated tensor-parallel sizes (default 1)")
     p.add_argument("--policy", default="vllm,continuum", help="comma-separated policies")
     p.add_argument("--offload", default="none", help="semicolon-separated offload options, e.g. 'none;cpu:200GiB'")
-    p.add_argument("--router", default="round_robin", help=f"comma-separated routers ({', '.join(ROUTERS)})")
+    p.add_argument("--router", default="round_robin,session",
+                   help=f"comma-separated routers ({', '.join(ROUTERS)}); default round_robin and session (a "
+                        "program's turns on one replica, where its prefix cache is)")
     p.add_argument("--prices", default=None, help=f"price table JSON (default sim/specs/{PRICES_FILE.name})")
     p.add_argument("--max-replicas", type=int, default=16)
     p.add_argument("--seeds", default="0", help="comma-separated arrival seeds; the metric is their mean")
