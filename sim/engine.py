@@ -334,6 +334,9 @@ class Engine:
             return False  # a prefill's last token: its first-token time is this step's end
         if self.policy.reviews_pins and self.sched.pins:
             return False  # the policy may drop pins at any step
+        sched = self.sched
+        if sched._custom_victim and len(sched.running) > 1 and sched.victim_ordered() != sched.running:
+            return False  # the next step puts the running calls in another order (ties flip), so allocates in another
         if not self.sched.waiting:
             return True
         if self.sched.preempted_now:

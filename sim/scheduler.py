@@ -58,6 +58,14 @@ class Scheduler:
         # keeps SGLang's insert at the chunk's end (complete)
         self._key_at_schedule = cfg.cache != "radix"
 
+    def victim_ordered(self) -> list[Call]:
+        """The running list in the policy's victim order, last victim first. Calls the
+        policy ties (a stable sort) keep their list order in the victim order, so the list
+        comes back reversed among them: the order of tied calls flips every step."""
+        order = self.policy.preemption_order([c.req for c in self.running], self.view)
+        call_of = {id(c.req): c for c in self.running}
+        return [call_of[id(r)] for r in reversed(order)]
+
     # --- pins -----------------------------------------------------------------------
     def pin(self, pid: str, blocks: list[int], now: float) -> None:
         self.pins.add(pid, blocks, now)
@@ -143,9 +151,7 @@ class Scheduler:
             # put in the policy's victim order before every step (last victim first), which
             # also decides which running call gets the step's budget and blocks first
             # (calibrate/policy_scheduler.py _order_running_for_victims; the twin check)
-            order = policy.preemption_order([c.req for c in self.running], self.view)
-            call_of = {id(c.req): c for c in self.running}
-            self.running = [call_of[id(r)] for r in reversed(order)]
+            self.running = self.victim_ordered()
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Call, int]] = []
         preempted = self.preempted_now = False
