@@ -17,7 +17,8 @@ cdef class BlockPool:
     cdef readonly Py_ssize_t num_blocks, block_size
     cdef readonly object ref_cnt  # numpy int64 per block: holders (calls, pins)
     cdef readonly list key  # block -> its cached key, or None
-    cdef readonly dict cached  # key -> block id, for full blocks only
+    cdef readonly dict cached  # key -> block id, for full blocks only (the copy that serves hits)
+    cdef readonly dict dups  # key -> later copies holding it, in order (sim/block_pool.py)
     cdef public long long evictions  # cached blocks whose content was dropped by reuse
     cdef public Py_ssize_t _memo_max  # owners whose last prefix hit is remembered
     cdef long long[::1] _ref
@@ -34,6 +35,7 @@ cdef class BlockPool:
         self._ref = self.ref_cnt
         self.key = [None] * n
         self.cached = {}
+        self.dups = {}
         self.evictions = 0
         self._memo_max = 4096
         self._evicted_at = np.zeros(n, np.int64)
@@ -153,7 +155,7 @@ cdef class BlockPool:
                 if not evicted:
                     evicted = True
                     self._epoch += 1
-                del self.cached[k]
+                self._uncache(b, k)
                 key[b] = None
                 self._evicted_at[b] = self._epoch
                 self.evictions += 1
@@ -162,22 +164,42 @@ cdef class BlockPool:
         self._num_free -= n
         return out
 
+    cdef void _uncache(self, Py_ssize_t b, k):
+        """Block b, holding key k, is evicted: the key passes to its next copy, if any."""
+        cdef dict cached = self.cached, dups = self.dups
+        cdef list more
+        if cached[k] == b:
+            more = dups.get(k)
+            if more:
+                cached[k] = more.pop(0)
+                if not more:
+                    del dups[k]
+            else:
+                del cached[k]
+        else:
+            more = dups[k]
+            more.remove(b)
+            if not more:
+                del dups[k]
+
     def cache(self, Py_ssize_t block, key):
-        """Mark a newly full block as holding `key` (first writer wins, as in vLLM)."""
-        if self.key[block] is None and key not in self.cached:
-            self.key[block] = key
-            self.cached[key] = block
+        """Mark a newly full block as holding `key` (a later copy of a cached key too, as
+        vLLM keeps every copy: it serves hits once the earlier copies are evicted)."""
+        self.cache_many((block,), (key,))
 
     def cache_many(self, blocks, keys, parent=None):
         """cache(b, k) for each pair in order. `parent` (the key before keys[0]) is the
         radix cache's tree edge; vLLM's pool needs none."""
         cdef Py_ssize_t b
         cdef list key = self.key
-        cdef dict cached = self.cached
+        cdef dict cached = self.cached, dups = self.dups
         for b, k in zip(blocks, keys):
-            if key[b] is None and k not in cached:
+            if key[b] is None:
                 key[b] = k
-                cached[k] = b
+                if k in cached:
+                    dups.setdefault(k, []).append(b)
+                else:
+                    cached[k] = b
 
     def free(self, blocks):
         """Drop one reference each; blocks reaching zero join the tail, last block first.
@@ -215,6 +237,8 @@ cdef class BlockPool:
         bad = np.flatnonzero((ref < 0) | ((ref == 0) != seen))
         assert not len(bad), f"block {bad[0]}: ref_cnt {ref[bad[0]]} vs free queue"
         keyed = sum(k is not None for k in self.key)
-        assert keyed == len(self.cached), "a cached key maps to a block that holds another"
+        assert keyed == len(self.cached) + sum(map(len, self.dups.values())), "a cached key maps to a block that holds another"
         for k, b in self.cached.items():  # with the count above: each keyed block's key maps back to it
             assert self.key[b] == k, f"cached key {k} -> block {b} holds {self.key[b]}"
+        for k, bs in self.dups.items():
+            assert k in self.cached and all(self.key[b] == k for b in bs), f"copies of key {k}: {bs}"

@@ -12,6 +12,11 @@ Why this shape:
 - A cache hit on a block sitting in the free queue takes it out of the queue (touch).
 - Keys are chained from content as vLLM's block hashes are (sim/content.py): equal
   keys, equal tokens up to the block's end.
+- A key computed twice (two calls prefilling the same content in different steps) is
+  held by both blocks, as vLLM 0.32's BlockHashToBlockMap keeps every copy: a hit takes
+  the earliest copy still cached, an evicted copy hands the key to the next, and a freed
+  copy holds content (it joins the tail). `cached` maps a key to the copy that serves
+  hits, `dups` to the later copies in order.
 
 Why the queue is a list of runs: a call's blocks move together (freed together, taken
 by one prefix hit, popped by one allocation), and a Python loop over each of its
@@ -69,6 +74,7 @@ class PyBlockPool:
         self.key: list[Hashable | None] = [None] * num_blocks
         self._keyed = np.zeros(num_blocks, bool)  # key[b] is not None, as an array
         self.cached: dict[Hashable, int] = {}  # key -> block id, for full blocks only
+        self.dups: dict[Hashable, list[int]] = {}  # key -> later copies holding it, in order
         self.evictions = 0  # cached blocks whose content was dropped by reuse
         # the free queue: runs [blocks, stamp of blocks[0], first unconsumed index]
         self._runs: deque[list] = deque()
@@ -213,9 +219,9 @@ class PyBlockPool:
         out = parts[0] if len(parts) == 1 else np.concatenate(parts)
         evicted = out[self._keyed[out]]
         if len(evicted):
-            key, cached = self.key, self.cached
+            key = self.key
             for b in evicted.tolist():
-                del cached[key[b]]
+                self._uncache(b, key[b])
                 key[b] = None
             self._keyed[evicted] = False
             self._epoch += 1
@@ -242,7 +248,7 @@ class PyBlockPool:
         key, keyed = self.key, self._keyed
         for b in out:
             if keyed[b]:
-                del self.cached[key[b]]
+                self._uncache(b, key[b])
                 key[b] = None
                 keyed[b] = False
                 self._epoch += 1
@@ -252,12 +258,33 @@ class PyBlockPool:
         self._num_free -= n
         return out
 
+    def _uncache(self, b: int, k: Hashable) -> None:
+        """Block b, holding key k, is evicted: the key passes to its next copy, if any."""
+        cached, dups = self.cached, self.dups
+        if cached[k] == b:
+            more = dups.get(k)
+            if more:
+                cached[k] = more.pop(0)
+                if not more:
+                    del dups[k]
+            else:
+                del cached[k]
+        else:
+            more = dups[k]
+            more.remove(b)
+            if not more:
+                del dups[k]
+
     def cache(self, block: int, key: Hashable) -> None:
-        """Mark a newly full block as holding `key` (first writer wins, as in vLLM)."""
-        if self.key[block] is None and key not in self.cached:
+        """Mark a newly full block as holding `key` (a later copy of a cached key too, as
+        vLLM keeps every copy: it serves hits once the earlier copies are evicted)."""
+        if self.key[block] is None:
             self.key[block] = key
-            self.cached[key] = block
             self._keyed[block] = True
+            if key in self.cached:
+                self.dups.setdefault(key, []).append(block)
+            else:
+                self.cached[key] = block
 
     def cache_many(self, blocks: list[int], keys: list[Hashable], parent: Hashable | None = None) -> None:
         """cache(b, k) for each pair in order; vectorised when no block or key is taken yet.
@@ -310,9 +337,12 @@ class PyBlockPool:
         keyed = np.fromiter((k is not None for k in self.key), bool, self.num_blocks)
         bad = np.flatnonzero(keyed != self._keyed)
         assert not len(bad), f"block {bad[0]}: keyed flag"
-        assert int(keyed.sum()) == len(self.cached), "a cached key maps to a block that holds another"
+        assert int(keyed.sum()) == len(self.cached) + sum(map(len, self.dups.values())), \
+            "a cached key maps to a block that holds another"
         for k, b in self.cached.items():  # with the count above: each keyed block's key maps back to it
             assert self.key[b] == k, f"cached key {k} -> block {b} holds {self.key[b]}"
+        for k, bs in self.dups.items():
+            assert k in self.cached and all(self.key[b] == k for b in bs), f"copies of key {k}: {bs}"
 
 
 try:

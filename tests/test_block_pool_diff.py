@@ -23,7 +23,9 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
 
 
 class ReferencePool:
-    """sim/block_pool.py as of commit eff1eb4: one OrderedDict entry and one Python step per block."""
+    """sim/block_pool.py as of commit eff1eb4: one OrderedDict entry and one Python step per block;
+    since the twin check, a key computed twice is held by every copy, as vLLM 0.32 keeps them
+    (`dups`: the later copies in order; an evicted copy hands the key to the next)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
@@ -31,6 +33,7 @@ class ReferencePool:
         self.ref_cnt = [0] * num_blocks
         self.key: list[Hashable | None] = [None] * num_blocks
         self.cached: dict[Hashable, int] = {}
+        self.dups: dict[Hashable, list[int]] = {}
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.evictions = 0
 
@@ -65,7 +68,13 @@ class ReferencePool:
             b, _ = self.free_queue.popitem(last=False)
             k = self.key[b]
             if k is not None:
-                if self.cached.get(k) == b:
+                copies = [self.cached[k]] + self.dups.pop(k, [])
+                copies.remove(b)
+                if copies:
+                    self.cached[k] = copies[0]
+                    if copies[1:]:
+                        self.dups[k] = copies[1:]
+                else:
                     del self.cached[k]
                 self.key[b] = None
                 self.evictions += 1
@@ -74,9 +83,12 @@ class ReferencePool:
         return out
 
     def cache(self, block, key):
-        if self.key[block] is None and key not in self.cached:
+        if self.key[block] is None:
             self.key[block] = key
-            self.cached[key] = block
+            if key in self.cached:
+                self.dups.setdefault(key, []).append(block)
+            else:
+                self.cached[key] = block
 
     def free(self, blocks):
         for b in reversed(blocks):
@@ -94,6 +106,7 @@ def same_state(new: BlockPool, ref: ReferencePool) -> None:
     assert [new.ref_cnt[b] for b in range(n)] == ref.ref_cnt
     assert [new.key[b] for b in range(n)] == ref.key
     assert new.cached == ref.cached
+    assert new.dups == ref.dups
     assert (new.num_free, new.num_used, new.evictions) == (ref.num_free, ref.num_used, ref.evictions)
     new.check()
 
@@ -193,9 +206,11 @@ def test_a_block_outside_the_pool_is_an_index_error(cls):
     pool.check()
 
 
-def test_cache_many_keeps_first_writer():
+def test_cache_many_keeps_every_copy():
     """Duplicate keys in one batch, a key another block holds, a block already keyed:
-    cache_many falls back to cache() in order, first writer wins as in vLLM."""
+    cache_many falls back to cache() in order; the first writer serves hits and later
+    copies hold the key too (vLLM 0.32's BlockHashToBlockMap), taking over in order when
+    it is evicted."""
     new, ref = BlockPool(8, 16), ReferencePool(8, 16)
     a = new.allocate(6)
     ref.allocate(6)
@@ -207,7 +222,14 @@ def test_cache_many_keeps_first_writer():
         for b, k in zip(blocks, keys):
             ref.cache(b, k)
         same_state(new, ref)
-    assert new.key[a[2]] is None and new.cached["y"] == a[1]
+    assert new.key[a[2]] == "y" and new.cached["y"] == a[1] and new.dups == {"y": [a[2]], "x": [a[3]]}
+    for pool in (new, ref):  # evict the first writers of x and y: their copies serve the keys
+        pool.free([a[0]])
+        pool.free([a[1]])
+        pool.free(list(a[2:]))
+        pool.allocate(4)  # the two never-used blocks, then a[0] and a[1]
+    same_state(new, ref)
+    assert new.lookup(["x"]) == [a[3]] and new.lookup(["y"]) == [a[2]]
 
 
 def test_the_install_step_built_the_compiled_pool():
