@@ -151,3 +151,18 @@ def test_replicas_behind_routers():
                for e in ("simpy", "vllm")}
         assert got["simpy"].equals(got["vllm"]), router
         assert set(got["vllm"]["replica"]) == {0, 1}
+
+
+def test_content_shared_across_programs_twin_is_exact():
+    """Programs sharing a system prompt, task texts and tool results by content (the golden
+    runs' segments fixture) on a pressured pool: vLLM's prefix cache over the token ids
+    made from content hits exactly what the SimPy pool's content keys hit (same-step
+    hits, duplicate copies of shared blocks)."""
+    spec = {"workload": {"trace": str(ROOT / "tests/fixtures/golden/segments_trace.parquet"), "programs": 20, "jps": 1.0},
+            "engine": {"num_blocks": 1200}}
+    for policy in ("vllm", "continuum"):
+        r = twin_check.compare(twin_check.run_pair(spec, policy, log=False))
+        assert r["cached"][0] == r["cached"][1] > 0, policy
+        assert r["mean_jct"][0] == r["mean_jct"][1] and r["mape"] == 0.0, policy
+        assert r["pins"] == {k: (v[0], v[0]) for k, v in r["pins"].items()}, policy
+        assert max(r["peak_kv_usage"]) >= 0.9, policy
