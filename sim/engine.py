@@ -334,9 +334,11 @@ class Engine:
             return False  # a prefill's last token: its first-token time is this step's end
         if self.policy.reviews_pins and self.sched.pins:
             return False  # the policy may drop pins at any step
-        sched = self.sched
-        if sched._custom_victim and len(sched.running) > 1 and sched.victim_ordered() != sched.running:
-            return False  # the next step puts the running calls in another order (ties flip), so allocates in another
+        if self.sched.order_moved:
+            # the victim order moved a call this step: the next may again (tied calls swap
+            # every step) and allocate blocks in another order than a stretch would. A step
+            # that moved nothing is a fixed point, and stays one while the calls decode.
+            return False
         if not self.sched.waiting:
             return True
         if self.sched.preempted_now:

@@ -51,6 +51,7 @@ class Scheduler:
         self.view = None  # EngineView, set by the engine
         self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
         self._custom_victim = type(policy).preemption_victim is not Policy.preemption_victim
+        self.order_moved = False  # this step's victim ordering moved a running call (Engine._steady)
         self.preempted_now = False  # the last step preempted (it admitted nothing then)
         # vLLM's allocate_slots caches the full blocks of the tokens it schedules at once, so
         # a call admitted later in the same step hits a prefix another call is computing in
@@ -151,7 +152,11 @@ class Scheduler:
             # put in the policy's victim order before every step (last victim first), which
             # also decides which running call gets the step's budget and blocks first
             # (calibrate/policy_scheduler.py _order_running_for_victims; the twin check)
-            self.running = self.victim_ordered()
+            new = self.victim_ordered()
+            self.order_moved = new != self.running  # ties flip every step (victim_ordered)
+            self.running = new
+        else:
+            self.order_moved = False
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Call, int]] = []
         preempted = self.preempted_now = False
