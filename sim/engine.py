@@ -334,10 +334,11 @@ class Engine:
             return False  # a prefill's last token: its first-token time is this step's end
         if self.policy.reviews_pins and self.sched.pins:
             return False  # the policy may drop pins at any step
-        if self.sched.order_moved:
-            # the victim order moved a call this step: the next may again (tied calls swap
-            # every step) and allocate blocks in another order than a stretch would. A step
-            # that moved nothing is a fixed point, and stays one while the calls decode.
+        sched = self.sched
+        if sched.order_moved and sched.victim_ordered() != sched.running:
+            # the next step puts the running calls in another order (tied calls swap every
+            # step) and so allocates blocks in another order than a stretch would. A step
+            # whose ordering moved nothing holds no ties, and stays ordered while it decodes.
             return False
         if not self.sched.waiting:
             return True
