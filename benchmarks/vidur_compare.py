@@ -177,7 +177,7 @@ def vidur_attention(src: Path) -> Path | None:
 
 def vidur_commit(src: Path) -> str:
     r = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else "unknown (not a git checkout)"
+    return r.stdout.strip() if r.returncode == 0 else f"{VIDUR_COMMIT[:7]}?"  # an export: the commit cannot be checked
 
 
 def vidur_usable(src: Path | None) -> str | None:
@@ -268,7 +268,7 @@ def table(res: dict) -> str:
     lines = [
         f"{res['requests']} requests, prompts {PROMPT[0]}-{PROMPT[1]} tokens, outputs {OUTPUT[0]}-{OUTPUT[1]}, Poisson "
         f"{res['qps']}/s (seed {res['seed']}); one A100, Llama-3-8B class, {CHUNK}-token chunks, block {BLOCK}, "
-        f"max {res['max_num_seqs']} seqs, {NUM_BLOCKS} KV blocks; Vidur {res['vidur_commit'][:7]}"
+        f"max {res['max_num_seqs']} seqs, {NUM_BLOCKS} KV blocks; Vidur {res['vidur_commit']}"
         f"{' with a stand-in attention profile (roofline; its own was missing)' if res['standin'] else ''}; "
         f"{res['reps']} interleaved reps, {res['machine']}",
         "",
@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {src} lacks Vidur's own a100/{VIDUR_MODEL}/attention.csv: a roofline stand-in is used "
               f"({attention}); Vidur's outcomes are then not its own prediction")
     commit = vidur_commit(src)
-    print(f"Vidur at {commit} (pinned {VIDUR_COMMIT[:7]}); {a.requests} requests, {a.reps} reps, work dir {work}")
+    print(f"Vidur at {commit} (pinned {VIDUR_COMMIT[:7]}{'; not a git checkout, so not checked' if commit.endswith('?') else ''}); "
+          f"{a.requests} requests, {a.reps} reps, work dir {work}")
     out_dir, cache_dir = work / "vidur_out", work / "vidur_cache"
     args = vidur_args(vtrace, attention, out_dir, cache_dir, a.max_num_seqs, max_tokens)
 
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         cold_s = float("nan")
 
     res = {"requests": a.requests, "qps": a.qps, "seed": a.seed, "reps": a.reps, "max_num_seqs": a.max_num_seqs,
-           "vidur_commit": commit if commit.startswith(VIDUR_COMMIT[:7]) else f"{commit} (pinned {VIDUR_COMMIT[:7]})",
+           "vidur_commit": commit if commit.startswith(VIDUR_COMMIT[:7]) else f"{commit[:7]} (pinned {VIDUR_COMMIT[:7]})",
            "standin": standin, "vidur_cold_s": cold_s, "machine": a.machine,
            "agentsim": {"walls": []}, "vidur": {"walls": []}}
     for rep in range(a.reps):
