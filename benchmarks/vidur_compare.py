@@ -25,7 +25,9 @@ profile's 24,766 blocks of 16 tokens).
 
 Each simulator runs as a whole process (interpreter start, imports, reading its inputs,
 the run, its per-request results), alternating A/B rep by rep so machine noise hits both
-alike. Vidur writes only its request metrics (no plots, no chrome trace, no batch or
+alike; the headline ratio is the median over reps of each rep's Vidur/agentsim ratio (the
+two runs of a rep are adjacent in time, so a load change between reps cancels), with the
+ratio of the medians and of the fastest reps beside it. Vidur writes only its request metrics (no plots, no chrome trace, no batch or
 utilisation metrics, no wandb); this simulator writes nothing and prints its summary.
 Vidur trains its execution-time models and predicts a table of step times on its first
 run and caches them (`--work-dir`/vidur_cache): that cold first run is timed separately,
@@ -265,6 +267,7 @@ def table(res: dict) -> str:
     """The markdown block --write-docs puts between the markers."""
     a, v = res["agentsim"], res["vidur"]
     ma, mv = statistics.median(a["walls"]), statistics.median(v["walls"])
+    paired = statistics.median(x / y for x, y in zip(v["walls"], a["walls"]))  # each rep's two runs are adjacent in time
     lines = [
         f"{res['requests']} requests, prompts {PROMPT[0]}-{PROMPT[1]} tokens, outputs {OUTPUT[0]}-{OUTPUT[1]}, Poisson "
         f"{res['qps']}/s (seed {res['seed']}); one A100, Llama-3-8B class, {CHUNK}-token chunks, block {BLOCK}, "
@@ -276,8 +279,10 @@ def table(res: dict) -> str:
         "|---|---|---|",
         f"| whole process s, per rep | {', '.join(f'{x:.2f}' for x in a['walls'])} | {', '.join(f'{x:.2f}' for x in v['walls'])} |",
         f"| whole process s, median | {ma:.2f} | {mv:.2f} |",
-        f"| Vidur cold first run s (model training + prediction table, cached after) | | {res['vidur_cold_s']:.1f} |",
-        f"| **ratio Vidur / agentsim** (median, warm) | | **{mv / ma:.1f}x** |",
+        f"| Vidur cold first run s (training its models and predicting its step-time tables, cached after; "
+        f"{res['vidur_cold_requests']} requests) | | {res['vidur_cold_s']:.1f} |",
+        f"| **ratio Vidur / agentsim**, warm: median of the reps' paired ratios | | **{paired:.1f}x** |",
+        f"| ratio of the medians; of the fastest reps | | {mv / ma:.1f}x; {min(v['walls']) / min(a['walls']):.1f}x |",
     ]
     for key, label in (("mean_e2e_s", "E2E mean s"), ("p50_e2e_s", "E2E p50 s"), ("p99_e2e_s", "E2E p99 s"),
                        ("mean_ttft_s", "TTFT mean s"), ("p50_ttft_s", "TTFT p50 s"), ("p99_ttft_s", "TTFT p99 s"),
@@ -332,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir, cache_dir = work / "vidur_out", work / "vidur_cache"
     args = vidur_args(vtrace, attention, out_dir, cache_dir, a.max_num_seqs, max_tokens)
 
+    cold_n = a.requests
     cold_s, _, log = run_vidur(src, args, out_dir, w)  # trains and caches its models unless the cache is warm already
     trained = "Trained model" in log or "Predicting execution time" in log
     cold_file = cache_dir / "vidur_compare_cold.json"  # this script's own note beside Vidur's cache
@@ -342,14 +348,14 @@ def main(argv: list[str] | None = None) -> int:
         cold = json.loads(cold_file.read_text())
         print(f"vidur first run: {cold_s:.1f} s, cache already warm; the cold run that filled it took {cold['cold_s']:.1f} s "
               f"({cold['requests']} requests)")
-        cold_s = cold["cold_s"]
+        cold_s, cold_n = cold["cold_s"], cold["requests"]
     else:
         print(f"vidur first run: {cold_s:.1f} s, cache already warm (cold time unknown)")
         cold_s = float("nan")
 
     res = {"requests": a.requests, "qps": a.qps, "seed": a.seed, "reps": a.reps, "max_num_seqs": a.max_num_seqs,
            "vidur_commit": commit if commit.startswith(VIDUR_COMMIT[:7]) else f"{commit[:7]} (pinned {VIDUR_COMMIT[:7]})",
-           "standin": standin, "vidur_cold_s": cold_s, "machine": a.machine,
+           "standin": standin, "vidur_cold_s": cold_s, "vidur_cold_requests": cold_n, "machine": a.machine,
            "agentsim": {"walls": []}, "vidur": {"walls": []}}
     for rep in range(a.reps):
         for name in ("agentsim", "vidur") if rep % 2 == 0 else ("vidur", "agentsim"):
