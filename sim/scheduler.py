@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from policies.base import Action, Policy, Release, Retention
 from policies.pins import PinTable
+from policies.runtime import no_deadlock_victims
 from sim.block_pool import BlockPool
 from sim.radix_cache import RadixCache
 from sim.call import Call
@@ -246,27 +247,12 @@ class Scheduler:
         return None, need - (self.pool.num_free - evictable_hits)
 
     def _unpin_for(self, call: Call, short: int, now: float) -> bool:
-        """Continuum's no-deadlock rule: drop pins, the policy's victims, so the head fits.
-        While calls run no deadlock is possible (they free memory when they finish): a
-        policy with `unpin_while_running` False (Continuum's family, as the authors' fork)
-        then keeps its pins; otherwise pins are dropped only if dropping them all would
-        let the head in (else they would be lost for nothing). With nothing running and
-        no other pin left, the head's own pin is dropped last (else nothing could ever
-        run: a deadlock, or with its TTL run out, a loop at one instant)."""
+        """Continuum's no-deadlock rule (policies/runtime.py, shared with the vLLM adapter):
+        drop the pins it names so the head fits."""
         pid = call.req.program_id
-        if self.running:
-            if not self.policy.unpin_while_running:
-                return False
-            releasable = sum(self.pool.count_ref(blks, 1) for p, blks in self.pins.items() if p != pid)
-            if releasable < short:
-                return False
-        victims = self.policy.unpin_victims(short, self.view, exclude=pid)
-        if not victims and not self.running and pid in self.pins:
-            # Nothing runs and no other pin is left to drop: the head's own pin is what
-            # keeps it out (a pinned block it cannot hit: the last one, partly written,
-            # or a block past what fits beside the rest). Nothing else can free memory,
-            # so it goes too; its blocks stay prefix-cached, so the head still hits them.
-            victims = [pid]
+        victims = no_deadlock_victims(
+            self.policy, self.view, self.pins, pid, short, bool(self.running),
+            lambda: sum(self.pool.count_ref(blks, 1) for p, blks in self.pins.items() if p != pid))
         for victim in victims:
             self.release_pin(victim, now, Release.VICTIM)
         return bool(victims)
