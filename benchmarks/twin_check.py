@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "validation.md"
 MARK = "<!-- twin-check:{}:{} -->"  # a table's markers in the doc: MARK.format(section, "begin"/"end")
-PIN_KEYS = ("pins_hit", "pins_expired", "pins_victim")
+PIN_KEYS = ("pins_hit", "pins_expired", "pins_victim", "pins_discarded")
 TARGETS = {"mean_jct": 0.01, "mape": 0.03, "pins": 0.02, "preemptions": 0.02}
 
 
@@ -159,12 +159,12 @@ def ranking(rows: dict, engine: int) -> list[str]:
 def table(spec_line: str, rows: dict) -> str:
     lines = [f"Run: {spec_line}.", "",
              "| policy | mean JCT SimPy / vLLM (s) | diff | p95 JCT SimPy / vLLM (s) | per-program MAPE | steps | preemptions "
-             "| prefix-hit tokens | pins hit / expired / victim | first differing step |",
+             "| prefix-hit tokens | pins hit / expired / victim / discarded | first differing step |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
         fd = r["first_difference"]
         first = "not searched (--no-log)" if not r.get("logged", True) else "none" if fd is None else f"step {fd['step']}" + (f" (t = {fd['t']:.2f} s)" if fd.get("t") is not None else "") + f": {fd['mechanism']}"
-        pins = " / ".join(f"{r['pins'][k][0]}:{r['pins'][k][1]}" for k in PIN_KEYS)
+        pins = " / ".join(f"{r['pins'][k][0]}:{r['pins'][k][1]}" if k in r["pins"] else "-" for k in PIN_KEYS)
         lines.append(f"| {p} | {r['mean_jct'][0]:.2f} / {r['mean_jct'][1]:.2f} | {100 * r['mean_jct'][2]:+.2f}% "
                      f"| {r['p95_jct'][0]:.2f} / {r['p95_jct'][1]:.2f} | {100 * r['mape']:.2f}% "
                      f"| {r['steps'][0]} / {r['steps'][1]} | {r['preemptions'][0]} / {r['preemptions'][1]} "
