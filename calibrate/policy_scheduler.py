@@ -44,8 +44,9 @@ from calibrate.engine import bundled_profile_name
 from calibrate.job_meta import parse_job_meta
 from policies.base import Action, FinishStats, Policy, PolicyError, Release, Request
 from policies.pins import PinTable, pin_counts
+from policies.runtime import no_deadlock_victims
 from policies.registry import make_policy
-from sim.profile import Profile, load_profile
+from sim.profile import Profile, load_profile, step_features
 from agentsim.errors import InputError
 
 logger = logging.getLogger("agentsim.scheduler")
@@ -260,7 +261,7 @@ class PolicyScheduler(Scheduler):
         return r is not None and r.status != RequestStatus.RUNNING and pid in self.pinned
 
     def _unpin_for(self, request, num_new_tokens: int, kw: dict) -> bool:
-        """Continuum's no-deadlock rule, as sim/scheduler.py applies it."""
+        """Continuum's no-deadlock rule (policies/runtime.py, shared with sim/scheduler.py)."""
         call = self.calls.get(request.request_id)
         pid = call.req.program_id if call else None
         hits = kw.get("new_computed_blocks")
@@ -269,14 +270,10 @@ class PolicyScheduler(Scheduler):
         tokens = request.num_tokens if kw.get("full_sequence_must_fit") else (
             request.num_computed_tokens + kw.get("num_new_computed_tokens", 0) + num_new_tokens)
         short = max(1, _cdiv(min(tokens, self.max_model_len), self.block_size) - len(hit) - free)
-        if self.running:
-            if not self.policy.unpin_while_running:  # the paper's rule: only against a real deadlock
-                return False
-            releasable = sum(sum(1 for b in blks if b.ref_cnt == 1) for p, blks in self.pinned.items() if p != pid)
-            if releasable < short:
-                return False
         now = self.clock()
-        victims = self.policy.unpin_victims(short, self, exclude=pid)
+        victims = no_deadlock_victims(
+            self.policy, self, self.pinned, pid, short, bool(self.running),
+            lambda: sum(sum(1 for b in blks if b.ref_cnt == 1) for p, blks in self.pinned.items() if p != pid))
         for victim in victims:
             self._release_pin(victim, now, Release.VICTIM)
         return bool(victims)
@@ -360,19 +357,9 @@ class PolicyScheduler(Scheduler):
     def _features(self, out) -> tuple:
         """The step model's inputs (sim/profile.py) for this step: tokens, seqs, sum q*k,
         sum k, sum q*(k-q); k counts the chunk (num_computed_tokens is already advanced)."""
-        tokens = seqs = 0
-        sum_qk = sum_k = sum_qc = 0.0
-        for rid, q in out.num_scheduled_tokens.items():
-            request = self.requests.get(rid)
-            if request is None:
-                continue
-            k = request.num_computed_tokens
-            tokens += q
-            seqs += 1
-            sum_qk += q * k
-            sum_k += k
-            sum_qc += q * (k - q)
-        return tokens, seqs, sum_qk, sum_k, sum_qc
+        requests = self.requests
+        return step_features((q, requests[rid].num_computed_tokens)
+                             for rid, q in out.num_scheduled_tokens.items() if rid in requests)
 
     def _order_running_for_victims(self) -> None:
         """vLLM preempts the tail of `running`: put the policy's victims there, in order."""
