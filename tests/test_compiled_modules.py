@@ -77,11 +77,11 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import importlib
 from agentsim.compiled import COMPILED, is_compiled
-from tests.test_golden_runs import GOLDEN, golden_run
+from tests.test_golden_runs import GOLDEN, golden_run, same_as_golden
 out = {"compiled": [m for m in COMPILED if is_compiled(importlib.import_module(m))], "same": {}}
 for name in sys.argv[3:]:
     want = json.loads((GOLDEN / f"{name}.json").read_text())
-    out["same"][name] = json.loads(json.dumps(golden_run(name, Path(sys.argv[2])))) == want
+    out["same"][name] = same_as_golden(json.loads(json.dumps(golden_run(name, Path(sys.argv[2])))), want)
 print(json.dumps(out))
 """
 
