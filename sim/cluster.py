@@ -168,7 +168,7 @@ class Cluster:
         """Dynamo's conditional disaggregation, asked on the call's decode replica `d`:
         the tokens it would compute (prompt minus what it can serve without recompute)
         and the calls waiting for a prefill replica (sim/disagg.py)."""
-        gpu = len(d.sched._prefix_hit(call))
+        gpu = len(d.sched.prefix_hit(call))
         cpu = d.tier.prefix_blocks(call) if d.tier is not None else 0
         uncached = call.num_tokens - max(gpu, cpu) * d.cfg.block_size
         queued = sum(len(e.sched.waiting) + len(e._arrivals) for e in self.prefill)
@@ -181,7 +181,7 @@ class Cluster:
         lacks cross the link, then the call goes to it with them (sim/disagg.py Inbox)."""
         call, d = self._handoffs.pop(id(pre))
         full = (call.prompt_len - 1) // call.block_size  # the decode replica computes the rest (>= 1 token)
-        n = full - min(len(d.sched._prefix_hit(call)), full)
+        n = full - min(len(d.sched.prefix_hit(call)), full)
         dt = self.disagg.link.time(n * self.kv_bytes_per_block)
         call.received_blocks = full
         call.prefilled_on = pre.replica

@@ -107,7 +107,7 @@ class Scheduler:
             call.blocks.extend(self.pool.allocate(need))
         return True
 
-    def _prefix_hit(self, call: Call) -> list[int]:
+    def prefix_hit(self, call: Call) -> list[int]:
         # At least one prompt token must be computed, as in vLLM (max hit = num_tokens - 1).
         n = (call.num_tokens - 1) // self.cfg.block_size
         return self.pool.lookup(call.content.prefix(n), call.content)
@@ -222,7 +222,7 @@ class Scheduler:
     def _admit(self, call: Call, budget: int) -> tuple[int | None, int]:
         """Try to start a waiting call: (tokens scheduled, 0) or (None, blocks short)."""
         bs = self.cfg.block_size
-        hit = self._prefix_hit(call)
+        hit = self.prefix_hit(call)
         # blocks past the GPU hit that an offload tier can reload instead of recomputing
         load = self.tier.loadable(call, len(hit)) if self.tier is not None else 0
         start = (len(hit) + load) * bs

@@ -236,7 +236,7 @@ class _SchedView:
     def preemptions(self) -> int:
         return self.r.core.preemptions
 
-    def _prefix_hit(self, call: Call) -> list:
+    def prefix_hit(self, call: Call) -> list:
         """Blocks of the call's prompt vLLM's prefix cache holds now (for the prefix router),
         at most num_tokens - 1 tokens' worth, as a lookup at admission."""
         prog = self.r._program(call)
