@@ -106,8 +106,10 @@ class KVCache:
 
     def __init__(self, cfg: ModelConfig, slots: int, capacity: int, device, dtype):
         shape = (slots * capacity, cfg.kv_heads, cfg.head_dim)
-        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
-        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        # zeros, not empty: a padded decode batch reads keys past a shorter context (masked
+        # out), and a NaN left in uninitialised memory would still reach the output (0 * NaN)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.lens = [0] * slots
         self.slots, self.capacity = slots, capacity
 
