@@ -29,6 +29,7 @@ from policies.base import FinishStats, Policy, Release
 from sim import stretch
 from agentsim.errors import SimulationError
 from sim.call import Call
+from sim.replica import Replica
 from sim.cpu_tier import KVOffload, Tier
 from sim.profile import Profile
 from sim.scheduler import EngineConfig, Scheduler
@@ -56,7 +57,7 @@ def _timeout_at(env: simpy.Environment, at: float) -> simpy.Event:
     return ev
 
 
-class Engine:
+class Engine(Replica):
     def __init__(self, env: simpy.Environment, cfg: EngineConfig, profile: Profile, policy: Policy,
                  on_finish=None, fast_forward: bool = True, tiers: list[Tier] | None = None, index: int = 0) -> None:
         self.env = env
@@ -89,22 +90,10 @@ class Engine:
         self.read_horizon = env.peek
         self._wakeup = env.event()
         self.stats = FinishStats()
-        self.steps = 0
-        self.busy_time = 0.0
-        self.kv_samples: list[tuple[float, int, int]] = []  # (t, used, pinned) at step starts
-        self._used_area = 0.0
-        self.peak_used = 0
+        self._start_accounting()
         self.process = env.process(self._loop())
 
     # --- EngineView ---------------------------------------------------------------------
-    @property
-    def block_size(self) -> int:
-        return self.cfg.block_size
-
-    @property
-    def num_blocks(self) -> int:
-        return self.cfg.num_gpu_blocks - 1  # usable: vLLM keeps one as its null block
-
     def free_blocks(self) -> int:
         return self.sched.pool.num_free
 
@@ -378,9 +367,6 @@ class Engine:
             dts, grow, used, self._used_area, self.busy_time, now, samples[-1][0] if samples else -math.inf, samples, pinned)
         self.peak_used = max(self.peak_used, used)
         return t
-
-    def mean_used_blocks(self, horizon: float) -> float:
-        return self._used_area / horizon if horizon > 0 else 0.0
 
     def _finish(self, call: Call) -> None:
         now = self.env.now

@@ -46,6 +46,7 @@ from agentsim.errors import InputError
 from policies.base import Policy, Release
 from sim import stretch
 from sim.call import Call
+from sim.replica import Replica
 from sim.profile import Profile
 
 _MASK31 = (1 << 31) - 1
@@ -262,7 +263,7 @@ class _Len:
         self.num_tokens = n
 
 
-class VllmReplica:
+class VllmReplica(Replica):
     """One replica whose scheduling is vLLM's own (see the module's docstring); the
     interface sim/cluster.py and sim/simulate.py use of sim.engine.Engine."""
 
@@ -288,27 +289,12 @@ class VllmReplica:
         self._programs: dict[str, ProgramTokens] = {}
         self.horizon = self.read_horizon = env.peek  # set by the cluster; unused (no stretches)
         self._wakeup = env.event()
-        self.steps = 0
-        self.busy_time = 0.0
-        self.kv_samples: list[tuple[float, int, int]] = []
-        self._used_area = 0.0
-        self.peak_used = 0
+        self._start_accounting()
         self.process = env.process(self._loop())
 
     # --- what the cluster reads ---------------------------------------------------------
-    @property
-    def block_size(self) -> int:
-        return self.cfg.block_size
-
-    @property
-    def num_blocks(self) -> int:
-        return self.cfg.num_gpu_blocks - 1  # vLLM's null block
-
     def used_blocks(self) -> int:
         return self.sched.pool.num_used
-
-    def mean_used_blocks(self, horizon: float) -> float:
-        return self._used_area / horizon if horizon > 0 else 0.0
 
     def state(self) -> str:
         core = self.core
