@@ -55,6 +55,10 @@ TORCH_HOW = {
 
 
 GPU_REPEATS = 3
+# vLLM captures steps of up to 512 tokens in CUDA graphs (max_cudagraph_capture_size), so
+# on a GPU a prefill or mixed step that small is timed from a graph too, not launched eagerly
+GRAPH_MAX_TOKENS = 512
+GRAPH_REPLAYS = 3
 
 
 @dataclass
@@ -133,13 +137,15 @@ class TorchRunner:
             self.torch.cuda.synchronize()
 
     def attention(self):
-        """On CUDA, flash attention as vLLM uses, and the memory-efficient kernel where a step's
-        decodes need a key mask (contexts of different lengths); never the math fallback."""
+        """On CUDA, cuDNN's or flash attention as vLLM uses fused kernels, and the memory-efficient
+        kernel where a step's decodes need a key mask (contexts of different lengths); never the
+        math fallback."""
         if not self.cuda:
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
+                           set_priority=True)
 
     def _cache(self, slots: int, capacity: int, lens: dict[int, int]):
         cache = self.model.new_cache(slots, capacity)
@@ -150,6 +156,8 @@ class TorchRunner:
     def prefill_seconds(self, n: int, prefix: int = 0) -> float:
         """A prefill of n new tokens after `prefix` cached ones, in chunks of the token budget."""
         cache, ids = self._cache(1, prefix + n, {0: prefix}), self.ids(n)
+        if self.cuda and n <= GRAPH_MAX_TOKENS:
+            return self._graph_seconds(ids, [(0, n)], cache, GRAPH_REPLAYS)
         with self.attention():
             t0 = time.perf_counter()
             for a in range(0, n, self.budget):
@@ -178,10 +186,15 @@ class TorchRunner:
     def _decode_graph_seconds(self, batch: int, start: int, steps: int, spans) -> float:
         """vLLM replays decode steps from CUDA graphs, one per batch size. A graph fixes the
         key length of the attention kernel, so one step is captured at the probe's mean
-        context and replayed; its index tensors are prepared before the capture."""
-        torch = self.torch
+        context and replayed."""
         mid = start + (steps - 1) // 2
         cache, ids = self._cache(batch, mid + 1, {i: mid for i in range(batch)}), self.ids(batch)
+        return self._graph_seconds(ids, spans, cache, steps)
+
+    def _graph_seconds(self, ids, spans, cache, replays: int) -> float:
+        """One step captured in a CUDA graph (its index tensors prepared before), the median
+        of `replays` replays; the cache lengths stay as they were."""
+        torch = self.torch
         step = self.model.prepare(spans, cache)
         with self.attention():
             side = torch.cuda.Stream()
@@ -192,10 +205,10 @@ class TorchRunner:
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                ids.copy_(self.model.forward(ids, step, cache))
+                self.model.forward(ids, step, cache)
         self.sync()
         times = []
-        for _ in range(steps):
+        for _ in range(replays):
             t0 = time.perf_counter()
             graph.replay()
             self.sync()
@@ -209,6 +222,8 @@ class TorchRunner:
         lens = {i: p.context for i in range(b)} | {b: p.prefix}
         cache = self._cache(b + 1, max(p.context + 1, p.prefix + p.new), lens)
         ids = self.ids(b + p.new)
+        if self.cuda and b + p.new <= GRAPH_MAX_TOKENS:
+            return self._graph_seconds(ids, [(i, 1) for i in range(b)] + [(b, p.new)], cache, GRAPH_REPLAYS)
         with self.attention():
             t0 = time.perf_counter()
             self.model.step(ids, [(i, 1) for i in range(b)] + [(b, p.new)], cache)
@@ -321,6 +336,8 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     budget = eng["max_num_batched_tokens"]
     gpu = device == "cuda"
     net, compiled = TorchLlama(cfg, device, DTYPES[dtype], seed=seed, compile=gpu), "no (CPU: eager)"
+    attention = net.choose_gpu_attention() if gpu else \
+        "torch SDPA (CPU); one-query rows as two batched matmuls per layer (calibrate/torch_model.py)"
     runner = TorchRunner(net, budget, device, seed)
     if gpu:  # compiled (inductor) as vLLM's model is, its decode step in a CUDA graph; where not possible, eager
         try:
@@ -329,6 +346,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
             compiled = "torch.compile (inductor, dynamic token count) of the layer parts around attention"
         except Exception as e:  # noqa: BLE001 - any compiler or capture failure: time the eager model instead
             net = TorchLlama(cfg, device, DTYPES[dtype], seed=seed)
+            attention = net.choose_gpu_attention()
             runner = TorchRunner(net, budget, device, seed)
             compiled = f"no: torch.compile failed here ({type(e).__name__}: {str(e).splitlines()[0][:160]}); eager"
     plan = probes.plan(eng, quick, gpu) + mixed_plan(eng, quick, gpu)
@@ -351,12 +369,9 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
         gc.unfreeze()
     rows = [p.to_json(budget) for p in plan]
     meta = {"backend": "torch", "quick": quick, "repeats": reps, "seed": seed, "engine_start_s": round(started, 1),
-            "attention": "torch SDPA, one call per layer for a step's decodes (flash; memory-efficient where a key "
-                         "mask is needed) and one per prefill chunk (flash, lower-right causal); KV written by one "
-                         "index_copy_ per layer" if gpu else
-                         "torch SDPA (CPU); one-query rows as two batched matmuls per layer (calibrate/torch_model.py)",
-            "cuda_graphs": "decode steps, one graph per batch size; prefill and mixed steps without a graph" if gpu
-                           else "none (CPU)",
+            "attention": attention + ("; KV written by one index_copy_ per layer" if gpu else ""),
+            "cuda_graphs": f"decode steps, one graph per batch size; prefill and mixed steps of at most "
+                           f"{GRAPH_MAX_TOKENS} tokens in a graph, longer ones eager" if gpu else "none (CPU)",
             "compiled": compiled,
             "cpu_threads": torch.get_num_threads()}
     lim = {"model": mdl, "engine": eng, "kv_bytes_per_block": kv_per_block}

@@ -155,6 +155,19 @@ class _Chunk:
 
 
 @dataclass
+class Varlen:
+    """A step's attention as one call for all its sequences (vLLM's flash-attention backend):
+    sequence b's queries are rows cu_q[b]..cu_q[b+1] of the step, its keys rows
+    cu_k[b]..cu_k[b] + used_k[b] of a layer's cache (its slot's region); causal from the
+    bottom right, so a decode sees its whole context and a chunk its prefix."""
+    cu_q: torch.Tensor  # int32 [seqs + 1]
+    cu_k: torch.Tensor  # int32 [seqs + 1]: each slot's first row, then the cache's end
+    used_k: torch.Tensor  # int32 [seqs]
+    max_q: int
+    max_k: int
+
+
+@dataclass
 class StepBatch:
     """A step's inputs on the device, built once on the host: what vLLM's model runner prepares."""
     spans: list[tuple[int, int]]
@@ -163,6 +176,7 @@ class StepBatch:
     slot_mapping: torch.Tensor  # [T] row of each new token's K/V in the cache
     groups: list  # _Decodes and _Chunk, in token order: the attention calls of a layer
     last: torch.Tensor | None  # [seqs] the token whose logits are sampled, None when every span is one token
+    varlen: Varlen
 
 
 def _rope(x, cos, sin):
@@ -187,6 +201,31 @@ def _post_attention(h, a, w_o, ln, w_gate_up, w_down, eps: float):
     return h + F.linear(F.silu(g) * u, w_down)
 
 
+ATTENTION_NOTES = {
+    "cudnn": "torch SDPA per group with cuDNN's kernels first (a chunk after a prefix: two cuDNN calls merged "
+             "by log-sum-exp)",
+    "flash_varlen": "FlashAttention 2 varlen (torch.ops.aten._flash_attention_forward), one call per layer for all "
+                    "sequences of a step, bottom-right causal, keys in place via seqused_k",
+}
+
+
+def merge_by_lse(o1, lse1, o2, lse2):
+    """Attention over keys A and B from attention over each: outputs [.., n, d] weighted by
+    their log-sum-exps [.., n] (vLLM's merge_attn_states, FlashAttention's split-KV combine)."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = (lse1 - m).exp().unsqueeze(-1), (lse2 - m).exp().unsqueeze(-1)
+    return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(o1.dtype)
+
+
+def _cudnn_after_prefix(q, k, v, start: int):
+    """q [1, heads, n, d] after `start` cached keys of k, v [1, kv_heads, start + n, d]:
+    full attention over the prefix, causal within the chunk, merged."""
+    def part(kk, vv, causal):
+        r = torch.ops.aten._scaled_dot_product_cudnn_attention(q, kk, vv, None, True, 0.0, causal, False)
+        return r[0], r[1].reshape(q.shape[:3]).float()
+    return merge_by_lse(*part(k[:, :, :start], v[:, :, :start], False), *part(k[:, :, start:], v[:, :, start:], True))
+
+
 class TorchLlama:
     """Random-weight decoder; `step` runs one engine step over (slot, new tokens) spans.
 
@@ -200,6 +239,7 @@ class TorchLlama:
                  compile: bool = False):
         self.cfg, self.device = cfg, torch.device(device)
         self.compiled = compile
+        self.attention = "sdpa"  # or on CUDA, once choose_gpu_attention() checked it: "cudnn", "flash_varlen"
         self._pre, self._post = _pre_attention, _post_attention
         if compile:
             self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
@@ -270,10 +310,23 @@ class TorchLlama:
         last = None
         if any(n > 1 for _, n in spans):
             last = torch.tensor(list(itertools.accumulate(n for _, n in spans)), device=dev) - 1
-        return StepBatch(spans, starts, torch.tensor(pos, device=dev), torch.tensor(rows, device=dev), groups, last)
+        i32 = dict(device=dev, dtype=torch.int32)
+        varlen = Varlen(torch.tensor([0, *itertools.accumulate(n for _, n in spans)], **i32),
+                        torch.tensor([s * cache.capacity for s, _ in spans] + [cache.slots * cache.capacity], **i32),
+                        torch.tensor([st + n for st, (_, n) in zip(starts, spans)], **i32),
+                        max(n for _, n in spans), max(st + n for st, (_, n) in zip(starts, spans)))
+        return StepBatch(spans, starts, torch.tensor(pos, device=dev), torch.tensor(rows, device=dev), groups, last,
+                         varlen)
 
     def _attention(self, q, l: int, b: StepBatch, cache: KVCache):
-        """q: [T, heads, head_dim] -> [T, heads*head_dim]: one call per group of the step."""
+        """q: [T, heads, head_dim] -> [T, heads*head_dim]: one flash varlen call for the
+        step, or with SDPA one call per group of the step."""
+        if self.attention == "flash_varlen":
+            vl = b.varlen
+            o = torch.ops.aten._flash_attention_forward(
+                q, cache.k[l], cache.v[l], vl.cu_q, vl.cu_k, vl.max_q, vl.max_k, 0.0, True, False,
+                seqused_k=vl.used_k)[0]
+            return o.reshape(q.shape[0], -1)
         c = self.cfg
         k_all, v_all = cache.paged(cache.k[l]), cache.paged(cache.v[l])
         out = []
@@ -300,6 +353,8 @@ class TorchLlama:
             vv = v_all[g.slot, :end].transpose(0, 1).unsqueeze(0)
             if g.start == 0:
                 o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
+            elif self.attention == "cudnn":
+                o = _cudnn_after_prefix(qq, kk, vv, g.start)
             elif qq.device.type == "cpu":
                 # A chunk after cached tokens. On CPU a lower-right mask is materialised and
                 # the kernel computes all of it, masked half included; query tiles of 256
@@ -318,6 +373,43 @@ class TorchLlama:
                                                        attn_mask=mask)
             out.append(o.squeeze(0).transpose(0, 1).reshape(n, -1))
         return out[0] if len(out) == 1 else torch.cat(out)
+
+    @torch.inference_mode()
+    def choose_gpu_attention(self) -> str:
+        """The fastest attention vLLM's shape allows here, kept only if it gives the SDPA path's
+        output, eager and replayed from a CUDA graph, on a step with decodes of unequal contexts,
+        a chunk after a prefix, a fresh prefill and slots out of order. Says what runs.
+
+        "cudnn": SDPA per group with cuDNN's kernels first (torch's own order on Hopper: its
+        wgmma kernel is the Hopper-class one, as vLLM's FlashAttention 3 is, and ran 1.7-2x
+        faster than FlashAttention 2 on an H100), a chunk after a prefix as two calls merged
+        by their log-sum-exp. "flash_varlen": one FlashAttention 2 varlen call per layer for
+        all sequences of a step, keys read in place (seqused_k)."""
+        cache = self.new_cache(4, 64)
+        cache.fill({0: 20, 1: 5, 2: 33, 3: 0}, seed=1)
+        b = self.prepare([(2, 1), (0, 1), (1, 7), (3, 9)], cache)
+        g = torch.Generator(device=self.device).manual_seed(2)
+        q = torch.randn((b.positions.numel(), self.cfg.heads, self.cfg.head_dim), generator=g,
+                        device=self.device).to(self.dtype)
+        want, tried = self._attention(q, 0, b, cache).float(), []
+        for mode in ("cudnn", "flash_varlen"):
+            self.attention = mode
+            try:
+                err = (self._attention(q, 0, b, cache).float() - want).abs().max().item()
+                if err < 0.05 and self.device.type == "cuda":
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        out = self._attention(q, 0, b, cache)
+                    graph.replay()
+                    err = max(err, (out.float() - want).abs().max().item())
+            except (RuntimeError, TypeError) as e:  # no such kernel or argument in this torch
+                tried.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+                continue
+            if err < 0.05:
+                return ATTENTION_NOTES[mode] + (f" ({'; '.join(tried)})" if tried else "")
+            tried.append(f"{mode}: differed from SDPA by {err:.3g}")
+        self.attention = "sdpa"
+        return f"torch SDPA per group, FlashAttention 2 ({'; '.join(tried)})"
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, b: StepBatch, cache: KVCache) -> torch.Tensor:

@@ -167,6 +167,63 @@ def test_decodes_of_different_contexts_and_scattered_slots_match_one_at_a_time()
         torch.testing.assert_close(together[row:row + 1], m.last_logits, atol=1e-4, rtol=1e-4)
 
 
+def _varlen_reference(q, k, v, vl):
+    """What one flash varlen call computes from a step's Varlen, written out per sequence."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    out = []
+    for b in range(len(vl.used_k)):
+        q0, q1, k0, used = int(vl.cu_q[b]), int(vl.cu_q[b + 1]), int(vl.cu_k[b]), int(vl.used_k[b])
+        qq = q[q0:q1].transpose(0, 1).unsqueeze(0)
+        kk, vv = (t[k0:k0 + used].transpose(0, 1).unsqueeze(0) for t in (k, v))
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qq, kk, vv, attn_mask=causal_lower_right(q1 - q0, used), enable_gqa=True)
+        out.append(o.squeeze(0).transpose(0, 1).reshape(q1 - q0, -1))
+    return torch.cat(out)
+
+
+@needs_torch
+def test_the_varlen_description_of_a_step_is_the_attention_the_sdpa_groups_compute():
+    # on a GPU the step's attention is one flash varlen call fed by StepBatch.varlen; its
+    # index tensors (packed queries, each slot's rows, keys used) must describe the same
+    # attention as the per-group SDPA path, for decodes of unequal contexts on slots out
+    # of order, a chunk after a prefix and a fresh prefill
+    cfg = ModelConfig(**TINY, dtype="float32")
+    m = TorchLlama(cfg, "cpu", torch.float32, seed=2)
+    cache = m.new_cache(5, 64)
+    cache.fill({0: 20, 1: 5, 2: 33, 3: 0, 4: 12}, seed=1)
+    spans = [(2, 1), (0, 1), (4, 1), (1, 7), (3, 9)]
+    b = m.prepare(spans, cache)
+    assert (b.varlen.max_q, b.varlen.max_k) == (9, 34)
+    assert b.varlen.cu_k.tolist() == [128, 0, 256, 64, 192, 320]
+    q = torch.randn((b.positions.numel(), cfg.heads, cfg.head_dim), generator=torch.Generator().manual_seed(4))
+    sdpa = m._attention(q, 0, b, cache)
+    torch.testing.assert_close(_varlen_reference(q, cache.k[0], cache.v[0], b.varlen), sdpa, atol=1e-5, rtol=1e-5)
+    assert m.attention == "sdpa" and "SDPA" in m.choose_gpu_attention() and m.attention == "sdpa"  # none on CPU
+
+
+@needs_torch
+def test_attention_over_a_prefix_and_a_chunk_merged_by_log_sum_exp_is_attention_over_both():
+    # on a GPU a chunk after cached tokens runs as two cuDNN calls (prefix: full; chunk:
+    # causal) merged by their log-sum-exps; the merge must give the lower-right causal attention
+    from torch.nn.attention.bias import causal_lower_right
+
+    from calibrate.torch_model import merge_by_lse
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn((1, 4, n, 16), generator=g) for n in (6, 15, 15))
+
+    def with_lse(kk, vv, mask):
+        s = (q @ kk.transpose(-1, -2)) / 4.0
+        s = s.masked_fill(~mask, float("-inf"))
+        return s.softmax(-1) @ vv, s.logsumexp(-1)
+
+    prefix = with_lse(k[:, :, :9], v[:, :, :9], torch.ones(6, 9, dtype=torch.bool))
+    chunk = with_lse(k[:, :, 9:], v[:, :, 9:], torch.ones(6, 6, dtype=torch.bool).tril())
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(6, 15))
+    torch.testing.assert_close(merge_by_lse(*prefix, *chunk), want, atol=1e-5, rtol=1e-5)
+
+
 @needs_torch
 def test_a_step_dispatches_kernels_per_layer_not_per_sequence():
     # vLLM writes a step's KV with one kernel per layer and runs one attention call per layer
