@@ -4,13 +4,13 @@ Where no vLLM runs (a GPU machine with CUDA torch only), the steps a vLLM engine
 make for each probe are run on calibrate/torch_model.py (random weights) and timed;
 then the same fits and the same profile JSON as the vLLM backend (calibrate/run.py),
 labelled "torch kernels, not vLLM". On CUDA the step is shaped as vLLM's (one KV
-write and one attention call per layer for a step's decodes, decode steps replayed
-from a CUDA graph per batch size, the layer parts around attention compiled), the
+write per layer, cuDNN's or FlashAttention's kernels, decode steps and steps of at
+most 512 tokens replayed from CUDA graphs, the layer parts around attention compiled), the
 probes reach 256 decodes and mixed steps with 32-256 decodes, prefills longer than
 the token budget are probed chunk by chunk (every row one step), and the GPU step-model
 form is kept where it predicts the held-out probes better than the linear one. What is
 not there: vLLM's scheduler and Python step overhead, paged attention (one region per
-sequence), the sampler's extra work, and CUDA graphs around prefill and mixed steps.
+sequence), the sampler's extra work, and CUDA graphs around steps over 512 tokens.
 
 Engine limits cannot be read from an engine, so they are computed as vLLM 0.32 would:
 on CUDA by calibrate.vllm_limits.gpu_engine_limits for the GPU's memory and
@@ -44,7 +44,8 @@ TORCH_HOW = {
     "engine": "computed, not read from an engine (see engine.computed)",
     "prefill": "fresh prompt of n random token ids in chunks of max_num_batched_tokens, one step per chunk (logits of "
                "the last token, greedy argmax); time.perf_counter from the first step's start to the last one's end "
-               "(CUDA: synchronized after each step; a prompt over the budget probed as its chunks, one row each)",
+               "(CUDA: synchronized after each step; a prompt over the budget probed as its chunks, one row each; a step "
+               "of at most 512 tokens captured in a CUDA graph, the median of 3 replays)",
     "cached_prefill": "P cached tokens of stand-in KV in the sequence's cache, then n new tokens, timed as prefill",
     "decode": "B sequences over L + 16 cached tokens, `new` decode steps each timed; seconds = the median step. CPU: "
               "eager, context growing by one per step. CUDA: one step captured in a CUDA graph at the probe's mean context and "

@@ -1,18 +1,21 @@
 #!/bin/bash
-# The GPU check of the torch calibration: on one CUDA GPU, calibrate Llama-3.1-8B and
+# The GPU check of the torch calibration: on one CUDA GPU, time one layer's attention three
+# ways (attention_variants.py -> attention.json), calibrate Llama-3.1-8B and
 # Qwen3-8B (`sim calibrate --backend torch --device cuda`, public config.json in
 # benchmarks/gpu/models/) and time the independent reference probes of the same shapes
 # (../shared/measurements/h200/probe_shapes.py, copied beside this script first: ../shared
 # does not travel to a device machine). Writes into $OUT (default ./gpu-out):
-#   calibrate-torch-cuda-MODEL.json, MODEL-shape-torch-probes.json, log.txt
+#   attention.json, calibrate-torch-cuda-MODEL.json, MODEL-shape-torch-probes.json, log.txt
 # Then, here: sim profile check OUT/calibrate-torch-cuda-MODEL.json --probes OUT/MODEL-shape-torch-probes.json
-# Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 4 minutes on an H100.
+# Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 5 minutes on an H100.
 set -u
 cd "$(dirname "$0")/../.."
 REPO=$PWD OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+timeout 100 python3 benchmarks/gpu/attention_variants.py > "$OUT/attention.json" 2> "$OUT/attention.log"
+grep -E "^(prefill|cached|decode)" "$OUT/attention.log"
 for m in llama3.1-8b qwen3-8b; do
   t0=$(date +%s)
   timeout 200 python3 -c "import sys; from agentsim.cli import main; sys.exit(main(sys.argv[1:]))" calibrate \
