@@ -1,11 +1,15 @@
-"""Synthetic agent traces matching the Continuum paper's Table 2 statistics.
+"""Synthetic agent traces matching the Continuum paper's Table 2 statistics (and OpenHands').
 
 The traces are SYNTHETIC: no real agent ran. They reproduce the published
 (mean, sd) of turns per program, tool time (ms, over all tool calls) and tokens per
 program for SWE-Bench and BFCL v4; real logs come in through traces.importers.
+`openhands` follows the statistics of real OpenHands runs (turns, tool mix, result and output
+sizes; sources in its spec): its turns are lognormal (median and mean), and its tool time and
+tokens per program are the per-call draws, not mapped onto targets (none published that fit).
+It is not bundled: `sim trace gen openhands -o oh.parquet`.
 
     sim trace gen swebench -o swe.parquet [--programs 500] [--seed 0] [--tokens-mode sum|final] [--shared-prefix N] [--tasks K]
-    python -m traces.generate --bundle     # rewrites traces/data/{swebench,bfcl}.parquet (seed 0, 500 programs)
+    python -m traces.generate --bundle     # rewrites traces/data/{swebench,bfcl}.parquet (seed 0, 500 programs; not openhands)
 
 Model of one program (all draws from numpy.random.default_rng(seed), so a seed
 gives an identical trace):
@@ -84,14 +88,19 @@ TOKENS_MODES = ("sum", "final")
 @dataclass(frozen=True)
 class Spec:
     turns: tuple[float, float]  # targets (mean, sd), paper Table 2
-    tool_ms: tuple[float, float]
-    tokens: tuple[float, float]
+    tool_ms: tuple[float, float] | None  # None: tool durations are the per-tool draws, not mapped
+    tokens: tuple[float, float] | None  # None: tokens are the per-call draws, not mapped
     shared_prefix: int
     task: tuple[float, float]  # turn 0 tokens after the shared prefix: (median, sigma)
     output: tuple[float, float]  # per-turn output tokens: (median, sigma)
     last_output: float  # median of the last turn's output (final answer / patch)
     # tool: (weight, median ms, sigma, result tokens median, result sigma)
     tools: dict[str, tuple[float, float, float, float, float]]
+    # "normal": turns = rint(mean + sd z); "lognormal": turns = rint(exp(mu + s z)) with the
+    # lognormal's (median, mean) = turns_median, turns[0] (its sd follows); z standardised either way
+    turns_dist: str = "normal"
+    turns_median: float | None = None
+    max_turns: int | None = None  # the agent's iteration limit (turns clipped to it)
 
 
 SPECS = {
@@ -117,7 +126,65 @@ SPECS = {
             "core_memory_append": (0.08, 120, 0.6, 60, 0.4), "calculate": (0.08, 40, 0.5, 30, 0.3),
         },
     ),
+    # OpenHands (CodeActAgent) on SWE-bench issues. The Continuum paper (§6.1, Fig. 9 and Table 5)
+    # runs OpenHands on Multi-SWE-bench (Go) and says only that its programs have more turns than
+    # SWE-bench's (§6.2: "the average turn number count is higher"); it publishes no statistics of
+    # them. The figures below are from real OpenHands runs:
+    #   [BP] Bouzenia & Pradel, arXiv 2506.18824 (RQ1: iterations and token usage): their public
+    #        data, github.com/sola-st/llm-agents-study (MIT) at commit e84f66f, 40 OpenHands
+    #        trajectories, 1,113 tool calls; every [BP] number is printed by
+    #        `python -m traces.openhands_stats PATH_TO_THAT_CLONE` (traces/openhands_stats.py).
+    #   [NB] nebius/SWE-rebench-openhands-trajectories dataset card, Table 1 (OpenHands v0.54.0,
+    #        Qwen3-Coder-480B, 67,074 trajectories): turns max 100, average 64.3; the same table gives
+    #        SWE-Gym/OpenHands-Sampled-Trajectories (SWE-Gym, arXiv 2412.21139) max 50, average 18.9.
+    # No source publishes OpenHands tool durations (none of these datasets has timestamps).
+    "openhands": Spec(
+        # turns [BP]: mean 29.45, sd 22.46, median 24.5, max 100 over 40 trajectories (between
+        # SWE-Gym's 18.9 and nebius' 64.3 averages [NB]). Skewed (mean > median), so drawn
+        # lognormal with that median and mean (its sd is 19.7), clipped to OpenHands' iteration
+        # limit of 100 (the max in [BP] and [NB]).
+        turns=(29.45, 22.46), turns_dist="lognormal", turns_median=24.5, max_turns=100,
+        # tool time: not published; the per-tool draws below stand unmapped (no target).
+        tool_ms=None,
+        # tokens per program [BP]: sum over calls of prompt + output mean 2.36M, sd 4.39M, median
+        # 964K (input 2.35M, output 17.4K); three trajectories of 97-100 turns sum 14-20M tokens,
+        # i.e. prompts of 140-200K, past Llama-3.1's 131,072 context. Not mapped onto: the
+        # per-call draws below (result sizes and outputs of [BP], first prompt as implied by it)
+        # give the tokens, and the generator keeps every final context <= 131,072. Seed 0, 500
+        # programs: median 779K per program (81% of [BP]'s), mean 1.31M (the context limit cuts
+        # [BP]'s tail), final context median 52K.
+        tokens=None,
+        # system prompt + tool schemas + in-context example: not reported apart in [BP]. Implied
+        # by it: per trajectory, total input / turns minus the mean growth that the results and
+        # outputs explain gives the first prompt: median 13,348 tokens (sd 38K: noisy, results
+        # counted as characters / 4). Chosen 12,400 = that median less the task's 900.
+        shared_prefix=12_400,
+        # task: the same SWE-bench issue texts as the swebench spec: its (900, 0.5) reused.
+        task=(900.0, 0.5),
+        # output per call [BP]: total output / iterations per trajectory, median 433, mean 491;
+        # lognormal(433, 0.5) has mean 491. The last call (finish) is not reported apart: same.
+        output=(433.0, 0.5), last_output=433.0,
+        # tool mix and result sizes [BP]: share of the 1,113 calls, median result tokens
+        # (characters / 4) and the sd of log result tokens, per kind (editor sub-commands;
+        # bash by first word, as the swebench spec's tools; `other_bash` the rest).
+        # Durations: not published; each kind reuses the swebench spec's lognormal of the same
+        # command (median ms, sigma): python, pytest, grep, find, ls, pip, head as there; editor
+        # view as `cat`, editor str_replace / create as `sed` (a file read or write in the
+        # sandbox); other_bash as `cd` (swebench's heavy-tailed `cd repo && ...` commands).
+        tools={
+            "editor_str_replace": (0.260, 6, 0.8, 308, 0.78), "python": (0.202, 900, 1.15, 213, 1.09),
+            "editor_view": (0.158, 4, 0.8, 1491, 1.35), "editor_create": (0.104, 6, 0.8, 15, 0.27),
+            "other_bash": (0.075, 3, 3.1, 83, 1.54), "grep": (0.074, 25, 1.0, 63, 1.27),
+            "find": (0.067, 60, 1.2, 248, 1.30), "ls": (0.042, 4, 0.7, 11_560, 2.61),
+            "pytest": (0.011, 4500, 1.05, 301, 0.57), "pip": (0.006, 4000, 1.0, 375, 0.52),
+            "head": (0.001, 4, 0.7, 142, 0.5),  # 1 call in [BP]: its sigma is swebench's head's
+        },
+    ),
 }
+
+BUNDLED = ("swebench", "bfcl")  # traces/data/ holds these; openhands is generated on demand
+SOURCES = {"openhands": "OpenHands runs: Bouzenia & Pradel arXiv 2506.18824 data (sola-st/llm-agents-study "
+                        "e84f66f) and nebius/SWE-rebench-openhands-trajectories card; see traces/generate.py"}
 
 
 def _lognormal(rng, median, sigma, size=None):
@@ -190,7 +257,14 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
     z = rng.standard_normal(programs)
     if programs > 1:
         z = (z - z.mean()) / z.std(ddof=1)
-    n = np.maximum(np.rint(spec.turns[0] + spec.turns[1] * z), 1).astype(np.int64)
+    if spec.turns_dist == "lognormal":
+        mu = np.log(spec.turns_median)
+        sigma = np.sqrt(2 * np.log(spec.turns[0] / spec.turns_median))  # mean = exp(mu + sigma^2 / 2)
+        n = np.maximum(np.rint(np.exp(mu + sigma * z)), 1).astype(np.int64)
+    else:
+        n = np.maximum(np.rint(spec.turns[0] + spec.turns[1] * z), 1).astype(np.int64)
+    if spec.max_turns is not None:
+        n = np.minimum(n, spec.max_turns)
     rows = int(n.sum())
     start = np.r_[0, np.cumsum(n)[:-1]]
     prog = np.repeat(np.arange(programs), n)
@@ -204,7 +278,7 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
     dur_ms = _lognormal(rng, t[tool_idx, 1], t[tool_idx, 2])
     result_tokens = np.minimum(_lognormal(rng, t[tool_idx, 3], t[tool_idx, 4]), RESULT_CAP)
     tool_p = tool_c = 1.0
-    if (~last).any():
+    if (~last).any() and spec.tool_ms is not None:
         dur_ms[~last], tool_p, tool_c = _power_fit(dur_ms[~last], *spec.tool_ms)
     dur_s = np.where(last, np.nan, dur_ms / 1000.0)
     tool = np.array(names, dtype=object)[tool_idx]
@@ -219,7 +293,10 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
     w = (n[prog] - turn) if tokens_mode == "sum" else np.ones(rows)  # times a token is counted
     var = np.bincount(prog, w * (inp + out), programs)
     fixed = shared * (n if tokens_mode == "sum" else np.ones(programs))
-    target, tok_p, _ = _power_fit(fixed + var, *spec.tokens)
+    if spec.tokens is not None:
+        target, tok_p, _ = _power_fit(fixed + var, *spec.tokens)
+    else:  # no published per-program target to map onto: the per-call draws stand (rounded)
+        target, tok_p = fixed + var, 1.0
     target = np.rint(target)
     scale = np.maximum((target - fixed) / var, 0.01)  # floor: a huge shared prefix can't go negative
     inp = np.where(turn == 0, np.maximum(np.rint(inp * scale[prog]), 1), np.rint(inp * scale[prog]))
@@ -235,7 +312,8 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
         final = np.bincount(prog, inp + out, programs)
         for i in np.flatnonzero(final > CONTEXT_LIMIT):
             _front_load(inp, out, start[i], n[i], CONTEXT_LIMIT - 1024)  # room for settle()'s rounding
-        settle()
+        if spec.tokens is not None:  # no target: front-loading's rounding loss is not put back
+            settle()
 
     width = max(4, len(str(programs - 1)))
     df = pd.DataFrame({
@@ -253,9 +331,11 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
             if t == 0 else None for p, t, k in zip(prog, turn, df["new_input_tokens"])]
     meta = {
         "generator": kind, "seed": int(seed), "programs": int(programs), "tokens_mode": tokens_mode,
-        "synthetic": True, "source": "matches Continuum paper Table 2 statistics",
+        "synthetic": True, "source": SOURCES.get(kind, "matches Continuum paper Table 2 statistics"),
         "shared_prefix_tokens": shared, "tasks": tasks,
-        "targets": {"turns": spec.turns, "tool_ms": spec.tool_ms, f"tokens_{tokens_mode}": spec.tokens},
+        "targets": {"turns": spec.turns, "tool_ms": spec.tool_ms, f"tokens_{tokens_mode}": spec.tokens,
+                    **({"turns_median": spec.turns_median} if spec.turns_median is not None else {}),
+                    **({"max_turns": spec.max_turns} if spec.max_turns is not None else {})},
         "tool_time_power": round(float(tool_p), 6), "tool_time_scale": round(float(tool_c), 6),
         "tokens_power": round(float(tok_p), 6),
     }
@@ -265,7 +345,7 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
 def bundle(data_dir: Path = DATA_DIR) -> list[Path]:
     """Write the bundled traces: seed 0, 500 programs, default options."""
     out = []
-    for kind in SPECS:
+    for kind in BUNDLED:
         df, meta = generate(kind)
         out.append(write_trace(df, data_dir / f"{kind}.parquet", meta))
     return out
@@ -283,13 +363,14 @@ def _gen_cmd(args) -> int:
 
 def register(tsub) -> None:
     p = tsub.add_parser("gen", help="generate a synthetic trace matching the paper's statistics")
-    p.add_argument("kind", metavar="{swebench,bfcl}", help="which workload to imitate")
+    p.add_argument("kind", metavar="{" + ",".join(SPECS) + "}", help="which workload to imitate")
     p.add_argument("--programs", type=int, default=500, help="number of programs (default 500)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--tokens-mode", default="sum", metavar="{sum,final}",
                    help="what 'tokens per program' means: sum over calls (default) or final context")
     p.add_argument("--shared-prefix", type=int, default=None, metavar="N",
-                   help="system-prompt tokens shared by all programs (default 1000 swebench, 800 bfcl)")
+                   help="system-prompt tokens shared by all programs (default 1000 swebench, 800 bfcl, "
+                        "12400 openhands)")
     p.add_argument("--tasks", type=int, default=None, metavar="K",
                    help="sharing model: programs work on K tasks and share their first prompt by content "
                         "(writes content segments; default: none)")
