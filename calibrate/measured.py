@@ -21,7 +21,7 @@ fit and only scored.
 
 build_measured_profile() fits them (calibrate/fit.py, the GPU step model) into a profile
 (`sim calibrate --from-probes FILE`), with the engine limits vLLM 0.32 would compute for
-the GPU's memory (calibrate/vllm_limits.py) and the PCIe figures of the same file.
+the GPU's memory (sim/vllm_limits.py) and the PCIe figures of the same file.
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from calibrate.fit import FEATURES, fit_gpu_step_model, fit_quadratic, fit_step_model, nnls_relative
-from calibrate.probes import _step_row
-from calibrate.vllm_limits import gpu_engine_limits
+from calibrate.probes import step_row
+from sim.vllm_limits import gpu_engine_limits
 from agentsim.errors import InputError
 from sim.profile_check import load_probe_file, read_probes
 
@@ -61,7 +61,7 @@ def probe_rows(data: dict, stat: str = "min_s") -> list[dict]:
     for pr in read_probes(data, kinds=("prefill", "decode")):
         kind = "prefill" if pr.group == "fresh_prefill" else pr.group
         new, prefix, batch = (1, pr.ctx, pr.B) if pr.kind == "decode" else (pr.n, pr.k, 1)
-        x = _step_row(pr.chunks())
+        x = step_row(pr.chunks())
         i = seen[kind] = seen.get(kind, -1) + 1
         rows.append({"kind": kind, "new": new, "prefix": prefix, "batch": batch, "heldout": i % 3 == 2,
                      "seconds": pr.seconds[stat], "features": dict(zip(FEATURES, map(float, x)))})

@@ -63,7 +63,7 @@ class Probe:
         return d
 
 
-def _step_row(seqs: list[tuple[int, int]]) -> np.ndarray:
+def step_row(seqs: list[tuple[int, int]]) -> np.ndarray:
     """One engine step: (q, k) per scheduled sequence -> the step model's features."""
     tokens, n, sum_qk, sum_k, sum_qc = step_features(seqs)
     return np.array([1.0, tokens, sum_qk, n, sum_k, sum_qc], float)
@@ -76,13 +76,13 @@ def features(p: Probe, budget: int) -> list[float]:
     """Features summed over a prefill's chunks, or averaged over a decode's steps."""
     if p.kind == "decode":
         start = p.prefix + min(DECODE_SUFFIX, max(1, budget // p.batch))
-        rows = [_step_row([(1, start + j)] * p.batch) for j in range(1, p.new + 1)]
+        rows = [step_row([(1, start + j)] * p.batch) for j in range(1, p.new + 1)]
         return [float(x) for x in np.mean(rows, axis=0)]
     rows, done = [], 0
     while done < p.new:
         q = min(budget, p.new - done)
         done += q
-        rows.append(_step_row([(q, p.prefix + done)]))
+        rows.append(step_row([(q, p.prefix + done)]))
     return [float(x) for x in np.sum(rows, axis=0)]
 
 

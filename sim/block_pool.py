@@ -46,14 +46,14 @@ import numpy as np
 _STALE = -1  # the stamp of a block with no live queue entry (in use)
 
 
-def _array(blocks: list[int]) -> np.ndarray:
+def block_array(blocks: list[int]) -> np.ndarray:
     return np.fromiter(blocks, np.intp, len(blocks))
 
 
 def drop_refs(ref_cnt: np.ndarray, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """One reference fewer on each of `blocks` (distinct, non-empty): (the blocks as an
     array, the references each has left). Both cache models free through it."""
-    a = _array(blocks)
+    a = block_array(blocks)
     left = ref_cnt[a] - 1
     assert left.min() >= 0, f"block {blocks[int(np.argmin(left))]} freed twice"
     ref_cnt[a] = left
@@ -143,7 +143,7 @@ class PyBlockPool:
         n_known = len(hit)
         hit = self._scan(keys, hit)
         if len(hit) > n_known:
-            tail = _array(hit[n_known:])
+            tail = block_array(hit[n_known:])
             arr = tail if arr is None or not len(arr) else np.concatenate([arr, tail])
         elif arr is None:
             arr = np.empty(0, np.intp)
@@ -168,7 +168,7 @@ class PyBlockPool:
 
     def count_ref(self, blocks: list[int], refs: int) -> int:
         """How many of `blocks` have exactly `refs` references."""
-        return int(np.count_nonzero(self.ref_cnt[_array(blocks)] == refs)) if blocks else 0
+        return int(np.count_nonzero(self.ref_cnt[block_array(blocks)] == refs)) if blocks else 0
 
     def evictable(self, blocks: list[int]) -> int:
         """How many of `blocks` sit in the free queue (a hit on them stops them being allocatable)."""
@@ -178,7 +178,7 @@ class PyBlockPool:
         """Take a reference on cached blocks (a prefix hit), pulling free ones out of the queue."""
         if not blocks:
             return
-        a = _array(blocks)
+        a = block_array(blocks)
         refs = self.ref_cnt[a]
         out = a[refs == 0]
         if len(out):
@@ -294,7 +294,7 @@ class PyBlockPool:
             for b, k in zip(blocks, keys):
                 self.cache(b, k)
             return
-        a = _array(blocks)
+        a = block_array(blocks)
         if self._keyed[a].any():
             for b, k in zip(blocks, keys):
                 self.cache(b, k)

@@ -171,7 +171,7 @@ class Cluster:
         gpu = len(d.sched.prefix_hit(call))
         cpu = d.tier.prefix_blocks(call) if d.tier is not None else 0
         uncached = call.num_tokens - max(gpu, cpu) * d.cfg.block_size
-        queued = sum(len(e.sched.waiting) + len(e._arrivals) for e in self.prefill)
+        queued = sum(len(e.sched.waiting) + len(e.arrived_mid_step) for e in self.prefill)
         remote = self.disagg.remote(uncached, queued)
         self.dstats["remote_prefills" if remote else "local_prefills"] += 1
         return remote

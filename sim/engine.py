@@ -71,7 +71,7 @@ class Engine(Replica):
         self.sched.tier = self.tier
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
-        self._arrivals: list[Call] = []  # calls that arrived mid-step, delivered at its end
+        self.arrived_mid_step: list[Call] = []  # calls that arrived mid-step, delivered at its end
         # the steps in flight: when they began, their times, the batch, the event of their
         # end, and the KV and busy-time figures from before they were counted (_cut_stretch)
         self._start, self._dts, self._batch, self._end, self._kept = 0.0, [], [], None, None
@@ -137,7 +137,7 @@ class Engine(Replica):
         (a pin whose TTL ends inside the step is not a hit)."""
         call.replica = self.index
         if self._in_step:
-            self._arrivals.append(call)
+            self.arrived_mid_step.append(call)
             if len(self._dts) > 1:
                 self._cut_stretch()
             return
@@ -309,11 +309,11 @@ class Engine(Replica):
                 call.req.exec_time = reduce(add, dts, call.req.exec_time)  # added one by one, as step-by-step
             for call in sched.complete(scheduled, env.now, steps=n):
                 self._finish(call)
-            if self._arrivals:
+            if self.arrived_mid_step:
                 sched.expire_pins(env.now)
-                for call in self._arrivals:
+                for call in self.arrived_mid_step:
                     self._deliver(call)
-                self._arrivals.clear()
+                self.arrived_mid_step.clear()
 
     def _steady(self, scheduled) -> bool:
         """Would the next steps schedule the same batch? True when nothing waits, or the

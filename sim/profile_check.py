@@ -154,11 +154,11 @@ def gpu_family(device: str) -> str | None:
 
 def _spec_shape(name: str) -> dict | None:
     """The shape of a model sim/specs/models.json knows, by a name that starts with its key or an alias."""
-    from sim.roofline import _key, _table  # spec tables; light (json, numpy)
+    from sim.roofline import spec_key, spec_table  # spec tables; light (json, numpy)
 
-    want = _key(name)
-    for canon, spec in _table("models.json")["models"].items():
-        if any(want.startswith(_key(a)) for a in (canon, *spec.get("aliases", ()))):
+    want = spec_key(name)
+    for canon, spec in spec_table("models.json")["models"].items():
+        if any(want.startswith(spec_key(a)) for a in (canon, *spec.get("aliases", ()))):
             return {k: spec[k] for k in SHAPE_KEYS if k in spec}
     return None
 

@@ -19,8 +19,8 @@ def register(sub) -> None:
     p = sub.add_parser("profile", help="hardware profiles from public specs (roofline estimates)",
                        description="Profiles for GPUs and models nobody measured here, labelled as estimates.")
     ps = p.add_subparsers(dest="profile_command", required=True)
-    gpus = ", ".join(roofline._table("gpus.json")["gpus"])
-    models = ", ".join(roofline._table("models.json")["models"])
+    gpus = ", ".join(roofline.spec_table("gpus.json")["gpus"])
+    models = ", ".join(roofline.spec_table("models.json")["models"])
     r = ps.add_parser("roofline", help="a roofline-estimate profile for a GPU and a model",
                       description=f"GPUs: {gpus}. Models: {models}. Efficiency constants are fitted on the H100 "
                                   "probes; the command prints their error there (the only measurement).")

@@ -79,7 +79,7 @@ from typing import Hashable
 
 import numpy as np
 
-from sim.block_pool import _array, drop_refs
+from sim.block_pool import block_array, drop_refs
 
 _ROOT = -1  # parent of a block at the start of a context
 _NONE = -2  # "no block": a parent missing from the tree
@@ -122,13 +122,13 @@ class RadixCache:
 
     def count_ref(self, blocks: list[int], refs: int) -> int:
         """How many of `blocks` have exactly `refs` holders."""
-        return int(np.count_nonzero(self.ref_cnt[_array(blocks)] == refs)) if blocks else 0
+        return int(np.count_nonzero(self.ref_cnt[block_array(blocks)] == refs)) if blocks else 0
 
     def evictable(self, blocks: list[int]) -> int:
         """How many of `blocks` count in num_free now (a hit on them stops them counting)."""
         if not blocks:
             return 0
-        a = _array(blocks)
+        a = block_array(blocks)
         t = self._in_tree[a]
         return int(np.count_nonzero(np.where(t, self._lock[a], self.ref_cnt[a]) == 0))
 
@@ -175,7 +175,7 @@ class RadixCache:
             return []
         hit = [cached[k] for k in keys[:lo]]
         self._tick += 1
-        self._atime[_array(hit)] = self._tick
+        self._atime[block_array(hit)] = self._tick
         last = hit[-1]
         kids = self._children[last]
         if len(kids) == 1 and not self._node_start[kids[0]]:
@@ -206,7 +206,7 @@ class RadixCache:
         """A holder takes a reference on blocks (a prefix hit): inc_lock_ref on the path."""
         if not blocks:
             return
-        a = _array(blocks)
+        a = block_array(blocks)
         idle = a[(self.ref_cnt[a] == 0) & ~self._in_tree[a]]
         if len(idle):  # a free block taken without allocate() (tests do it)
             gone = set(idle.tolist())
@@ -247,7 +247,7 @@ class RadixCache:
         free = self._free
         out = [free.popleft() for _ in range(n)]
         if out:
-            self.ref_cnt[_array(out)] = 1
+            self.ref_cnt[block_array(out)] = 1
         return out
 
     def evict(self, n: int) -> int:

@@ -53,20 +53,20 @@ EFF_NAMES = ("eff_mem", "eff_kv", "eff_gemm", "eff_attn", "step_overhead_s")
 EFF_LOW, EFF_HIGH = (0.05, 0.05, 0.05, 0.05, 0.0), (1.0, 1.0, 1.0, 1.0, 0.05)
 
 
-def _key(name: str) -> str:
+def spec_key(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", str(name).lower())
 
 
 @lru_cache(maxsize=None)
-def _table(name: str) -> dict:
+def spec_table(name: str) -> dict:
     return json.loads((SPEC_DIR / name).read_text())
 
 
 def _lookup(kind: str, name: str) -> tuple[str, dict]:
-    table = _table(f"{kind}s.json")[f"{kind}s"]
-    want = _key(name)
+    table = spec_table(f"{kind}s.json")[f"{kind}s"]
+    want = spec_key(name)
     for canon, spec in table.items():
-        if want in {_key(canon), *(_key(a) for a in spec.get("aliases", ()))}:
+        if want in {spec_key(canon), *(spec_key(a) for a in spec.get("aliases", ()))}:
             return canon, spec
     raise InputError(f"unknown {kind} {name!r}; known: {', '.join(table)}")
 
@@ -80,7 +80,7 @@ def find_model(name: str) -> tuple[str, dict]:
 
 
 def links() -> dict:
-    return _table("gpus.json")["links"]
+    return spec_table("gpus.json")["links"]
 
 
 def load_fit() -> dict:
@@ -395,11 +395,11 @@ def check_layout(mname: str, model: dict, tp: int, ep: int) -> tuple[str, int]:
 
 def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_memory_utilization: float,
                   max_model_len: int | None, block_size: int = 16) -> tuple[dict, list[str]]:
-    """The engine section as vLLM 0.32 would set it up (calibrate/vllm_limits.py's arithmetic
+    """The engine section as vLLM 0.32 would set it up (sim/vllm_limits.py's arithmetic
     with this module's weight and KV bytes: FP8, MoE layouts, sliding windows), and notes.
     ep: each of the n GPUs is its own data-parallel rank (own KV, batch and token budget);
     the replica's pool is their sum, a sequence fits one GPU's share."""
-    from calibrate.vllm_limits import GiB, NON_TORCH_BYTES, activation_bytes, batch_defaults
+    from sim.vllm_limits import GiB, NON_TORCH_BYTES, activation_bytes, batch_defaults
 
     mem = gpu["memory_bytes"]
     usable = mem * gpu_memory_utilization
@@ -436,7 +436,7 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
         "name": "vllm", "version": "0.32 (computed)", "block_size": block_size, "num_gpu_blocks": blocks * ranks,
         "max_num_batched_tokens": d_tokens * ranks, "max_num_seqs": d_seqs * ranks, "max_model_len": int(max_len),
         "enable_chunked_prefill": True, "enable_prefix_caching": True,
-        "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (calibrate/vllm_limits.py) for "
+        "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/vllm_limits.py) for "
                      f"{mem / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, {layout}={n}: minus weights "
                      f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {NON_TORCH_BYTES / GiB:.1f} GiB; "
                      "llm batch defaults" + (f"; {n} data-parallel ranks: blocks, sequences and token budget summed" if ranks > 1 else "")),
@@ -508,7 +508,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "c4": f"KV read per context token: {glob * 2 * (heads if layout == 'tp' else heads / n) * model['head_dim'] * kvb:.0f} B per GPU"
               f"{' (full-attention layers)' if local else ''} / (BW x eff_kv)",
         "c5": "= c2: new tokens attend all cached keys (no causal half)",
-        "engine": "vLLM 0.32 start-up arithmetic (sim/roofline.py engine_limits, calibrate/vllm_limits.py; see engine.computed)",
+        "engine": "vLLM 0.32 start-up arithmetic (sim/roofline.py engine_limits, sim/vllm_limits.py; see engine.computed)",
         "kv_bytes_per_block": ("per GPU (each tensor-parallel rank holds and moves its own KV heads)" if layout == "tp"
                                else "all KV heads of a block (a sequence's blocks live on the GPU that serves it; offload "
                                     "and disaggregation transfers are priced on one GPU's link, though the N GPUs' links "

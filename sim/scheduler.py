@@ -152,7 +152,7 @@ class Scheduler:
             # vLLM preempts the tail of its running list; with the policy adapter the list is
             # put in the policy's victim order before every step (last victim first), which
             # also decides which running call gets the step's budget and blocks first
-            # (calibrate/policy_scheduler.py _order_running_for_victims; the twin check)
+            # (sim/vllm_scheduler.py _order_running_for_victims; the twin check)
             new = self.victim_ordered()
             self.order_moved = new != self.running  # ties flip every step (victim_ordered)
             self.running = new
@@ -212,7 +212,7 @@ class Scheduler:
                     self._key_blocks(call, call.num_computed + num_new)
                 budget -= num_new
             # vLLM with the policy adapter releases a consumed pin once its scheduler has
-            # built the step (calibrate/policy_scheduler.py schedule): blocks the pin held
+            # built the step (sim/vllm_scheduler.py schedule): blocks the pin held
             # beyond the hit (its partial last block) are not free to later admissions of
             # the same step (the twin check, benchmarks/twin_check.py)
             for pid in hits:

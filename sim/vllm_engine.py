@@ -7,11 +7,11 @@ engine runs vLLM's own code for them instead, so where the two engines disagree 
 run spec the SimPy replica is wrong, or makes a documented simplification
 (`benchmarks/twin_check.py`, docs/validation.md). Timing is the same on both: each
 SchedulerOutput is one simulated step whose duration is the profile's step model on
-that step's (q, k) rows (`PolicyScheduler._features`, the features the SimPy engine
+that step's (q, k) rows (`PolicyScheduler.features`, the features the SimPy engine
 prices).
 
 How:
-- The scheduler is `calibrate.policy_scheduler.PolicyScheduler` (vLLM's Scheduler with
+- The scheduler is `sim.vllm_scheduler.PolicyScheduler` (vLLM's Scheduler with
   the run's policy: the one implementation of the policy protocol inside vLLM), built
   from a VllmConfig made by vLLM's own EngineArgs from the run's limits (block size, KV
   blocks, token budget, sequences, chunked prefill, prefix caching on, max_model_len,
@@ -144,7 +144,7 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.engine.arg_utils import EngineArgs
 
-    from calibrate.engine import TINY_MODEL
+    from sim.shipped_models import TINY_MODEL
 
     args = EngineArgs(model=str(TINY_MODEL), skip_tokenizer_init=True, load_format="dummy", dtype="float32",
                       enable_prefix_caching=True, block_size=block_size, num_gpu_blocks_override=num_blocks,
@@ -169,7 +169,7 @@ def build_scheduler(cfg, policy: Policy, profile: Profile, clock):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from calibrate.policy_scheduler import PolicyScheduler
+    from sim.vllm_scheduler import PolicyScheduler
 
     config = _vllm_config(cfg.block_size, cfg.num_gpu_blocks, cfg.max_num_batched_tokens, cfg.max_num_seqs,
                           bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt))
@@ -281,7 +281,7 @@ class VllmReplica(Replica):
         self.core, self._hash_fn = build_scheduler(cfg, policy, profile, clock=lambda: env.now)
         self.stats = self.core.stats
         self.sched = _SchedView(self)
-        self._arrivals: list[Call] = []  # calls that arrived mid-step, added at its end
+        self.arrived_mid_step: list[Call] = []  # calls that arrived mid-step, added at its end
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
         self._in_step = False
         self._calls: dict[str, Call] = {}  # request id -> the simulator's record of the call
@@ -314,7 +314,7 @@ class VllmReplica(Replica):
         """vLLM's engine core takes requests between steps (as Engine.submit)."""
         call.replica = self.index
         if self._in_step:
-            self._arrivals.append(call)
+            self.arrived_mid_step.append(call)
             return
         self._deliver(call)
 
@@ -338,7 +338,7 @@ class VllmReplica(Replica):
         if self._in_step:
             self._deferred.append((program_id, reason))
             return
-        self.core._release_pin(program_id, self.env.now, reason)
+        self.core.release_pin(program_id, self.env.now, reason)
         if not self._wakeup.triggered:
             self._wakeup.succeed()
 
@@ -358,7 +358,7 @@ class VllmReplica(Replica):
                     raise SimulationError(f"no progress at t={env.now:.3f} ({spins} scheduler passes without the "
                                           f"simulated clock advancing): {self.state()}")
             for pid, reason in self._deferred:
-                core._release_pin(pid, env.now, reason)
+                core.release_pin(pid, env.now, reason)
             self._deferred.clear()
             if not core.has_requests():
                 self._wakeup = env.event()
@@ -390,7 +390,7 @@ class VllmReplica(Replica):
                 before = r.num_computed_tokens - q
                 if before < r.num_prompt_tokens:
                     calls[rid].computed_prompt_tokens += min(r.num_computed_tokens, r.num_prompt_tokens) - before
-            dt = profile.step_time(*core._features(out))
+            dt = profile.step_time(*core.features(out))
             used = self.sched.pool.num_used
             _, self._used_area, self.busy_time, end = stretch.account_steps(
                 [dt], [0], used, self._used_area, self.busy_time, now,
@@ -409,7 +409,7 @@ class VllmReplica(Replica):
             core.update_from_output(out, self._MRO(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                                    sampled_token_ids=sampled))
             t = env.now
-            timed = core._timed_steps  # the adapter adds each step's time itself (a policy that reads it)
+            timed = core.timed_steps  # the adapter adds each step's time itself (a policy that reads it)
             for rid in ids:
                 r, call = requests[rid], calls[rid]
                 if not timed:
@@ -425,7 +425,7 @@ class VllmReplica(Replica):
                         self._programs.pop(call.req.program_id, None)
                     if self.on_finish is not None:
                         self.on_finish(call, t)
-            if self._arrivals:
-                for call in self._arrivals:
+            if self.arrived_mid_step:
+                for call in self.arrived_mid_step:
                     self._deliver(call)
-                self._arrivals.clear()
+                self.arrived_mid_step.clear()

@@ -34,7 +34,7 @@ def test_a_pin_that_outlives_the_step_is_hit():
 
 def test_usage_divides_by_the_usable_blocks_as_the_vllm_adapter_does():
     """One block total on both sides: vLLM's pool keeps one of num_gpu_blocks as its null
-    block, and calibrate/policy_scheduler.py divides by num_gpu_blocks - 1; so does the
+    block, and sim/vllm_scheduler.py divides by num_gpu_blocks - 1; so does the
     simulator, and a full pool reads 100%, not (n-1)/n."""
     from sim.engine import Engine
 

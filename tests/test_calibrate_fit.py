@@ -163,14 +163,14 @@ def test_cli_bad_input_is_one_line(capsys, tmp_path, argv, words):
     assert not (tmp_path / "p.json").exists()
 
 
-# --- engine limits computed as vLLM 0.32 would (calibrate/vllm_limits.py) ----------------
+# --- engine limits computed as vLLM 0.32 would (sim/vllm_limits.py) ----------------
 LLAMA8B = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 8, "head_dim": 128,
            "intermediate_size": 14336, "vocab_size": 128256, "dtype_bytes": 2, "num_params": 8.03e9,
            "max_position_embeddings": 131072}
 
 
 def test_gpu_engine_limits_follow_vllm_defaults_and_memory_arithmetic():
-    from calibrate.vllm_limits import GiB, NON_TORCH_BYTES, activation_bytes, gpu_engine_limits
+    from sim.vllm_limits import GiB, NON_TORCH_BYTES, activation_bytes, gpu_engine_limits
 
     h100 = gpu_engine_limits(LLAMA8B, 85.0e9, gpu_name="NVIDIA H100 80GB HBM3")
     assert (h100["max_num_batched_tokens"], h100["max_num_seqs"], h100["max_model_len"]) == (16384, 1024, 131072)
@@ -190,7 +190,7 @@ def test_gpu_engine_limits_follow_vllm_defaults_and_memory_arithmetic():
 
 
 def test_gpu_engine_limits_bad_input_is_one_line():
-    from calibrate.vllm_limits import gpu_engine_limits
+    from sim.vllm_limits import gpu_engine_limits
 
     for kwargs, needle in [({"gpu_mem_bytes": 24e9}, "does not fit"), ({"gpu_mem_bytes": 85e9, "tp": 3}, "tp=3"),
                            ({"gpu_mem_bytes": 85e9, "gpu_memory_utilization": 1.5}, "gpu_memory_utilization")]:
@@ -204,7 +204,7 @@ def test_gpu_engine_limits_bad_input_is_one_line():
 # --- the GPU step model (calibrate/fit.py fit_gpu_step_model) -----------------------------
 def test_gpu_step_fit_recovers_known_coefficients_and_needs_one_step_rows():
     from calibrate.fit import fit_gpu_step_model, gpu_step_time
-    from calibrate.probes import _step_row
+    from calibrate.probes import step_row
 
     true = {"c0": 2e-4, "c1": 2.4e-5, "c2": 4e-10, "c3": 5e-6, "c4": 4e-8, "c5": 5e-10, "w": 0.0065, "launch": 0.0125, "p": 5.0}
     shapes = [("prefill", [(n, n)]) for n in (128, 256, 512, 1000, 2000, 4000, 8000, 16000, 32000)]
@@ -212,7 +212,7 @@ def test_gpu_step_fit_recovers_known_coefficients_and_needs_one_step_rows():
     shapes += [("decode", [(1, c)] * b) for b in (1, 4, 16, 64, 256) for c in (512, 2048, 8192)]
     seen, rows = {}, []
     for kind, seqs in shapes:
-        x = _step_row(seqs)
+        x = step_row(seqs)
         i = seen[kind] = seen.get(kind, -1) + 1
         rows.append({"kind": kind, "heldout": i % 3 == 2, "seconds": float(gpu_step_time(true, [x])[0]),
                      "features": dict(zip(FEATURES, map(float, x)))})

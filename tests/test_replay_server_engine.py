@@ -34,7 +34,7 @@ def server():
            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", engine_dtype("cpu"), "--enforce-eager",
            "--kv-cache-memory-bytes", str(1 << 30), "--num-gpu-blocks-override", "48", "--max-model-len", "4096",
            "--enable-prefix-caching", "--enable-prompt-tokens-details", "--port", str(port),
-           "--scheduler-cls", "calibrate.policy_scheduler.PolicyScheduler",
+           "--scheduler-cls", "sim.vllm_scheduler.PolicyScheduler",
            "--additional-config", json.dumps({"agentsim": {"policy": "continuum"}})]
     proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,8 +8,8 @@ from sim.cli import main
 from sim.profile import parse_profile
 from agentsim.errors import InputError
 
-GPUS = list(roofline._table("gpus.json")["gpus"])
-MODELS = list(roofline._table("models.json")["models"])
+GPUS = list(roofline.spec_table("gpus.json")["gpus"])
+MODELS = list(roofline.spec_table("models.json")["models"])
 # (gpu, model, tp) that must fit: every model on one big GPU, and 70B at tp 4/8 (issue 14)
 MUST_FIT = [(g, "llama3.1-70b", tp) for g in ("H100", "H200", "B200", "A100-80GB") for tp in (4, 8)] \
     + [(g, m, 1) for g in ("H100", "H200", "B200", "A100-80GB") for m in ("llama3.1-8b", "qwen3-8b")]
@@ -76,10 +76,10 @@ def test_physics_units():
 
 
 def test_spec_tables_are_consistent():
-    for name, g in roofline._table("gpus.json")["gpus"].items():
+    for name, g in roofline.spec_table("gpus.json")["gpus"].items():
         assert g["memory_bytes"] > 30e9 and g["bandwidth_GBps"] > 500 and g["bf16_dense_TFLOPS"] > 100, name
         assert g["sources"]["datasheet"] and g["sources"]["memory_bytes"], name
-    for name, m in roofline._table("models.json")["models"].items():
+    for name, m in roofline.spec_table("models.json")["models"].items():
         # num_params is the count of the shapes (catches a typo in any of them); MoE, FP8 and
         # sliding-window models are checked by hand in tests/test_roofline_moe.py
         assert roofline.param_counts(m)["total"] == m["num_params"], name

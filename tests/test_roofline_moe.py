@@ -8,7 +8,7 @@ import pytest
 from sim import roofline as R
 from sim.cli import main
 from sim.profile import parse_profile
-from calibrate.vllm_limits import gpu_engine_limits
+from sim.vllm_limits import gpu_engine_limits
 
 EFF = R.load_fit()["constants"]
 
@@ -152,7 +152,7 @@ def test_fp8_rate_only_where_the_gpu_has_one():
 
 
 def test_engine_limits_equal_vllm_limits_for_dense_models():
-    """One arithmetic: for a dense bf16 model the roofline's engine section is calibrate/vllm_limits.py's."""
+    """One arithmetic: for a dense bf16 model the roofline's engine section is sim/vllm_limits.py's."""
     for g, m, tp in (("H100", "llama3.1-8b", 1), ("A100-80GB", "qwen3-8b", 1), ("H200", "llama3.1-70b", 4)):
         gs, ms = gpu(g), model(m)
         ours, _ = R.engine_limits(g, gs, ms, "tp", tp, 0.9, 8192)

@@ -364,7 +364,7 @@ def test_torch_calibration_of_tiny_model_predicts_heldout_probes(tmp_path, capsy
 
 
 def gpu_engine(max_model_len=32768):
-    from calibrate.vllm_limits import gpu_engine_limits
+    from sim.vllm_limits import gpu_engine_limits
 
     model = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2, "num_params": 8.03e9,
              "hidden_size": 4096, "num_attention_heads": 32, "intermediate_size": 14336, "vocab_size": 128256,
@@ -403,7 +403,7 @@ def test_the_gpu_form_is_kept_where_it_predicts_held_out_steps_better():
     import numpy as np
 
     from calibrate.fit import FEATURES, gpu_step_time
-    from calibrate.probes import _step_row
+    from calibrate.probes import step_row
     from calibrate.run import choose_step_model
 
     coef = {"c0": 1e-3, "c1": 3e-5, "c2": 8e-10, "c3": 5e-6, "c4": 5e-8, "c5": 7e-10, "w": 7e-3, "launch": 1.5e-2,
@@ -414,7 +414,7 @@ def test_the_gpu_form_is_kept_where_it_predicts_held_out_steps_better():
     rng = np.random.default_rng(0)
     rows = []
     for i, s in enumerate(steps):
-        x = _step_row(s)
+        x = step_row(s)
         t = float(gpu_step_time(coef, [x])[0]) * (1 + rng.normal(0, 0.01))
         rows.append({"kind": "decode" if x[1] == x[3] else "prefill", "heldout": i % 4 == 3, "seconds": t,
                      "features": dict(zip(FEATURES, map(float, x)))})

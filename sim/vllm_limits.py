@@ -86,7 +86,7 @@ def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_mem
         "name": "vllm", "version": "0.32 (computed)", "block_size": int(block_size), "num_gpu_blocks": blocks,
         "max_num_batched_tokens": budget, "max_num_seqs": seqs, "max_model_len": max_len,
         "enable_chunked_prefill": True, "enable_prefix_caching": True,
-        "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (calibrate/vllm_limits.py) for "
+        "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/vllm_limits.py) for "
                      f"{gpu_mem_bytes / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, tp={tp}: minus weights "
                      f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {NON_TORCH_BYTES / GiB:.1f} GiB; "
                      f"{usage_context} batch defaults"),

@@ -1,13 +1,13 @@
 """A vLLM scheduler that runs any policy of `policies/`, loaded with no change to vLLM.
 
-    LLM(..., scheduler_cls="calibrate.policy_scheduler.PolicyScheduler",
+    LLM(..., scheduler_cls="sim.vllm_scheduler.PolicyScheduler",
         additional_config={"agentsim": {"policy": "continuum", "policy_args": {},
                                         "profile": "cpu-tiny-llama"}})
 
 (no "profile": the bundled one of the shipped model the engine runs, calibrate/engine.py)
 
 (`--scheduler-cls` / `--additional-config` on the OpenAI server). Requests carry
-their program in `extra_args` (`vllm_xargs` on the server; see calibrate/job_meta.py).
+their program in `extra_args` (`vllm_xargs` on the server; see sim/job_meta.py).
 
 It follows the call protocol of policies/base.py exactly as sim/scheduler.py does,
 so a policy makes the same decisions in both engines:
@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from calibrate.engine import bundled_profile_name
-from calibrate.job_meta import parse_job_meta
 from policies.base import Action, FinishStats, Policy, PolicyError, Release, Request
 from policies.pins import PinTable, pin_counts
 from policies.runtime import no_deadlock_victims
 from policies.registry import make_policy
+from sim.job_meta import parse_job_meta
 from sim.profile import Profile, load_profile, step_features
+from sim.shipped_models import bundled_profile_name
 from agentsim.errors import InputError
 
 logger = logging.getLogger("agentsim.scheduler")
@@ -138,7 +138,7 @@ class PolicyScheduler(Scheduler):
         self._kv_sum = self._kv_steps = 0
         self._hooks()
         # steps are timed only for a policy that reads exec_time or while validation logs them
-        self._timed_steps = False
+        self.timed_steps = False
         if self.policy.reads_exec_time:
             self._time_steps()
         # The waiting deque is kept in policy order incrementally: a request's key is
@@ -202,7 +202,7 @@ class PolicyScheduler(Scheduler):
     def pinned_block_seconds(self) -> float:
         return self.pinned.block_seconds
 
-    def _release_pin(self, pid: str, now: float, reason: Release) -> None:
+    def release_pin(self, pid: str, now: float, reason: Release) -> None:
         blocks = self.pinned.pop(pid, now)
         if blocks is None:
             return
@@ -251,7 +251,7 @@ class PolicyScheduler(Scheduler):
         released since the last bound only made it early: one extra call here)."""
         if self.pinned:
             for pid in self.policy.expired_pins(now, self._waiting_programs):
-                self._release_pin(pid, now, Release.EXPIRED)
+                self.release_pin(pid, now, Release.EXPIRED)
         self._next_expiry = min((p.expiry for p in self.policy.pins.values()), default=float("inf"))
 
     def _next_call_waits(self, pid: str) -> bool:
@@ -275,7 +275,7 @@ class PolicyScheduler(Scheduler):
             self.policy, self, self.pinned, pid, short, bool(self.running),
             lambda: sum(sum(1 for b in blks if b.ref_cnt == 1) for p, blks in self.pinned.items() if p != pid))
         for victim in victims:
-            self._release_pin(victim, now, Release.VICTIM)
+            self.release_pin(victim, now, Release.VICTIM)
         return bool(victims)
 
     # --- requests --------------------------------------------------------------------------
@@ -325,7 +325,7 @@ class PolicyScheduler(Scheduler):
             self._expire(now)
         if self.policy.reviews_pins and self.pinned:  # InferCept re-judges its pins before each step
             for pid in self.policy.review_pins(now, self):
-                self._release_pin(pid, now, Release.DISCARD)
+                self.release_pin(pid, now, Release.DISCARD)
         if self.policy.order_depends_on_time and len(self.waiting) > 1:
             for r in self.waiting:
                 self._keys[r.request_id] = self._key(self.calls[r.request_id], now)
@@ -343,18 +343,18 @@ class PolicyScheduler(Scheduler):
                 if on_schedule is not None:
                     on_schedule(call.req, now)  # before the pin is consumed (protocol)
                 if call.req.program_id in pinned:
-                    self._release_pin(call.req.program_id, now, Release.HIT)
+                    self.release_pin(call.req.program_id, now, Release.HIT)
         if self.step_log is not None:  # validation statistics, off by default (cost per step)
-            self._step_feat = self._features(out)
+            self._step_feat = self.features(out)
             used = self.num_blocks - self.free_blocks()
             self.kv_peak = max(self.kv_peak, used)
             self._kv_sum += used
             self._kv_steps += 1
-        if self._timed_steps:
+        if self.timed_steps:
             self._step_start = self.clock()
         return out
 
-    def _features(self, out) -> tuple:
+    def features(self, out) -> tuple:
         """The step model's inputs (sim/profile.py) for this step: tokens, seqs, sum q*k,
         sum k, sum q*(k-q); k counts the chunk (num_computed_tokens is already advanced)."""
         requests = self.requests
@@ -412,7 +412,7 @@ class PolicyScheduler(Scheduler):
         pin = self.policy.on_finish(req, now, self).action is Action.PIN
         if pin and self._request_blocks_can_be_freed(request):
             if pid in self.pinned:  # never two pins for one program
-                self._release_pin(pid, now, Release.EXPIRED)
+                self.release_pin(pid, now, Release.EXPIRED)
             self.pinned.add(pid, self.kv_cache_manager.pop_blocks_for_free(request), now)
             self._pins_changed(pid, now)
         else:
@@ -424,7 +424,7 @@ class PolicyScheduler(Scheduler):
 
     def _end_program(self, pid: str, now: float) -> None:
         if pid in self.pinned:
-            self._release_pin(pid, now, Release.LAST)
+            self.release_pin(pid, now, Release.LAST)
         first, turns = self.programs.pop(pid, (now, 1))
         self.policy.on_program_end(pid, turns, now)
 
@@ -436,7 +436,7 @@ class PolicyScheduler(Scheduler):
         self._custom_victim = policy.preemption_victim is not Policy.preemption_victim
 
     def _time_steps(self) -> None:
-        self._timed_steps = True
+        self.timed_steps = True
         self.update_from_output = self._timed_update_from_output
 
     def reset_stats(self) -> None:
@@ -448,7 +448,7 @@ class PolicyScheduler(Scheduler):
         if self.calls:
             raise RuntimeError("reset_stats with requests in the engine")
         for pid in list(self.pinned):  # programs of the earlier phase are over
-            self._release_pin(pid, self.clock(), Release.LAST)
+            self.release_pin(pid, self.clock(), Release.LAST)
         self.pinned.restart(self.clock())
         self.policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
         self._hooks()
