@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.validate import CLOCKS, SHAPES, clock_band, scaled, sim_run
+from calibrate.validate import SHAPES, scaled, sim_run
+from calibrate.validate_report import CLOCKS, clock_band
 from sim.profile import load_profile
 from sim.simulate import arrivals_for
 from traces.schema import read_trace

@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.run import refit_profile
-from calibrate.validate import SHAPES, sim_run, step_check
+from calibrate.validate import SHAPES, sim_run
+from calibrate.validate_report import step_check
 from sim.simulate import arrivals_for
 from sim.profile import parse_profile
 from traces.schema import read_trace

@@ -6,8 +6,9 @@ import pytest
 
 from types import SimpleNamespace
 
-from calibrate.validate import (CLOCK_BAND, CLOCKS, SHAPES, _late_arrivals, check_policies, clock_band, clock_scale,
-                                compare_policy, fit_trace, probe_ratios, rank)
+from calibrate.validate import SHAPES, check_policies, fit_trace
+from calibrate.validate_report import (CLOCK_BAND, CLOCKS, clock_band, clock_scale, compare_policy, late_arrivals,
+                                       probe_ratios, rank)
 from tests.conftest import linear_profile
 from agentsim.errors import InputError
 from traces.schema import read_trace
@@ -87,7 +88,7 @@ def test_late_arrival_splits_the_step_in_progress_from_the_rest():
     steps = pd.DataFrame({"start": [t0 + 0.0, t0 + 1.0], "seconds": [0.5, 0.5]})
     turns = pd.DataFrame({"program_id": ["p", "p"], "turn": [0, 1], "arrival": [0.2, 0.9]})
     arrived = {"p#0-abcd1234": t0 + 0.502, "p#1-ffff0000": t0 + 0.901}  # vLLM's id suffix
-    out = _late_arrivals(turns, arrived, t0, steps)
+    out = late_arrivals(turns, arrived, t0, steps)
     np.testing.assert_allclose(out["late_step_s"], [0.3, 0.0])  # due mid-step / between steps
     np.testing.assert_allclose(out["late_rest_s"], [0.002, 0.001], atol=1e-9)
 
