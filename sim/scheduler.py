@@ -43,7 +43,8 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, policy: Policy) -> None:
         self.cfg = cfg
         self.policy = policy
-        # vLLM's BlockPool keeps one of num_gpu_blocks as its null block (never allocated).
+        # the GPU KV cache (the sim/kv_cache.py protocol): vLLM's block pool or SGLang's radix
+        # tree; vLLM's BlockPool keeps one of num_gpu_blocks as its null block (never allocated)
         self.pool = (RadixCache if cfg.cache == "radix" else BlockPool)(cfg.num_gpu_blocks - 1, cfg.block_size)
         self.waiting: list[Call] = []
         self.running: list[Call] = []
