@@ -78,3 +78,21 @@ def test_cli_writes_it(tmp_path, capsys):
 
 def test_bundle_leaves_openhands_out():
     assert gen.BUNDLED == ("swebench", "bfcl") and "openhands" in gen.SPECS
+
+
+def test_stats_script_classifies_tools_as_the_spec_names_them():
+    from traces.openhands_stats import tool_of
+
+    def act(name, **args):
+        import json
+        return repr({"arguments": json.dumps(args), "name": name})
+
+    assert tool_of(act("execute_bash", command="cd /workspace/x && python reproduce.py")) == "python"
+    assert tool_of(act("execute_bash", command="python -m pytest tests/a.py")) == "pytest"
+    assert tool_of(act("execute_bash", command="grep -rn foo .")) == "grep"
+    assert tool_of(act("execute_bash", command="django-admin check")) == "other_bash"
+    assert tool_of(act("str_replace_editor", command="view", path="/a.py")) == "editor_view"
+    assert tool_of("not a dict") == "unparsed"
+    kinds = {"python", "pytest", "grep", "find", "ls", "pip", "head", "other_bash",
+             "editor_view", "editor_str_replace", "editor_create"}
+    assert set(SPEC.tools) == kinds
