@@ -63,7 +63,7 @@ def _bounds(v: str) -> str:
 
 # Ranges of policy parameters, by name (a name means the same in every policy that has
 # it); the types come from the constructors' annotations. Every numeric parameter
-# must be listed (tests/test_issue17.py checks), so none is accepted unchecked.
+# must be listed (tests/test_refused_inputs.py checks), so none is accepted unchecked.
 # ThunderAgent's `interval` >= 1 ms: rounds of 1e-9 s took the run 10^9 rounds a second
 # of simulated time, a run that never ended (issue 36).
 RANGES: dict[str, object] = {

@@ -1,4 +1,4 @@
-"""Issue 36: never hang, never deadlock, never a traceback.
+"""Never hang, never deadlock, never a traceback.
 
 The four regression traces (tests/fixtures/regressions, found by random configurations)
 and the progress watchdog that stops a run whose simulated clock no longer advances.

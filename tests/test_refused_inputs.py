@@ -1,5 +1,5 @@
-"""Regression tests for issue 17's examples: wrong results, deadlocks, hangs, inputs
-refused too late or read as something else."""
+"""Regression tests: wrong results, deadlocks, hangs, inputs refused too late or read as
+something else."""
 import numpy as np
 import pytest
 
