@@ -6,8 +6,9 @@ qkv and gate_up projections; all scheduled tokens of a step flattened into one
 [tokens, hidden] batch; the new K and V of every sequence written with one
 `index_copy_` per layer through a slot mapping (vLLM's reshape_and_cache); attention
 with one call per layer for a step's decodes (a padded batch, a key mask only where
-their contexts differ) and one per prefill chunk; logits only for each sequence's last
-token; greedy sampling. The host builds a step's index tensors once (`prepare`), so the
+their contexts differ) and one per prefill chunk, on a GPU with cuDNN's kernels first or
+one FlashAttention-2 varlen call for the whole step (`choose_gpu_attention`); logits only
+for each sequence's last token; greedy sampling. The host builds a step's index tensors once (`prepare`), so the
 device work (`forward`) launches the same kernels whatever the batch, and a decode step
 can be captured in a CUDA graph.
 
