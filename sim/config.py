@@ -348,10 +348,10 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
     return Run(resolved, trace, policy, profile, cfg, np.asarray(arrivals, dtype=float), tiers, disagg)
 
 
-def execute(run: Run, progress=None) -> Result:
-    """Simulate a built run."""
+def execute(run: Run, progress=None, watch=None) -> Result:
+    """Simulate a built run; `watch` (sim.bound.Watcher) stops it once its bound is known to fail."""
     c = run.config.cluster
     return run_simulation(run.trace, run.policy, run.profile, run.cfg, run.arrivals,
                           fast_forward=run.config.engine.fast_forward, progress=progress,
                           replicas=c.replicas, router=c.router, offload=run.tiers, disagg=run.disagg,
-                          engine=run.config.engine.kind)
+                          engine=run.config.engine.kind, watch=watch)

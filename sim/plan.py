@@ -19,6 +19,11 @@ through sim.sweep (a point dict per seed, DIR/results.parquet), so an interrupte
 resumes where it stopped and points can run on local processes or a Dask cluster. A
 point whose simulation cannot go on (a deadlock, the progress watchdog) stops its
 candidate's search with status "failed" and the message; the others go on.
+
+Speed. Every point runs with the SLO as a bound (sim/bound.py): it stops as soon as the
+SLO is known to fail, and counts as failing with its metric's lower bound; a point not
+stopped is exact, so the answer is. One pool of warm workers serves the whole search,
+fed point by point as points finish (search).
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ from policies.registry import policy_params
 from sim import roofline
 from sim.cpu_tier import parse_offload
 from sim.router import ROUTERS, make_router
-from sim.sweep import RESULTS, build_run, point_key, sweep
+from sim.bound import BOUNDABLE, Bound
+from sim.sweep import RESULTS, Workers, build_run, point_key, stopped_early, sweep
 from agentsim.errors import InputError
 from agentsim.files import atomic_write, check_output
 from traces.validation import JSONFloat, Model, validated
@@ -140,6 +146,14 @@ class Question:
     programs: int | None = None
     num_blocks: int | None = None      # a KV pool cut for every candidate (as the results tables do)
     max_replicas: int = 16
+    early_stop: bool = True            # a point stops once its SLO is known to fail (sim/bound.py)
+
+    def bound(self) -> Bound | None:
+        """Each point's bound: the SLO at n x its limit over n seeds (one seed above n x limit
+        puts the mean of n non-negative values above it); None where the metric has none."""
+        if not self.early_stop or self.slo.metric not in BOUNDABLE:
+            return None
+        return Bound(self.slo.metric, self.slo.limit * len(self.seeds))
 
     def points(self, c: Candidate, replicas: int) -> list[dict]:
         # one replica has nothing to route: run it once for all routers
@@ -234,69 +248,94 @@ class PlanResult:
     resumed: int                 # points found in DIR/results.parquet
     pruned: int                  # candidates dropped by the cost bound before any point ran
     notes: list[str] = field(default_factory=list)
+    stopped: int = 0             # configurations tried whose points stopped early (their metric a lower bound)
 
 
 def search(q: Question, cands: list[Candidate], out: str | Path, workers: int = 1, dask: str | None = None,
            prune: bool = True, progress: bool = False) -> PlanResult:
-    """Each candidate's smallest passing replica count (see the module docstring)."""
+    """Each candidate's smallest passing replica count (see the module docstring).
+
+    One sweep fed as it goes: up to `workers` candidates have a point in flight; when one
+    settles, its candidate's search moves on and the free worker gets the best-first next
+    point at once (no round waits for its slowest point). With one worker the order is the
+    same on every run; with more, which points run (not the answer: the search is
+    exhaustive-equivalent) can depend on which finishes first."""
     states = [_Search() for _ in cands]
     width = max(1, workers)
     best_cost = math.inf
     probes: list[dict] = []
-    ran = resumed = 0
+    bound = q.bound()
+    flight: dict[int, tuple[int, set[str]]] = {}  # candidate -> (replicas, keys of its points not yet settled)
+    lost: dict[str, str] = {}
 
     def cap_for(c: Candidate) -> tuple[int, bool]:
         if not prune or math.isinf(best_cost):
             return q.max_replicas, False
-        bound = int(math.floor(best_cost / c.unit_cost + 1e-9))
-        return min(q.max_replicas, bound), bound < q.max_replicas
+        limit = int(math.floor(best_cost / c.unit_cost + 1e-9))
+        return min(q.max_replicas, limit), limit < q.max_replicas
 
-    with tqdm(total=len(cands), desc="plan", unit="cand", disable=not progress, leave=False) as bar:
-        while True:
-            batch = []
-            # best first: the candidate whose cheapest untried count costs least goes next
-            for i in sorted(range(len(cands)), key=lambda i: ((states[i].lo + 1) * cands[i].unit_cost, i)):
-                s = states[i]
-                if s.status != "open":
-                    continue
-                r = s.next(*cap_for(cands[i]))
-                if r is None:
-                    bar.update(1)
-                    continue
-                batch.append((i, r))
-                if len(batch) >= width:
-                    break
-            if not batch:
+    def fill() -> list[dict]:
+        """Points of the next candidates, best first (cheapest untried count), up to `width` in flight."""
+        pts = []
+        for i in sorted(range(len(cands)), key=lambda i: ((states[i].lo + 1) * cands[i].unit_cost, i)):
+            if len(flight) >= width:
                 break
-            pts = [p for i, r in batch for p in q.points(cands[i], r)]
-            rep = sweep(pts, out, workers=workers, dask=dask, progress=False)
-            ran, resumed = ran + rep.ran, resumed + rep.skipped
-            rows = rep.table.set_index("key")
-            for i, r in batch:
-                c, s = cands[i], states[i]
-                keys = [point_key(p) for p in q.points(c, r)]
-                s.points += len(keys)
-                lost = [why for p, why in rep.lost if point_key(p) in keys]
-                errors = list(rows.loc[[k for k in keys if k in rows.index], "error"].dropna()) if "error" in rows else []
-                if lost or errors:  # the simulation could not go on, or its worker died (sim.sweep): stop this candidate
-                    s.status, s.error = "failed", f"{r} replicas: " + (errors[0] if errors else f"a point's {lost[0]}")
-                    bar.update(1)
-                    continue
-                value = float(np.mean(rows.loc[keys, q.slo.metric].astype(float)))
-                ok = q.slo.met(value)
-                probes.append({**_describe(c), "replicas": r, "usd_per_hour": r * c.unit_cost,
-                               q.slo.metric: value, "meets_slo": ok, "candidate": i})
-                if ok:
-                    s.hi, s.hi_value = r, value
-                    best_cost = min(best_cost, r * c.unit_cost)
-                else:
-                    s.lo = r
+            s = states[i]
+            if s.status != "open" or i in flight:
+                continue
+            r = s.next(*cap_for(cands[i]))
+            if r is None:
+                bar.update(1)
+                continue
+            mine = q.points(cands[i], r)
+            flight[i] = (r, {point_key(p) for p in mine})
+            pts += mine
+        return pts
+
+    def settled(key: str, table: pd.DataFrame, why: str | None) -> list[dict]:
+        nonlocal best_cost
+        if why is not None:
+            lost[key] = why
+        rows = None
+        for i in [i for i, (_, keys) in flight.items() if key in keys]:
+            r, keys = flight[i]
+            keys.discard(key)
+            if keys:
+                continue
+            del flight[i]
+            rows = table.set_index("key") if rows is None else rows
+            c, s = cands[i], states[i]
+            mine = [point_key(p) for p in q.points(c, r)]
+            s.points += len(mine)
+            gone = [lost[k] for k in mine if k in lost]
+            errors = list(rows.loc[[k for k in mine if k in rows.index], "error"].dropna()) if "error" in rows else []
+            if gone or errors:  # the simulation could not go on, or its worker died (sim.sweep): stop this candidate
+                s.status, s.error = "failed", f"{r} replicas: " + (errors[0] if errors else f"a point's {gone[0]}")
+                bar.update(1)
+                continue
+            value = float(np.mean(rows.loc[mine, q.slo.metric].astype(float)))
+            early = bool(stopped_early(rows.loc[mine]).any())  # a lower bound above the limit
+            ok = q.slo.met(value) and not early
+            probes.append({**_describe(c), "replicas": r, "usd_per_hour": r * c.unit_cost,
+                           q.slo.metric: value, "meets_slo": ok, "stopped_early": early, "candidate": i})
+            if ok:
+                s.hi, s.hi_value = r, value
+                best_cost = min(best_cost, r * c.unit_cost)
+            else:
+                s.lo = r
             bar.set_postfix_str(f"best ${best_cost:.2f}/h" if math.isfinite(best_cost) else "no passing config yet")
+        return fill()
+
+    with tqdm(total=len(cands), desc="plan", unit="cand", disable=not progress, leave=False) as bar, \
+            Workers(workers, dask) as pool:  # warm: each worker imports and reads the trace once for the whole plan
+        rep = sweep(fill(), out, workers=workers, dask=dask, progress=False, bound=bound, pool=pool, more=settled)
+        fill()  # nothing in flight: every open candidate gets its final status
 
     table = _table(q, cands, states)
     best = table.iloc[0].to_dict() if len(table) and table.iloc[0]["status"] == "met" else None
-    return PlanResult(best, table, pd.DataFrame(probes), ran, resumed,
-                      pruned=sum(s.status == "pruned" for s in states))
+    return PlanResult(best, table, pd.DataFrame(probes), rep.ran, rep.skipped,
+                      pruned=sum(s.status == "pruned" for s in states),
+                      stopped=sum(p["stopped_early"] for p in probes))
 
 
 def _describe(c: Candidate) -> dict:
@@ -370,7 +409,10 @@ def markdown(q: Question, res: PlanResult, command: str | None = None) -> str:
                  f"{b['policy']}, offload {b['offload']}, router {b['router']}: ${b['usd_per_hour']:.2f}/h, "
                  f"{m} {b[m]:.1f} s." if b else f"Answer: no candidate meets {q.slo} with up to {q.max_replicas} replicas.")
     lines += ["", f"Points: {res.ran} simulated, {res.resumed} found in {RESULTS}; "
-                  f"{res.pruned} of {len(res.table)} candidates dropped by the cost bound before running.", "",
+                  f"{res.pruned} of {len(res.table)} candidates dropped by the cost bound before running"
+                  + (f"; {res.stopped} of {len(res.probes)} configurations failed early (stopped once their {m} was "
+                     f"known to exceed the limit: the figure's value for them is a lower bound)" if res.stopped else "")
+                  + ".", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res.table.to_dict("records"):
         cells = [cell(r[c], c) for c in cols]
@@ -393,8 +435,10 @@ def figure(q: Question, res: PlanResult):
     ax = fig.add_subplot()
     m, p = q.slo.metric, res.probes
     if len(p):
-        for ok, mark, name in ((True, "o", "meets SLO"), (False, "x", "misses SLO")):
-            d = p[p["meets_slo"] == ok]
+        early = p["stopped_early"] if "stopped_early" in p else pd.Series(False, index=p.index)
+        for ok, stop, mark, name in ((True, False, "o", "meets SLO"), (False, False, "x", "misses SLO"),
+                                     (False, True, "^", "misses SLO (stopped early: a lower bound)")):
+            d = p[(p["meets_slo"] == ok) & (early == stop)]
             if len(d):
                 ax.plot(d["usd_per_hour"], d[m], mark, linestyle="none", alpha=0.6, label=name)
         front = pareto(p, m)
@@ -458,6 +502,9 @@ def register(sub) -> None:
     p.add_argument("--md", default=None, help="also write the plan's markdown here")
     p.add_argument("--workers", type=int, default=1, help="points in flight per round (local processes)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="run points on an existing Dask cluster")
+    p.add_argument("--no-early-stop", action="store_true",
+                   help="run every point to its end (by default a point stops once its SLO is known to fail: "
+                        f"{', '.join(BOUNDABLE)}; its metric is then a lower bound)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_plan)
 
@@ -476,7 +523,8 @@ def run_plan(args) -> int:
     seeds = _ints(args.seeds, "--seeds")
     if not seeds or min(seeds) < 0:
         raise InputError(f"--seeds {args.seeds!r}: give seeds >= 0, e.g. --seeds 0,1,2")
-    q = Question(args.trace, args.jps, slo, tuple(seeds), args.programs, args.num_blocks, args.max_replicas)
+    q = Question(args.trace, args.jps, slo, tuple(seeds), args.programs, args.num_blocks, args.max_replicas,
+                 early_stop=not args.no_early_stop)
     out = Path(args.out)
     cands, notes, profiles = candidates(args.gpu.split(","), args.model.split(","), _ints(args.tp, "--tp"),
                                         args.policy.split(","), args.offload.split(";"), args.router.split(","),

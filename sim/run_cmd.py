@@ -7,6 +7,7 @@ With `--out`, the resolved config.json is written beside summary.json.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from policies.base import PolicyError
 from policies.registry import POLICIES
+from sim.bound import parse_bound
 from sim.config import FLAG_NAMES, SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
 from sim.metrics import write_results
 from agentsim.files import atomic_write
@@ -46,6 +48,9 @@ def register(sub) -> None:
             groups[sec].add_argument(flag, dest=name, type=kind, default=None, metavar=_METAVAR.get(name, {int: "N", float: "X"}.get(kind, "NAME")), help=help_)
         if name == "policy":
             p.add_argument("--policy-arg", action="append", default=[], metavar="K=V", help="policy parameter (repeatable)")
+    p.add_argument("--bound", default=None, metavar="METRIC<=SECONDS",
+                   help="stop as soon as the run is known to exceed this, e.g. 'p95_jct<=60' (mean_jct, p50/p90/p95/p99_jct, "
+                        "max_jct); the summary then says so and gives the metric's lower bound (a run not stopped is exact)")
     p.add_argument("--out", default=None, help="directory for turns/programs/kv_usage parquet, summary.json and config.json")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -103,6 +108,7 @@ def tool_name_warning(trace, policy) -> str | None:
 
 
 def run(args) -> int:
+    bound = parse_bound(args.bound) if getattr(args, "bound", None) is not None else None
     config = config_from_args(args)
     validated(OutFlag, {"--out": args.out}, "sim run", "see `sim run --help`")
     r = build_run(config)
@@ -113,8 +119,10 @@ def run(args) -> int:
     t0 = time.perf_counter()
     with tqdm(total=len(r.arrivals), desc=r.config.policy.name, unit="prog",
               disable=args.no_progress or not sys.stderr.isatty(), leave=False) as bar:
-        res = execute(r, progress=bar)
+        res = execute(r, progress=bar, watch=None if bound is None else bound.watcher())
     wall = time.perf_counter() - t0
+    if res.summary.get("stopped_early"):
+        return _stopped(args, r, res.summary, wall)
     res.summary.update({"trace": w.trace, "jps": w.jps, "seed": w.seed, "profile": r.profile.name,
                         "wall_s": wall, "sim_s_per_wall_s": res.summary["makespan_s"] / wall})
     print(format_summary(res.summary))
@@ -124,6 +132,22 @@ def run(args) -> int:
         atomic_write(out / "config.json", lambda p: Path(p).write_text(r.config.to_json()))  # before summary.json, the last
         write_results(out, res.turns, res.programs, res.kv_usage, res.summary)
         print(f"wrote {args.out}/summary.json, config.json, turns.parquet, programs.parquet, kv_usage.parquet")
+    return 0
+
+
+def _stopped(args, r, summary: dict, wall: float) -> int:
+    """A run its --bound stopped: what is known, and summary.json + config.json (no tables)."""
+    w = r.config.workload
+    summary.update({"trace": w.trace, "jps": w.jps, "seed": w.seed, "profile": r.profile.name, "wall_s": wall})
+    print(f"stopped early: {summary['stop_reason']}\n"
+          f"policy {summary['policy']}; {summary['finished_programs']} of {summary['programs']} programs and "
+          f"{summary['calls']} calls finished by simulated t={summary['stopped_at_s']:.1f} s; {wall:.2f} s wall")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "config.json", lambda p: Path(p).write_text(r.config.to_json()))
+        atomic_write(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=2) + "\n"))
+        print(f"wrote {args.out}/summary.json, config.json (a run stopped early has no tables)")
     return 0
 
 

@@ -10,6 +10,7 @@ import simpy
 from agentsim.errors import InputError, SimulationError
 from policies.base import Policy
 from policies.pins import pin_counts
+from sim.bound import Stopped
 from sim.cluster import Cluster
 from sim.cpu_tier import TierSpec, parse_offload
 from sim.disagg import Disagg, make_disagg
@@ -71,14 +72,16 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
                    arrivals: np.ndarray, fast_forward: bool = True, progress=None, *,
                    replicas: int = 1, router: str | None = None,
                    offload: str | tuple[TierSpec, ...] | None = None, disagg: str | Disagg | None = None,
-                   engine: str = "simpy") -> Result:
+                   engine: str = "simpy", watch=None) -> Result:
     """Replay `trace` (checked columns, traces.schema.Columns, or a DataFrame) on `replicas` replicas (each its own engine, pool, offload tiers and
     copy of `policy`; `policy` itself serves replica 0) behind `router` (round_robin,
     least_loaded, session, prefix; None = round_robin), with `offload` tiers per replica
     ('cpu:200GiB', 'cpu:200GiB,ssd:1TiB', or parsed TierSpecs; None = GPU only); with `disagg`
     ('1P1D', or a sim.disagg.Disagg for a link or thresholds of its own) x prefill + y decode
     replicas instead of `replicas` (sim/disagg.py); `engine` "vllm": each replica's scheduling is
-    the installed vLLM's own Scheduler (sim/vllm_engine.py), else the SimPy replica."""
+    the installed vLLM's own Scheduler (sim/vllm_engine.py), else the SimPy replica.
+    `watch`: a sim.bound.Watcher; the run stops once its bound is known to fail, and its
+    summary is then the watcher's (a run it does not stop is unchanged)."""
     tiers = offload if isinstance(offload, tuple) else parse_offload(offload)
     split = make_disagg(disagg) if isinstance(disagg, str) else disagg
     engine_cls = None
@@ -97,13 +100,23 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
         work.finished(call, now)
         if progress is not None and call.req.is_last_step:
             progress.update(1)
+        if watch is not None and watch.finished(call, now):
+            raise Stopped()
 
     cluster = Cluster(env, cfg, profile, policy, replicas=replicas, router=router, tiers=tiers,
                       fast_forward=fast_forward, on_finish=on_finish, disagg=split, engine_cls=engine_cls)
     work.start(cluster)
     cluster.start(work)
+    if watch is not None:
+        watch.start(work.programs, profile)
     try:
         env.run()
+    except Stopped:  # the bound is known to fail: what is known so far, nothing else
+        s = watch.summary()
+        s.update({"policy": policy.name, "engine": engine, "num_gpu_blocks": cfg.num_gpu_blocks,
+                  "block_size": cfg.block_size, "replicas": len(cluster.engines),
+                  "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name})
+        return Result(rec.sorted_turns(), [], s)
     except SimulationError as e:  # a replica stopped (deadlock, watchdog): name the others' state too
         # SimPy raises a copy of a process's exception, the original as its __cause__
         rest = cluster.state(but=getattr(e, "replica", getattr(e.__cause__, "replica", None)))

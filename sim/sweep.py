@@ -26,10 +26,20 @@ alone is reported lost (not stored, so a rerun retries it). A table or KV file t
 cannot be written (a full disk) is one line; the file is the previous one, never half
 written (agentsim.files.atomic_write).
 
+Warm workers: a worker (a local process or a Dask worker) imports once and runs many
+points, keeping what does not depend on a point's policy or seed (the trace, read and cut;
+the profile) for the next; `Workers` keeps one pool across sweep() calls (the planner's
+whole search), and `more` feeds a sweep as its points finish.
+
+Bounds: with `bound` ('p95_jct<=60', sim/bound.py) each run stops as soon as the bound is
+known to fail; its row says `stopped_early` and holds the metric's lower bound. A run not
+stopped is the row it would be without a bound (plus `bound`, `stopped_early` false).
+
 Resuming trusts the key: after changing simulator code, sweep into a new DIR.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 from concurrent.futures.process import BrokenProcessPool
 import contextlib
@@ -54,7 +64,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from policies.registry import POLICIES, policy_params
-from sim.config import Run, SimConfig, build_run as build_config_run, execute, from_flat, leaves, parse_config
+from sim.bound import Bound, parse_bound
+from sim.config import Run, SimConfig, build_run as build_config_run, check_limits, execute, from_flat, leaves, parse_config
+from sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from agentsim.errors import InputError, SimulationError
 from agentsim.files import atomic_write, check_output
 
@@ -186,26 +198,79 @@ def point_config(point: dict) -> SimConfig:
 
 
 def build_run(point: dict) -> Run:
-    """The one translation of a point into a simulation (a worker calls it too)."""
-    return build_config_run(point_config(point))
+    """The one translation of a point into a simulation (a worker calls it too). What does
+    not depend on the point's policy or seed is kept by the process for the next point:
+    the trace (read, cut and repeated once: sim.config's cache) and the profile (below)."""
+    config = point_config(point)
+    profile = _profile(config.engine.profile or DEFAULT_PROFILE)
+    check_limits(profile, config.engine)
+    return build_config_run(config, profile=profile)
 
 
-def run_point(point: dict, save_kv: bool = False) -> tuple[dict, pd.DataFrame | None]:
+_PROFILES: dict[tuple, Profile] = {}
+
+
+def _profile(name: str) -> Profile:
+    """load_profile, kept per process while the file is unchanged (a bundled name or a path).
+    Sharing is safe: a run never changes its profile (its one memo, prefill times, is a
+    function of the token count)."""
+    path = Path(name)
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (name, None, None)  # a bundled name: files of the installed package
+    if key not in _PROFILES:
+        if len(_PROFILES) >= 16:
+            _PROFILES.clear()
+        _PROFILES[key] = load_profile(name)
+    return _PROFILES[key]
+
+
+def run_point(point: dict, save_kv: bool = False, bound: Bound | str | None = None) -> tuple[dict, pd.DataFrame | None]:
     """One table row (key, axes, summary; dicts as JSON) and, if asked, the KV usage samples.
     A simulation that cannot go on (SimulationError: a deadlock, the progress watchdog)
-    gives a failed row instead: key, axes, `error` (the one-line state), no summary."""
+    gives a failed row instead: key, axes, `error` (the one-line state), no summary.
+
+    `bound` ('p95_jct<=60', sim/bound.py): the run stops once the bound is known to fail;
+    its row then has `stopped_early` true, `stop_reason`, and the metric's lower bound in
+    the metric's column (no other metrics). A run not stopped is the same row as without
+    a bound, plus `bound` and `stopped_early` false."""
     p = canonical(point)
+    if isinstance(bound, str):
+        bound = parse_bound(bound)
     t0 = time.perf_counter()
     try:
-        res = execute(build_run(p))
+        res = execute(build_run(p), watch=None if bound is None else bound.watcher())
     except SimulationError as e:
         return {"key": point_key(p), **p, "error": str(e), "wall_s": time.perf_counter() - t0}, None
     summary = dict(res.summary)
     summary["n_programs"] = summary.pop("programs")  # `programs` is the axis (first N)
+    if bound is not None:
+        summary.setdefault("bound", str(bound))
+        summary.setdefault("stopped_early", False)
     out = {k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
            for k, v in summary.items() if k not in p}
     row = {"key": point_key(p), **p, **out, "wall_s": time.perf_counter() - t0}
-    return row, (res.kv_usage if save_kv else None)
+    stopped = bool(summary.get("stopped_early"))
+    return row, (res.kv_usage if save_kv and not stopped else None)
+
+
+def stopped_early(table: pd.DataFrame) -> pd.Series:
+    """Rows of runs a bound stopped early (their metric is a lower bound)."""
+    if "stopped_early" not in table:
+        return pd.Series(False, index=table.index)
+    return table["stopped_early"].fillna(False).astype(bool)
+
+
+def reusable(table: pd.DataFrame, bound: Bound | None) -> pd.Series:
+    """Rows a sweep (under `bound`, or none) takes as done: every run not stopped early; a
+    stopped one only for a bound on the same metric that its lower bound already fails."""
+    stopped = stopped_early(table)
+    if bound is None or not stopped.any() or bound.metric not in table:
+        return ~stopped
+    same = table["bound"].map(lambda b: isinstance(b, str) and parse_bound(b).metric == bound.metric)
+    return ~stopped | (same & (table[bound.metric].astype(float) > bound.limit))
 
 
 def load_results(out: str | Path) -> pd.DataFrame:
@@ -360,19 +425,85 @@ def _worker_lost(e: BaseException) -> bool:
     return type(e).__name__ == "KilledWorker" and type(e).__module__.startswith("distributed")
 
 
-def _completed(todo: list[dict], fn, workers: int, dask: str | None):
+class Workers:
+    """Where points run, kept across sweep() calls (the planner's rounds): in this process
+    (one worker, no Dask), on local spawned processes, or on a Dask cluster. A worker
+    imports once and runs many points, keeping what does not depend on a point's policy or
+    seed (the trace, the profiles; build_run) for the next. Use as a context manager, or
+    close(); sweep() makes its own when given none."""
+
+    def __init__(self, workers: int = 1, dask: str | None = None):
+        self.workers, self.dask = workers, dask
+        self.client = None
+        self.ex = None
+        self.slots = max(1, workers)
+
+    @property
+    def inline(self) -> bool:
+        return self.dask is None and self.workers <= 1
+
+    def executor(self):
+        """The executor, started on first use."""
+        if self.ex is not None:
+            return self.ex
+        if self.dask is not None:
+            try:
+                from distributed import Client
+            except ImportError:
+                raise InputError("--dask needs dask.distributed; pip install 'agentsim[dask]'") from None
+            try:
+                self.client = Client(self.dask, timeout="20s")
+            except (OSError, TimeoutError) as e:
+                raise InputError(f"cannot reach the Dask scheduler at {self.dask!r} ({e}); give its address, e.g. tcp://host:8786") from None
+            self.ex = self.client.get_executor(pure=False)
+            self.slots = max(1, sum(self.client.nthreads().values()))
+        else:
+            self.ex = _local_pool(self.workers)
+            self.slots = self.workers
+        return self.ex
+
+    def renew(self):
+        """A broken local pool's replacement (its surviving workers are killed)."""
+        self.ex = _renew(self.ex, self.workers)
+        return self.ex
+
+    def close(self, now: bool = False) -> None:
+        """Shut the workers down: wait for them, or (`now`) kill local ones at once."""
+        ex, client = self.ex, self.client
+        self.ex = self.client = None
+        if client is not None:
+            client.close()  # releases (and so cancels) the cluster's tasks
+        elif ex is not None:
+            if now:
+                _stop_now(ex)
+            else:
+                ex.shutdown(wait=True)
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(now=exc_type is not None)
+
+
+def _completed(todo: list[dict], fn, workers: int = 1, dask: str | None = None, pool: Workers | None = None):
     """(point, fn(point), None), or (point, None, error) for a point lost with its worker,
-    in completion order: in-process, on local worker processes, or on a Dask cluster. At
-    most as many points as there are workers are started at a time, so an interrupt (see
-    _Interrupts) leaves the rest unstarted."""
+    in completion order: in-process, on local worker processes, or on a Dask cluster
+    (`pool`'s, kept open; else workers/dask, closed at the end). At most as many points
+    as there are workers are started at a time, so an interrupt (see _Interrupts) leaves
+    the rest unstarted."""
+    own = pool is None
+    pool = Workers(workers, dask) if own else pool
+    queue = todo if isinstance(todo, collections.deque) else collections.deque(todo)  # the caller may add to a deque
     with _Interrupts() as stop:
-        if dask is None and workers <= 1:
-            for p in todo:
-                if stop.count:
-                    break
+        if pool.inline:
+            while queue and not stop.count:
+                p = queue.popleft()
                 yield p, fn(p), None
         else:
-            yield from _on_pool(todo, fn, workers, dask, stop)
+            yield from _on_pool(queue, fn, pool, stop)
+            if own:
+                pool.close()
         if stop.count:
             raise KeyboardInterrupt
 
@@ -390,23 +521,12 @@ def _submit(ex, fn, point, spawns: bool) -> cf.Future:
         signal.signal(signal.SIGINT, old)
 
 
-def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interrupts):
-    client = None
-    if dask is not None:
-        try:
-            from distributed import Client
-        except ImportError:
-            raise InputError("--dask needs dask.distributed; pip install 'agentsim[dask]'") from None
-        try:
-            client = Client(dask, timeout="20s")
-        except (OSError, TimeoutError) as e:
-            raise InputError(f"cannot reach the Dask scheduler at {dask!r} ({e}); give its address, e.g. tcp://host:8786") from None
-        ex = client.get_executor(pure=False)
-        slots = max(1, sum(client.nthreads().values()))
-    else:
-        ex = _local_pool(workers)
-        slots = workers
-    queued = list(reversed(todo))  # popped from the end; a point to run again goes back on it
+def _on_pool(queued: collections.deque, fn, pool: Workers, stop: _Interrupts):
+    """`queued`: taken from the left; a point to run again goes back there; the consumer
+    of this generator may append more while it runs."""
+    ex = pool.executor()
+    dask = pool.client is not None
+    slots = pool.slots
     deaths: dict[str, int] = {}  # point key -> local worker deaths while it ran alone
     suspects: set[str] = set()  # points in flight when a local pool broke: each runs alone next
     running: dict[cf.Future, dict] = {}
@@ -414,15 +534,15 @@ def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interr
     try:
         while True:
             while not stop.count and len(running) < slots and queued:
-                alone = point_key(queued[-1]) in suspects
+                alone = point_key(queued[0]) in suspects
                 if running and (alone or any(point_key(q) in suspects for q in running.values())):
                     break  # a suspect runs alone, so that a death is its own
-                p = queued.pop()
+                p = queued.popleft()
                 try:
-                    running[_submit(ex, fn, p, spawns=client is None)] = p
+                    running[_submit(ex, fn, p, spawns=not dask)] = p
                 except BrokenProcessPool:  # the pool broke since the last check
-                    queued.append(p)
-                    ex = _renew(ex, workers)
+                    queued.appendleft(p)
+                    ex = pool.renew()
             if not running:
                 break
             done, _ = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
@@ -434,7 +554,7 @@ def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interr
                 except Exception as e:  # noqa: BLE001 - only a lost worker is handled, the rest re-raised
                     if not _worker_lost(e):
                         raise
-                    if client is not None:  # Dask ran it again on its own and gave up
+                    if dask:  # Dask ran it again on its own and gave up
                         yield p, None, f"its worker died each time it ran ({type(e).__name__}: {_first_line(e)})"
                     else:
                         hit.append((p, e))
@@ -444,7 +564,7 @@ def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interr
             if hit:  # a local worker died: the pool is unusable; the points in flight run again
                 hit += [(p, hit[0][1]) for p in running.values()]  # their futures fail too
                 running.clear()
-                ex = _renew(ex, workers)
+                ex = pool.renew()
                 if len(hit) == 1:  # it ran alone: the death is its own
                     p, e = hit[0]
                     k = point_key(p)
@@ -455,17 +575,19 @@ def _on_pool(todo: list[dict], fn, workers: int, dask: str | None, stop: _Interr
                         continue
                 for p, _ in hit:
                     suspects.add(point_key(p))
-                    queued.append(p)
+                    queued.appendleft(p)
         finished = True
     finally:
-        if client is not None:
+        if not finished:  # an error, a second Ctrl-C, or the caller stopped reading: nobody keeps these
             for f in running:
                 f.cancel()
-            client.close()  # releases (and so cancels) the cluster's tasks
-        elif finished:
-            ex.shutdown(wait=True)
-        else:  # an error, a second Ctrl-C, or the caller stopped reading
-            _stop_now(ex)
+            pool.close(now=True)
+
+
+def _renew(ex: cf.ProcessPoolExecutor, workers: int) -> cf.ProcessPoolExecutor:
+    """A broken local pool's replacement (its surviving workers are killed)."""
+    _stop_now(ex)
+    return _local_pool(workers)
 
 
 def _first_line(e: BaseException) -> str:
@@ -476,12 +598,6 @@ def _local_pool(workers: int) -> cf.ProcessPoolExecutor:
     # spawned, not forked: a forked worker would inherit (and so hold) the sweep's lock
     return cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                   initializer=_worker_init, initargs=(os.getpid(),))
-
-
-def _renew(ex: cf.ProcessPoolExecutor, workers: int) -> cf.ProcessPoolExecutor:
-    """A broken local pool's replacement (its surviving workers are killed)."""
-    _stop_now(ex)
-    return _local_pool(workers)
 
 
 @dataclass
@@ -502,36 +618,82 @@ class SweepReport:
 
 
 def sweep(points: list[dict], out: str | Path, workers: int = 1, dask: str | None = None,
-          save_kv: bool = False, progress: bool = False) -> SweepReport:
-    """Run the points not yet in DIR/results.parquet; each finished point is saved at once."""
+          save_kv: bool = False, progress: bool = False, bound: Bound | str | None = None,
+          pool: Workers | None = None, more=None) -> SweepReport:
+    """Run the points not yet in DIR/results.parquet; each finished point is saved at once.
+
+    `bound` ('p95_jct<=60'): each run stops once the bound is known to fail (run_point);
+    a row stopped early is taken as done only by a sweep whose bound it fails too, and is
+    replaced when its point runs again. `pool`: workers kept across calls (Workers; else
+    this call starts and closes its own from workers/dask). `more(key, table, lost)`: called
+    once per point as it is settled (run now, found in the table, or lost with its worker:
+    `lost` the reason), with the table so far; it returns more points to run in this sweep
+    (the planner feeds its search this way, so no worker waits for a round to end)."""
+    if isinstance(bound, str):
+        bound = parse_bound(bound)
     out = check_output(out, "dir")
     out.mkdir(parents=True, exist_ok=True)
     with _lock(out):
         table = load_results(out)
-        done = set(table["key"])
-        todo, seen = [], set()
-        for p in points:
-            c = canonical(p)
-            k = point_key(c)
-            if k not in done and k not in seen:
-                build_run(c)  # bad points fail here, before anything runs
+        done = set(table["key"][reusable(table, bound)])
+        todo: collections.deque = collections.deque()
+        seen: set[str] = set()
+        ready: list[str] = []  # asked for and already in the table (or settled in this sweep): settled at once
+        delivered: set[str] = set()  # keys `more` has been told of
+        asked = 0
+
+        def add(pts: list[dict]) -> None:
+            nonlocal asked
+            for p in pts:
+                asked += 1
+                c = canonical(p)
+                k = point_key(c)
+                if k in seen:  # queued or running: settled once, when it finishes
+                    if k in delivered:
+                        ready.append(k)
+                    continue
                 seen.add(k)
+                if k in done:
+                    ready.append(k)
+                    continue
+                build_run(c)  # bad points fail here, before anything runs
                 todo.append(c)
+
+        def settle(key: str, why: str | None = None) -> None:
+            keys = [key]
+            while keys:
+                k = keys.pop()
+                delivered.add(k)
+                add(more(k, table, why))
+                why = None
+                keys += ready
+                ready.clear()
+
+        add(points)
+        if more is not None and ready:
+            first = list(ready)
+            ready.clear()
+            for k in first:
+                settle(k)
         new: list[dict] = []
         lost: list[tuple[dict, str]] = []
-        fn = functools.partial(run_point, save_kv=save_kv)
+        fn = functools.partial(run_point, save_kv=save_kv, **({} if bound is None else {"bound": bound}))
         with tqdm(total=len(todo), desc="sweep", unit="pt", disable=not progress, leave=False) as bar:
-            for p, res, why in _completed(todo, fn, workers, dask):
+            runs = _completed(todo, fn, workers, dask) if pool is None else _completed(todo, fn, pool=pool)
+            for p, res, why in runs:
                 bar.update(1)
                 if res is None:
                     lost.append((p, why))
-                    continue
-                row, kv = res
-                if kv is not None:  # before its row: a row in the table always has its samples
-                    _write(out, f"kv/{row['key']}.parquet", lambda t, kv=kv: kv.to_parquet(t, index=False), len(table))
-                new.append(row)
-                table = _append(out, table, new[-1:])
-    return SweepReport(points=len(points), skipped=len(points) - len(todo), ran=len(new), table=table, lost=lost)
+                else:
+                    row, kv = res
+                    if kv is not None:  # before its row: a row in the table always has its samples
+                        _write(out, f"kv/{row['key']}.parquet", lambda t, kv=kv: kv.to_parquet(t, index=False), len(table))
+                    new.append(row)
+                    table = _append(out, table, new[-1:])
+                if more is not None:
+                    settle(point_key(p), why)
+                    bar.total = len(new) + len(lost) + len(todo)
+    return SweepReport(points=asked, skipped=asked - len(new) - len(lost), ran=len(new), table=table, lost=lost)
 
 
 def _write(out: Path, name: str, write, kept: int) -> None:
@@ -545,7 +707,11 @@ def _write(out: Path, name: str, write, kept: int) -> None:
 
 
 def _append(out: Path, table: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """The table with `rows` added; a row replaces an older one of its key (a point run
+    again because a bound had stopped it early)."""
     add = pd.DataFrame(rows)
+    if not table.empty:
+        table = table[~table["key"].isin(add["key"])]
     new = add if table.empty else pd.concat([table, add], ignore_index=True)
     axes = [c for c in axis_columns() if c in new]
     new = new[["key", *axes, *(c for c in new if c != "key" and c not in axes)]]  # axes first, for reading

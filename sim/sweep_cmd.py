@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.sweep import RESULTS, RUN_AXES, canonical, expand_grid, load_results, parse_value, point_key, sweep
+from sim.bound import parse_bound
+from sim.sweep import RESULTS, RUN_AXES, canonical, expand_grid, load_results, parse_value, point_key, stopped_early, sweep
 from agentsim.errors import InputError
 
 PLOTS = {
@@ -35,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--workers", type=int, default=1, help="local processes (default 1: in this process)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="run on an existing Dask cluster (scheduler address, e.g. tcp://host:8786)")
     p.add_argument("--save-kv", action="store_true", help="also keep each point's KV usage samples (DIR/kv/KEY.parquet) for `sim plot kv`")
+    p.add_argument("--bound", default=None, metavar="METRIC<=SECONDS",
+                   help="each run stops as soon as it is known to exceed this, e.g. 'p95_jct<=60'; its row then has "
+                        "stopped_early, stop_reason and the metric's lower bound (runs not stopped are exact)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_sweep)
 
@@ -82,12 +86,18 @@ def grid_from_args(args) -> list[dict]:
 def run_sweep(args) -> int:
     if args.workers < 1:
         raise InputError(f"--workers must be >= 1 (got {args.workers})")
+    bound = parse_bound(args.bound) if args.bound is not None else None
     points = grid_from_args(args)
     t0 = time.perf_counter()
     rep = sweep(points, args.out, workers=args.workers, dask=args.dask, save_kv=args.save_kv,
-                progress=not args.no_progress and sys.stderr.isatty())
+                progress=not args.no_progress and sys.stderr.isatty(), bound=bound)
     print(f"{rep.points} points: {rep.skipped} already in {Path(args.out) / RESULTS}, {rep.ran} run in "
           f"{time.perf_counter() - t0:.1f} s; the table has {len(rep.table)} rows")
+    if bound is not None:
+        t = rep.table[rep.table["key"].isin({point_key(canonical(p)) for p in points})]
+        n = int(stopped_early(t).sum())
+        print(f"{n} of {len(t)} points stopped early, known to exceed {bound} (column stopped_early; their {bound.metric} "
+              f"is a lower bound)")
     failed = rep.failed(points)
     if len(failed):
         print(f"warning: {len(failed)} of {rep.points} points failed (column `error` of the table); the first: "
@@ -145,6 +155,7 @@ def run_plot(args) -> int:
     table = _where(load_results(args.results), args.where)
     if "error" in table:  # failed points have no summary to plot
         table = table[table["error"].isna()]
+    table = table[~stopped_early(table)]  # a run its bound stopped has only a lower bound of one metric
     if table.empty:
         raise InputError(f"no sweep rows in {args.results!r}{' match --where' if args.where else ''}; run `sim sweep --out {args.results}` first")
     metric = args.metric or "mean_jct"
