@@ -169,7 +169,7 @@ class Cluster:
         the tokens it would compute (prompt minus what it can serve without recompute)
         and the calls waiting for a prefill replica (sim/disagg.py)."""
         gpu = len(d.sched.prefix_hit(call))
-        cpu = d.tier.prefix_blocks(call) if d.tier is not None else 0
+        cpu = d.tier.prefix_blocks(call)
         uncached = call.num_tokens - max(gpu, cpu) * d.cfg.block_size
         queued = sum(len(e.sched.waiting) + len(e.arrived_mid_step) for e in self.prefill)
         remote = self.disagg.remote(uncached, queued)

@@ -38,6 +38,8 @@ Why this shape:
 """
 from __future__ import annotations
 
+import math
+
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -171,10 +173,54 @@ def build_tiers(specs: tuple[TierSpec, ...], profile, block_size: int, chunk_tok
 
 
 
+class NoTier:
+    """A replica without offload tiers, answering the scheduler's, engine's and router's
+    questions as no tier would (nothing loadable or cached, nothing written, no transfer
+    time), so that none of them asks whether a tier exists. Stateless: one instance serves all."""
+
+    enabled = False
+    tiers = ()
+
+    def loadable(self, call, gpu_hit: int) -> int:
+        return 0
+
+    def load(self, call, gpu_hit: int, n_blocks: int) -> float:
+        return 0.0
+
+    def admitted(self, call, gpu_hit: int) -> None:
+        pass
+
+    def prefix_blocks(self, call) -> int:
+        return 0
+
+    def reload_time(self, tokens: int) -> float:
+        return math.inf
+
+    def write_through(self, call) -> None:
+        pass
+
+    def offload(self, blocks: list[int], now: float) -> int:
+        return 0
+
+    def release(self, program_id: str, blocks: list[int], reason: str, now: float) -> None:
+        pass
+
+    def take_step_costs(self, now: float) -> tuple[float, float]:
+        return 0.0, 0.0
+
+    def check(self) -> None:
+        pass
+
+
+NO_TIER = NoTier()
+
+
 class KVOffload:
     """The offload tiers of one replica and the scheduler's three uses of them:
     `loadable`/`load` at admission, `write_through` after prefill steps, `offload`
     (a retention or a dropped pin). Keeps the step's transfer time for the engine."""
+
+    enabled = True
 
     def __init__(self, tiers: list[Tier], pool, block_size: int, policy=None, chunk_tokens: int = CHUNK_TOKENS) -> None:
         self.tiers, self.pool, self.block_size, self.policy = tiers, pool, block_size, policy

@@ -151,12 +151,12 @@ class PrefillOnly(Policy):
 class Inbox:
     """A decode replica's `Scheduler.tier`: a call a prefill replica handed over is admitted
     with its received blocks present (their transfer already ran on the call's path, so
-    the step is not charged); every other question goes to the replica's offload tiers,
-    or gets the answer of no tier. Received blocks are used once: a call preempted on
-    the decode replica recomputes there, as vLLM does."""
+    the step is not charged); every other question goes to the replica's own tier (its
+    offload tiers, or sim/cpu_tier.py's NoTier). Received blocks are used once: a call
+    preempted on the decode replica recomputes there, as vLLM does."""
 
     def __init__(self, inner) -> None:
-        self.inner = inner  # the replica's KVOffload, or None
+        self.inner = inner  # the replica's KVOffload or NO_TIER
         self._rx = None  # the received call between loadable() and load()
         self.received_tokens = 0
 
@@ -168,14 +168,13 @@ class Inbox:
                 return 0
             self._rx = call
             return n
-        return self.inner.loadable(call, gpu_hit) if self.inner is not None else 0
+        return self.inner.loadable(call, gpu_hit)
 
     def admitted(self, call, gpu_hit: int) -> None:
         if call.received_blocks:
             call.received_blocks = 0
             return
-        if self.inner is not None:
-            self.inner.admitted(call, gpu_hit)
+        self.inner.admitted(call, gpu_hit)
 
     def load(self, call, gpu_hit: int, n_blocks: int) -> float:
         rx, self._rx = self._rx, None
@@ -184,18 +183,7 @@ class Inbox:
             return 0.0
         return self.inner.load(call, gpu_hit, n_blocks)
 
-    def write_through(self, call) -> None:
-        if self.inner is not None:
-            self.inner.write_through(call)
-
-    def release(self, program_id: str, blocks: list[int], reason: str, now: float) -> None:
-        if self.inner is not None:
-            self.inner.release(program_id, blocks, reason, now)
-
-    def offload(self, blocks: list[int], now: float) -> int:
-        return self.inner.offload(blocks, now) if self.inner is not None else 0
-
-    def __getattr__(self, name: str):  # anything else a scheduler asks of an offload tier
+    def __getattr__(self, name: str):  # anything else a scheduler asks of a tier
         inner = self.__dict__.get("inner")
         if inner is None:
             raise AttributeError(name)

@@ -30,7 +30,7 @@ from sim import stretch
 from agentsim.errors import SimulationError
 from sim.call import Call
 from sim.replica import Replica
-from sim.cpu_tier import KVOffload, Tier
+from sim.cpu_tier import NO_TIER, KVOffload, Tier
 from sim.profile import Profile
 from sim.scheduler import EngineConfig, Scheduler
 
@@ -67,7 +67,7 @@ class Engine(Replica):
         self.policy = policy
         self.sched = Scheduler(cfg, policy)
         self.sched.view = self
-        self.tier = KVOffload(tiers, self.sched.pool, cfg.block_size, policy) if tiers else None
+        self.tier = KVOffload(tiers, self.sched.pool, cfg.block_size, policy) if tiers else NO_TIER
         self.sched.tier = self.tier
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
@@ -108,14 +108,14 @@ class Engine(Replica):
 
     def prefill_reload_time(self, tokens: int) -> float:
         """Prefill, or with an offload tier the reload from it (the paper's Prefill-Reload)."""
-        return self.tier.reload_time(tokens) if self.tier is not None else self.profile.prefill_time(tokens)
+        return self.tier.reload_time(tokens) if self.tier.enabled else self.profile.prefill_time(tokens)
 
     # optional view facts (policies.base.OffloadView)
     def offload_enabled(self) -> bool:
-        return self.tier is not None
+        return self.tier.enabled
 
     def reload_time(self, tokens: int) -> float:
-        return self.tier.reload_time(tokens) if self.tier is not None else math.inf
+        return self.tier.reload_time(tokens)
 
     def running_tokens(self) -> tuple[int, int]:
         """(tokens the running calls put in a step, KV tokens they hold)."""
@@ -289,9 +289,8 @@ class Engine(Replica):
                 sum_k += k
                 sum_qc += q * call.num_computed
             dt = self.profile.step_time(tokens, seqs, sum_qk, sum_k, sum_qc)
-            load_s = write_s = 0.0
-            if self.tier is not None:
-                load_s, write_s = self.tier.take_step_costs(now)
+            load_s, write_s = self.tier.take_step_costs(now)
+            if load_s or write_s:
                 dt = max(dt, write_s) + load_s
             dts = [dt]
             if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):

@@ -91,8 +91,7 @@ def cached_prefix_blocks(engine, call) -> tuple[int, int]:
     replica has them, and counting them sends every new program to one replica."""
     shared = call.shared_prefix // engine.cfg.block_size
     gpu = max(0, len(engine.sched.prefix_hit(call)) - shared)
-    tier = engine.tier
-    cpu = max(0, tier.prefix_blocks(call) - shared) if tier is not None else 0
+    cpu = max(0, engine.tier.prefix_blocks(call) - shared)
     return max(gpu, cpu), gpu
 
 

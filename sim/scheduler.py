@@ -18,6 +18,7 @@ from policies.runtime import no_deadlock_victims
 from sim.block_pool import BlockPool
 from sim.radix_cache import RadixCache
 from sim.call import Call
+from sim.cpu_tier import NO_TIER
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Scheduler:
         self.pins = PinTable()  # program -> blocks held by its pin (policies/pins.py)
         self.preemptions = 0
         self.view = None  # EngineView, set by the engine
-        self.tier = None  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
+        self.tier = NO_TIER  # KVOffload (sim/cpu_tier.py) when an offload tier is configured
         self._custom_victim = type(policy).preemption_victim is not Policy.preemption_victim
         self.order_moved = False  # this step's victim ordering moved a running call (Engine._steady)
         self.preempted_now = False  # the last step preempted (it admitted nothing then)
@@ -77,8 +78,7 @@ class Scheduler:
         blocks = self.pins.pop(pid, now)
         if blocks is None:
             return
-        if self.tier is not None:
-            self.tier.release(pid, blocks, reason, now)  # offload first if the policy says so
+        self.tier.release(pid, blocks, reason, now)  # offload first if the policy says so
         self.pool.free(blocks)
         self.policy.pin_released(pid, now, reason)
 
@@ -225,7 +225,7 @@ class Scheduler:
         bs = self.cfg.block_size
         hit = self.prefix_hit(call)
         # blocks past the GPU hit that an offload tier can reload instead of recomputing
-        load = self.tier.loadable(call, len(hit)) if self.tier is not None else 0
+        load = self.tier.loadable(call, len(hit))
         start = (len(hit) + load) * bs
         num_new = call.num_tokens - start
         if not self.cfg.enable_chunked_prefill and num_new > budget:
@@ -239,10 +239,9 @@ class Scheduler:
         if self._try_allocate(call, load * bs + num_new, hit, evictable_hits):
             call.num_computed = start
             call.num_keyed = len(hit)
-            if self.tier is not None:
-                self.tier.admitted(call, len(hit))
-                if load:
-                    self.tier.load(call, len(hit), load)
+            self.tier.admitted(call, len(hit))
+            if load:
+                self.tier.load(call, len(hit), load)
             return num_new, 0
         need = cdiv(start + num_new, bs) - len(hit)
         return None, need - (self.pool.num_free - evictable_hits)
@@ -315,7 +314,7 @@ class Scheduler:
                 parent = call.content.keys[call.num_keyed - 1] if call.num_keyed else None  # the radix tree's edge
                 self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full], parent)
                 call.num_keyed = full
-            if prefill and self.tier is not None:
+            if prefill:
                 self.tier.write_through(call)  # LMCache stores new full chunks on prefill steps
             if call.num_computed == call.num_tokens or steps > 1:
                 call.num_output += 1 if steps == 1 else steps
@@ -335,6 +334,6 @@ class Scheduler:
             self.pin(call.req.program_id, call.blocks, now)
             call.blocks = []
         else:
-            if retention.action == Action.OFFLOAD and self.tier is not None:
+            if retention.action == Action.OFFLOAD:
                 self.tier.offload(call.blocks, now)  # write its full chunks to the CPU tier, then free
             self._free_call(call)

@@ -136,7 +136,7 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
         for t, v in p.ttls.items():
             ttls.setdefault(t, []).extend(v)
     per_replica = [replica_stats(e, turns, span) for e in engines]
-    offload_stats = tier_totals([e.tier for e in engines if e.tier is not None])
+    offload_stats = tier_totals([e.tier for e in engines if e.tier.enabled])
     extra = {
         "policy": policy.name, "engine": engine, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
         "replicas": len(engines), "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name,
@@ -174,8 +174,7 @@ def check_end(cluster: Cluster, rec: Recorder, trace) -> None:
         if sched.pins:  # the last turn always frees; anything left is a bug
             raise SimulationError(f"replica {e.index}: pins outlived their programs: {sorted(sched.pins)}")
         sched.pool.check()
-        if e.tier is not None:
-            e.tier.check()
+        e.tier.check()
     if cluster.in_flight():
         raise SimulationError(f"{cluster.in_flight()} calls still between a prefill and a decode replica")
     if cluster.held:
@@ -196,7 +195,7 @@ def replica_stats(e, turns: dict[str, np.ndarray], span: float) -> dict:
         "preemptions": e.sched.preemptions,
         "cache_hit_ratio": float(turns["cached_tokens"][mine].sum() / turns["prompt_tokens"][mine].sum()) if calls else 0.0,
     }
-    if e.tier is not None:
+    if e.tier.enabled:
         out["offload"] = e.tier.stats()
     return out
 

@@ -46,6 +46,7 @@ from agentsim.errors import InputError
 from policies.base import Policy, Release
 from sim import stretch
 from sim.call import Call
+from sim.cpu_tier import NO_TIER
 from sim.replica import Replica
 from sim.profile import Profile
 
@@ -267,7 +268,7 @@ class VllmReplica(Replica):
     """One replica whose scheduling is vLLM's own (see the module's docstring); the
     interface sim/cluster.py and sim/simulate.py use of sim.engine.Engine."""
 
-    tier = None  # no offload tiers here (check_supported)
+    tier = NO_TIER  # no offload tiers here (check_supported)
 
     def __init__(self, env, cfg, profile: Profile, policy: Policy, on_finish=None, fast_forward: bool = True,
                  tiers=None, index: int = 0) -> None:

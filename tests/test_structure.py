@@ -80,3 +80,12 @@ def test_the_private_member_check_finds_a_read_and_an_import():
         "sim/c.py": ast.parse("def _helper():\n    pass\nclass C:\n    def g(self):\n        return self._hidden\n"),
     }
     assert sorted(private_reads(planted)) == ["sim/b.py:1 imports _helper from sim.a", "sim/b.py:3 reads a._hidden"]
+
+
+def test_no_replica_asks_whether_it_has_a_tier():
+    # a replica without offload tiers holds sim/cpu_tier.py's NoTier, which answers as no
+    # tier would; a `tier is None` check would bring back the branch at every call site
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "sim").glob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if "tier is None" in line or "tier is not None" in line]
+    assert hits == []
