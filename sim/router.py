@@ -30,13 +30,8 @@ from agentsim.errors import InputError
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "cache_aware")
 
 
-def _load(engine) -> tuple[int, int]:
-    s = engine.sched
-    return (len(s.waiting) + len(s.running), engine.used_blocks())
-
-
 def least_loaded(engines) -> int:
-    return min(range(len(engines)), key=lambda i: (*_load(engines[i]), i))
+    return min(range(len(engines)), key=lambda i: (*engines[i].load(), i))
 
 
 class Router:
@@ -85,23 +80,13 @@ class Session(Router):
             self.home.pop(call.req.program_id, None)
 
 
-def cached_prefix_blocks(engine, call) -> tuple[int, int]:
-    """(blocks of the program's own context the replica can serve without recompute,
-    GPU part). Blocks of the prefix shared by every program do not count: every warm
-    replica has them, and counting them sends every new program to one replica."""
-    shared = call.shared_prefix // engine.cfg.block_size
-    gpu = max(0, len(engine.sched.prefix_hit(call)) - shared)
-    cpu = max(0, engine.tier.prefix_blocks(call) - shared)
-    return max(gpu, cpu), gpu
-
-
 class Prefix(Router):
     name = "prefix"
 
     def route(self, call, engines) -> int:
         def key(i):
-            total, gpu = cached_prefix_blocks(engines[i], call)
-            return (-total, -gpu, *_load(engines[i]), i)
+            total, gpu = engines[i].cached_prefix_blocks(call)
+            return (-total, -gpu, *engines[i].load(), i)
         return min(range(len(engines)), key=key)
 
 
@@ -123,7 +108,7 @@ class CacheAware(Router):
             self._evict(self.max_tree_tokens // call.block_size)
             self._evicted_at = now
         keys = call.content.prefix(call.prompt_len // call.block_size)
-        loads = [len(e.sched.waiting) + len(e.sched.running) for e in engines]
+        loads = [e.waiting_calls() + e.running_calls() for e in engines]
         hi, lo = max(loads), min(loads)
         least = min(range(len(engines)), key=lambda i: (loads[i], i))
         i = least

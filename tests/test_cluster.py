@@ -40,9 +40,15 @@ def test_prefix_router_follows_the_programs_cache():
     assert t["replica"].nunique() == 2
 
 
-class _Eng:  # what a router reads of a replica: its queues
+class _Eng:  # what the cache-aware router reads of a replica (sim/replica.py): its queues
     def __init__(self, active):
-        self.sched = type("S", (), {"waiting": [None] * active, "running": []})()
+        self.active = active
+
+    def waiting_calls(self):
+        return self.active
+
+    def running_calls(self):
+        return 0
 
 
 def _call(pid, tokens, arrival=0.0, task="t"):
@@ -183,15 +189,15 @@ def test_routers_read_the_state_step_by_step_would_show(monkeypatch):
     # reads every replica's used blocks at that instant: a decode stretch must not hide
     # the blocks its earlier steps allocated (found by the property tests as a 6 ms
     # difference between fast-forward and step-by-step with 2 replicas).
-    import sim.router as R
+    from sim.replica import Replica
 
     tr = make_trace([[(20, 400, None, None)], [(40, 8, None, None)]])
     seen = {}
     for ff in (True, False):
-        reads, load = [], R._load
-        monkeypatch.setattr(R, "_load", lambda e, reads=reads, load=load: reads.append(load(e)) or reads[-1])
+        reads, load = [], Replica.load
+        monkeypatch.setattr(Replica, "load", lambda e, reads=reads, load=load: reads.append(load(e)) or reads[-1])
         run(tr, [0.0, 1.3], router="least_loaded", ff=ff, blocks=200)
-        monkeypatch.setattr(R, "_load", load)
+        monkeypatch.setattr(Replica, "load", load)
         seen[ff] = reads
     assert seen[True] == seen[False]
     # at 1.3 s (~118 decode steps of 11 ms) replica 0 holds (20 + 118) / 16 -> 9 blocks, not its first 2
