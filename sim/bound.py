@@ -53,18 +53,24 @@ class Bound:
         return Watcher(self)
 
 
-def parse_bound(text: str, flag: str = "--bound") -> Bound:
-    """'p95_jct<=60' -> Bound('p95_jct', 60.0); InputError (one line) for anything else."""
+def parse_limit(text: str, metrics, flag: str) -> tuple[str, float]:
+    """'p95_jct<=60' -> ('p95_jct', 60.0), the metric one of `metrics`; InputError (one line,
+    naming `flag`) for anything else. The form of `--bound` and of the planner's `--slo`."""
     metric, sep, limit = str(text).partition("<=")
     metric = metric.strip()
     try:
         value = float(limit)
     except ValueError:
         value = math.nan
-    if not sep or metric not in BOUNDABLE or not (math.isfinite(value) and value > 0):
-        raise InputError(f"{flag} {text!r} is not METRIC<=SECONDS with METRIC one of {', '.join(BOUNDABLE)} "
+    if not sep or metric not in metrics or not (math.isfinite(value) and value > 0):
+        raise InputError(f"{flag} {text!r} is not METRIC<=SECONDS with METRIC one of {', '.join(metrics)} "
                          f"and SECONDS > 0; write e.g. {flag} 'p95_jct<=60'")
-    return Bound(metric, value)
+    return metric, value
+
+
+def parse_bound(text: str, flag: str = "--bound") -> Bound:
+    """'p95_jct<=60' -> Bound('p95_jct', 60.0)."""
+    return Bound(*parse_limit(text, BOUNDABLE, flag))
 
 
 def step_floor(profile) -> float:

@@ -44,7 +44,7 @@ from policies.registry import policy_params
 from sim import roofline
 from sim.cpu_tier import parse_offload
 from sim.router import ROUTERS, make_router
-from sim.bound import BOUNDABLE, Bound
+from sim.bound import BOUNDABLE, Bound, parse_limit
 from sim.sweep import RESULTS, Workers, build_run, point_key, stopped_early, sweep
 from agentsim.errors import InputError
 from agentsim.files import atomic_write, check_output
@@ -73,16 +73,7 @@ class SLO:
 
 def parse_slo(text: str) -> SLO:
     """'p95_jct<=60' -> SLO('p95_jct', 60.0); seconds, lower is better."""
-    metric, sep, limit = str(text).partition("<=")
-    metric = metric.strip()
-    try:
-        value = float(limit)
-    except ValueError:
-        value = math.nan
-    if not sep or metric not in SLO_METRICS or not (math.isfinite(value) and value > 0):
-        raise InputError(f"--slo {text!r} is not METRIC<=SECONDS with METRIC one of {', '.join(SLO_METRICS)} "
-                         f"and SECONDS > 0; write e.g. --slo 'p95_jct<=60'")
-    return SLO(metric, value)
+    return SLO(*parse_limit(text, SLO_METRICS, "--slo"))
 
 
 class _Price(Model):
