@@ -71,3 +71,20 @@ def test_every_policy_is_documented():
     cli, pol = (DOCS / "cli.md").read_text(), (DOCS / "policies.md").read_text()
     missing = [p for p in POLICIES if f"`{p}`" not in pol or p not in cli]
     assert not missing, f"policies missing from docs/cli.md or docs/policies.md: {missing}"
+
+
+def prose_words(text: str) -> int:
+    """Words a reader reads: outside generated blocks (a script rewrites them), code blocks,
+    indented examples and Markdown tables."""
+    text = re.sub(r"<!-- (\w+): .*?-->.*?<!-- end \1 -->", "", text, flags=re.S)
+    text = re.sub(r"<!-- ([\w-]+:[\w.-]+):begin -->.*?<!-- \1:end -->", "", text, flags=re.S)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return len(" ".join(ln for ln in text.splitlines() if not ln.startswith(("|", "    "))).split())
+
+
+def test_the_docs_stay_within_their_word_budget():
+    # the site is a product: what is true now, at most 15,000 words of prose; findings and
+    # superseded figures go to the CHANGELOG
+    per_page = {p.name: prose_words(p.read_text()) for p in sorted(DOCS.glob("*.md"))}
+    assert len(per_page) > 10 and sum(per_page.values()) <= 15_000, per_page
+    assert prose_words("a b\n<!-- t: x -->\nc d\n<!-- end t -->\n| e |\n    f\n```\ng\n```\nh") == 3

