@@ -24,12 +24,12 @@ Each cell is the mean JCT over the seeds (Poisson arrivals). Prints a Markdown t
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
 from docs_tables import DOCS, write_block
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.sweep import map_points
 from sim.profile import DEFAULT_PROFILE
 
 # ingredient -> the switch that turns it off (towards Continuum)
@@ -92,11 +92,7 @@ def main(argv: list[str] | None = None) -> str:
     rows = variants(a.one_on)
     jobs = [(t, a.programs, b, j, pol, tuple(sorted(kw.items())), s, a.profile)
             for t, b, j in zip(traces, blocks, rates) for _, pol, kw in rows for s in seeds]
-    if a.workers == 1:
-        res = dict(zip(jobs, map(one, jobs)))
-    else:
-        with ProcessPoolExecutor(a.workers) as ex:
-            res = dict(zip(jobs, ex.map(one, jobs)))
+    res = dict(zip(jobs, map_points(one, jobs, a.workers)))
 
     def mean(t, b, j, pol, kw):
         return float(np.mean([res[(t, a.programs, b, j, pol, tuple(sorted(kw.items())), s, a.profile)] for s in seeds]))

@@ -19,12 +19,12 @@ place of the block marked `<!-- offload_table: FLAGS -->` ... `<!-- end offload_
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
 from docs_tables import DOCS, write_block
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.sweep import map_points
 from sim.profile import DEFAULT_PROFILE
 
 
@@ -76,11 +76,7 @@ def main(argv: list[str] | None = None) -> str:
     jobs += [(a.sweep_trace, a.programs, b, jps[a.sweep_trace], p, off, sd, a.profile)
              for b in sweep for p, off in sweep_cfgs for sd in seeds]
     jobs = list(dict.fromkeys(jobs))
-    if a.workers == 1:
-        res = dict(map(one, jobs))
-    else:
-        with ProcessPoolExecutor(a.workers) as ex:
-            res = dict(ex.map(one, jobs))
+    res = dict(map_points(one, jobs, a.workers))
 
     def s(t, b, p, off):
         runs = [res[(t, a.programs, b, jps[t], p, off, sd, a.profile)] for sd in seeds]

@@ -20,13 +20,13 @@ not the default), so the results page is written by this script, not by hand.
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from docs_tables import DOCS, write_block
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.sweep import map_points
 from sim.profile import DEFAULT_PROFILE
 
 DEFAULT_POLICIES = "vllm,program-fcfs,static-ttl,continuum-static,continuum,autellix,oracle"
@@ -105,11 +105,7 @@ def main(argv: list[str] | None = None) -> str:
     pols = a.policies.split(",")
     seeds = [a.seed] if a.seed is not None else [int(x) for x in a.seeds.split(",")]
     jobs = [(a.trace, a.programs, a.num_blocks, j, p, s, a.profile) for j in loads for p in pols for s in seeds]
-    if a.workers == 1:
-        res = dict(map(one, jobs))
-    else:
-        with ProcessPoolExecutor(a.workers) as ex:
-            res = dict(ex.map(one, jobs))
+    res = dict(map_points(one, jobs, a.workers))
     text = render(a, loads, pols, seeds, res)
     print(text)
     if a.write_docs:

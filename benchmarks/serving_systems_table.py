@@ -39,7 +39,6 @@ import json
 import math
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +46,7 @@ import numpy as np
 from docs_tables import DOCS, write_block
 from policies.base import PolicyError
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.sweep import map_points
 from sim.profile import DEFAULT_PROFILE
 from agentsim.errors import InputError
 
@@ -306,11 +306,7 @@ def main(argv: list[str] | None = None) -> str:
                 for t, b, loads, p in cells for j in loads for s in systems for off in offs for sd in seeds]
         # the slowest first (radix caches, disaggregation), so two workers finish together
         jobs.sort(key=lambda job: (job[0][0] != "real", SYSTEMS[job[0][4]][1].get("cache") != "radix", -job[0][2]))
-        if a.workers == 1:
-            res = dict(map(one, jobs))
-        else:
-            with ProcessPoolExecutor(min(a.workers, len(jobs))) as ex:
-                res = dict(ex.map(one, jobs))
+        res = dict(map_points(one, jobs, min(a.workers, len(jobs))))
     wall = time.time() - t0
     if a.results_json:
         Path(a.results_json).write_text(json.dumps([{"trace": k[0], "blocks": k[1], "jps": k[2], "programs": k[3], "system": k[4],

@@ -486,6 +486,18 @@ class Workers:
         self.close(now=exc_type is not None)
 
 
+def map_points(fn, items: list, workers: int = 1, dask: str | None = None) -> list:
+    """fn over items where a sweep's points run (in this process for one worker, else on
+    spawned local processes or a Dask cluster), results in the items' order: the pool the
+    table scripts under benchmarks/ use. fn and the items must pickle (a module-level
+    function); an item's exception is raised here."""
+    with Workers(workers, dask) as pool:
+        if pool.inline:
+            return [fn(x) for x in items]
+        ex = pool.executor()
+        return [f.result() for f in [ex.submit(fn, x) for x in items]]
+
+
 def _completed(todo: list[dict], fn, workers: int = 1, dask: str | None = None, pool: Workers | None = None):
     """(point, fn(point), None), or (point, None, error) for a point lost with its worker,
     in completion order: in-process, on local worker processes, or on a Dask cluster
