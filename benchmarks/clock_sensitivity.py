@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join(lines)
     print(text)
     if a.write_docs:
-        from docs_tables import write_block
+        sys.path.insert(0, str(ROOT))  # as a script: the repository root, for `benchmarks.`
+        from benchmarks.docs_tables import write_block
 
         flags = " ".join(f"--{k} {v}" for k, v in vars(a).items() if k not in ("write_docs", "report") and v is not None)
         write_block(a.write_docs, "clock_sensitivity", flags, text)

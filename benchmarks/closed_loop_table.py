@@ -18,8 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docs_tables import DOCS, write_block  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute  # noqa: E402
 from sim.profile import DEFAULT_PROFILE  # noqa: E402

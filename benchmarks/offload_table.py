@@ -18,11 +18,15 @@ place of the block marked `<!-- offload_table: FLAGS -->` ... `<!-- end offload_
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import argparse
 
 import numpy as np
 
-from docs_tables import DOCS, write_block
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.sweep import map_points
 from sim.profile import DEFAULT_PROFILE

@@ -27,8 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "planning.md"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_speed import worktree
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.sim_speed import worktree  # noqa: E402
 
 
 def documented_question(page: Path = PAGE) -> list[str]:

@@ -19,12 +19,15 @@ not the default), so the results page is written by this script, not by hand.
 """
 from __future__ import annotations
 
+import sys
+
 import argparse
 from pathlib import Path
 
 import numpy as np
 
-from docs_tables import DOCS, write_block
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.sweep import map_points
 from sim.profile import DEFAULT_PROFILE

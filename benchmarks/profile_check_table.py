@@ -19,8 +19,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docs_tables import DOCS, write_block  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 from agentsim.errors import InputError  # noqa: E402
 from sim import profile_check as pc  # noqa: E402

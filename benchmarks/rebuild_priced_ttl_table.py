@@ -16,13 +16,17 @@ FLAGS the flags that define that table (benchmarks/docs_tables.py).
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import argparse
 import os
 import time
 
 import numpy as np
 
-from docs_tables import DOCS, write_block
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
 OURS = "rebuild-priced-ttl"

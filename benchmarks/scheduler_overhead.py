@@ -150,7 +150,7 @@ def one_run(policy: str | None, programs: int, output_tokens: int = 8, split: bo
             gc.collect()
 
 
-def _core_parts(**limits):
+def core_parts(**limits):
     """A started engine's scheduler inputs, to build fresh schedulers from without a model:
     (Scheduler's constructor arguments, the engine's block hasher, the engine to keep alive).
     `limits`: start_engine's engine limits, in place of this benchmark's small ones
@@ -262,7 +262,7 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
       vLLM run beside it, median over rounds (a reordering policy runs other steps);
       and, when the policy's schedule is the same in every round, the sum of its per-step
       minima against vLLM's."""
-    parts, hasher, llm = _core_parts()
+    parts, hasher, llm = core_parts()
     try:
         runs: dict[str, list[dict]] = {}
         for _ in range(rounds):

@@ -37,13 +37,15 @@ import argparse
 import datetime
 import json
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from docs_tables import DOCS, write_block
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 from policies.base import PolicyError
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.sweep import map_points

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join(out).rstrip("\n")
     print(text)
     if a.write_docs:
-        from docs_tables import write_block
+        sys.path.insert(0, str(ROOT))  # as a script: the repository root, for `benchmarks.`
+        from benchmarks.docs_tables import write_block
 
         flags = f"--baseline {a.baseline} --reps {a.reps} --points {a.points} --policies {a.policies}"
         write_block(a.write_docs, "sim_speed", flags, text)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docs_tables import DOCS, write_block  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute  # noqa: E402
 

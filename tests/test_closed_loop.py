@@ -127,12 +127,10 @@ def test_closed_loop_arrivals_from_python():
 
 def test_closed_loop_table_writes_its_block_and_the_results_page_marks_it(tmp_path, capsys):
     import re
-    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "benchmarks"))
-    import closed_loop_table as clt
+    from benchmarks import closed_loop_table as clt
 
     marked = re.findall(r"^<!-- closed_loop_table: (.*?) -->\n\n(Table: .*?)\n\n<!-- end closed_loop_table -->$",
                         (root / "docs" / "results.md").read_text(), re.S | re.M)

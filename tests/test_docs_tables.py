@@ -3,15 +3,13 @@
 and the page's marked tables against the script's format."""
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import docs_tables  # noqa: E402
-import rebuild_priced_ttl_table as rpt  # noqa: E402
+from benchmarks import docs_tables  # noqa: E402
+from benchmarks import rebuild_priced_ttl_table as rpt  # noqa: E402
 
 PAGE = ROOT / "docs" / "policies.md"
 TINY = ["--cells", "swebench:3000:0.5", "--programs", "5", "--seeds", "0", "--tiers", "gpu",
@@ -63,7 +61,7 @@ def test_the_policies_page_marks_each_table_in_the_scripts_format():
 
 
 def test_infercept_ablation_writes_its_table_and_the_results_page_marks_it(tmp_path, capsys):
-    import infercept_ablation as ia
+    from benchmarks import infercept_ablation as ia
 
     results = ROOT / "docs" / "results.md"
     marked = re.findall(r"^<!-- infercept_ablation: (.*?) -->\n\n(Table: .*?)\n\n<!-- end infercept_ablation -->$",
@@ -84,7 +82,7 @@ def test_infercept_ablation_writes_its_table_and_the_results_page_marks_it(tmp_p
 
 
 def test_offload_table_writes_its_tables_and_the_results_page_marks_them(tmp_path, capsys):
-    import offload_table as ot
+    from benchmarks import offload_table as ot
 
     results = (ROOT / "docs" / "results.md").read_text()
     marked = re.findall(r"^<!-- offload_table: (.*?) -->\n\n(Table: .*?)\n\n<!-- end offload_table -->$", results, re.S | re.M)
@@ -112,7 +110,7 @@ def test_offload_table_writes_its_tables_and_the_results_page_marks_them(tmp_pat
 def test_sim_speed_writes_its_table_and_the_results_page_marks_it(tmp_path, capsys):
     """benchmarks/sim_speed.py on a tiny point against HEAD (the same code: same steps and
     mean JCT), its table written into a page; the results page holds a written table."""
-    import sim_speed
+    from benchmarks import sim_speed
 
     results = (ROOT / "docs" / "results.md").read_text()
     marked = re.findall(r"^<!-- sim_speed: (.*?) -->\n\n(.*?)\n\n<!-- end sim_speed -->$", results, re.S | re.M)

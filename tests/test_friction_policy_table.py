@@ -6,13 +6,11 @@ programs), into a copy of the page, checking every other byte is kept."""
 import importlib.util
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their docs_tables module
 RESULTS = ROOT / "docs" / "results.md"
 
 

@@ -1,11 +1,7 @@
 """benchmarks/plan_speed.py times the command docs/planning.md documents."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import plan_speed
+from benchmarks import plan_speed
 
 
 def test_it_reads_the_documented_question():

@@ -10,11 +10,10 @@ import pytest
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def test_one_round_times_every_target_after_every_condition(tmp_path):
-    import prefill_after as pa
+    from benchmarks import prefill_after as pa
 
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "prefill_after.py"), "--rounds", "1",
                     "--json", str(tmp_path / "r.json")], cwd=ROOT, check=True, capture_output=True, timeout=900)

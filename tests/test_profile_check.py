@@ -270,8 +270,7 @@ def test_aiconfigurator_without_the_model_shape_is_one_line(tmp_path):
 @needs(H100, H200)
 def test_the_docs_table_is_the_scripts(capsys):
     """docs/profiles.md's probe rows are what benchmarks/profile_check_table.py computes now."""
-    sys.path.insert(0, str(roofline.REPO_ROOT / "benchmarks"))
-    import profile_check_table as t
+    from benchmarks import profile_check_table as t
 
     page = (roofline.REPO_ROOT / "docs" / "profiles.md").read_text()
     block = page.split("<!-- profile_check_table: --shared ../shared/measurements -->")[1].split("<!-- end profile_check_table -->")[0]

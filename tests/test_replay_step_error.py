@@ -1,14 +1,12 @@
 """benchmarks/replay_step_error.py: the step model against a validation run's real steps."""
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import replay_step_error as rse  # noqa: E402
+from benchmarks import replay_step_error as rse  # noqa: E402
 
 from sim.profile import load_profile  # noqa: E402
 

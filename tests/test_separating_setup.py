@@ -1,13 +1,11 @@
 """benchmarks/separating_setup.py: the simulator's predicted separation of policies over a
 grid of small CPU-engine set-ups, largest gain first."""
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import separating_setup  # noqa: E402
+from benchmarks import separating_setup  # noqa: E402
 
 
 def test_grid_rows_sorted_by_predicted_gain(capsys):

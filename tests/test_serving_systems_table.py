@@ -4,14 +4,12 @@ block the default command writes (same key, same rows)."""
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import serving_systems_table as sst  # noqa: E402
+from benchmarks import serving_systems_table as sst  # noqa: E402
 
 PAGE = ROOT / "docs" / "serving_systems.md"
 BLOCK = re.compile(rf"^<!-- {sst.SCRIPT}: (.*?) -->\n\n(.*?)\n\n<!-- end {sst.SCRIPT} -->$", re.S | re.M)

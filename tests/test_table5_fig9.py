@@ -1,14 +1,12 @@
 """benchmarks/table5_fig9.py: the Table 5 set-up (closed loop, OpenHands-shaped programs, GLM-4.5-FP8
 on 8 H100s) and the Fig. 9 comparison, run on a tiny size; the results page carries both blocks."""
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import table5_fig9 as t59  # noqa: E402
+from benchmarks import table5_fig9 as t59  # noqa: E402
 
 
 def _cells(line: str) -> list[str]:

