@@ -43,7 +43,7 @@ import math
 import numpy as np
 
 from agentsim.errors import InputError
-from policies.base import Policy, Release
+from policies.base import Policy
 from sim import stretch
 from sim.call import Call
 from sim.cpu_tier import NO_TIER
