@@ -140,11 +140,10 @@ class Question:
     early_stop: bool = True            # a point stops once its SLO is known to fail (sim/bound.py)
 
     def bound(self) -> Bound | None:
-        """Each point's bound: the SLO at n x its limit over n seeds (one seed above n x limit
-        puts the mean of n non-negative values above it); None where the metric has none."""
+        """Each point's bound: the SLO over n seeds (Bound.scaled); None where the metric has none."""
         if not self.early_stop or self.slo.metric not in BOUNDABLE:
             return None
-        return Bound(self.slo.metric, self.slo.limit * len(self.seeds))
+        return Bound(self.slo.metric, self.slo.limit).scaled(len(self.seeds))
 
     def points(self, c: Candidate, replicas: int) -> list[dict]:
         # one replica has nothing to route: run it once for all routers
