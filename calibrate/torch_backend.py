@@ -52,6 +52,7 @@ TORCH_HOW = {
               "replayed `new` times (decode cost is linear in context); batches up to 256 sequences",
     "mixed": "one step: a chunk of n new tokens after P cached ones plus B decodes over C context tokens each "
              "(field `context`); features of that one step",
+    "repeats": HOW["repeats"] + " (CUDA: after one untimed pass over all probes)",
 }
 
 
@@ -231,7 +232,7 @@ class TorchRunner:
             self.sync()
             return time.perf_counter() - t0
 
-    def run(self, p: probes.Probe) -> float:
+    def run(self, p: probes.Probe, record: bool = True) -> float:
         gc.collect()  # not inside a timed probe
         if self.cuda:  # each probe sizes its own cache: return the last one's to the device
             self.torch.cuda.empty_cache()
@@ -241,7 +242,8 @@ class TorchRunner:
             t = self.mixed_seconds(p)
         else:
             t = self.prefill_seconds(p.new, p.prefix)
-        p.samples.append(float(t))
+        if record:
+            p.samples.append(float(t))
         return t
 
     def warm_up(self, max_batch: int, max_s: float = 30.0) -> None:
@@ -360,11 +362,15 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     gc.freeze()  # the collection before each probe then skips the ~0.1 s walk over torch's own objects
     try:
         runner.warm_up(max(p.batch for p in plan if p.kind == "decode"), 10.0 if quick else 30.0)
-        with tqdm(total=reps * len(plan), desc="calibrate (torch)", unit="probe", disable=not progress) as bar:
-            for _ in range(reps):  # interleaved: drift of a shared machine spreads over all probes
+        # On a GPU one untimed pass first: a shape's first run builds cuDNN's plans and
+        # recompiles for its token count (50-120 ms, once; vLLM pays it at start-up), which
+        # had lifted the median of three repeats by up to 70% (benchmarks/gpu/refit_h100.py)
+        passes = [False] * gpu + [True] * reps
+        with tqdm(total=len(passes) * len(plan), desc="calibrate (torch)", unit="probe", disable=not progress) as bar:
+            for record in passes:  # interleaved: drift of a shared machine spreads over all probes
                 for p in plan:
                     bar.set_postfix_str(f"{p.kind} n={p.new} P={p.prefix} B={p.batch}")
-                    runner.run(p)
+                    runner.run(p, record)
                     bar.update()
     finally:
         gc.unfreeze()

@@ -103,33 +103,22 @@ def read_config(path: str | Path) -> ModelConfig:
 
 
 class KVCache:
-    """Per layer K and V of every slot's rows, and each slot's length. Token-major
-    [slots * capacity, kv_heads, head_dim] is vLLM's paged layout and what flash varlen reads;
-    head-major [kv_heads, slots * capacity, head_dim] keeps each head's keys contiguous, the
-    layout cuDNN's Hopper kernel reads at full speed (over a long prefix token-major ran it
-    2.4x slower on an H200, where vLLM's FlashAttention 3 reads the paged layout at full speed)."""
+    """Per layer K and V of shape [slots * capacity, kv_heads, head_dim] (vLLM's token-major
+    layout: a head-major cache ran cuDNN no faster, benchmarks/gpu/h100-2026-11-26-lerp-merge),
+    and each slot's length."""
 
-    def __init__(self, cfg: ModelConfig, slots: int, capacity: int, device, dtype, head_major: bool = False):
-        rows = slots * capacity
-        shape = (cfg.kv_heads, rows, cfg.head_dim) if head_major else (rows, cfg.kv_heads, cfg.head_dim)
+    def __init__(self, cfg: ModelConfig, slots: int, capacity: int, device, dtype):
+        shape = (slots * capacity, cfg.kv_heads, cfg.head_dim)
         # zeros, not empty: a padded decode batch reads keys past a shorter context (masked
         # out), and a NaN left in uninitialised memory would still reach the output (0 * NaN)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.lens = [0] * slots
-        self.slots, self.capacity, self.head_major = slots, capacity, head_major
+        self.slots, self.capacity = slots, capacity
 
     def paged(self, t: torch.Tensor) -> torch.Tensor:
-        """A layer's K or V as [slots, capacity, kv_heads, head_dim] (a view, either layout)."""
-        if self.head_major:
-            return t.view(t.shape[0], self.slots, self.capacity, t.shape[2]).permute(1, 2, 0, 3)
+        """A layer's K or V as [slots, capacity, kv_heads, head_dim] (a view)."""
         return t.view(self.slots, self.capacity, *t.shape[1:])
-
-    def write(self, l: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """A step's new K and V [T, kv_heads, head_dim] into `rows`: one copy per layer for all sequences."""
-        dim = 1 if self.head_major else 0
-        self.k[l].index_copy_(dim, rows, k.transpose(0, 1) if self.head_major else k)
-        self.v[l].index_copy_(dim, rows, v.transpose(0, 1) if self.head_major else v)
 
     def fill(self, slot_lens: dict[int, int], seed: int = 0) -> None:
         """Stand-in KV for the cached tokens of each slot: one random tile repeated (the
@@ -138,7 +127,7 @@ class KVCache:
         n = max(slot_lens.values(), default=0)
         if n:
             g = torch.Generator(device=self.k[0].device).manual_seed(seed)
-            *_, h, d = self.paged(self.k[0]).shape
+            _, h, d = self.k[0].shape
             tile = torch.randn((min(n, 256), h, d), generator=g, device=self.k[0].device).to(self.k[0].dtype)
             for t in self.k + self.v:
                 pages = self.paged(t)
@@ -290,7 +279,7 @@ class TorchLlama:
     def new_cache(self, slots: int, capacity: int) -> KVCache:
         if capacity > self.cfg.max_positions:
             raise InputError(f"context {capacity} is longer than the model's max_position_embeddings {self.cfg.max_positions}")
-        return KVCache(self.cfg, slots, capacity, self.device, self.dtype, head_major=self.attention == "cudnn")
+        return KVCache(self.cfg, slots, capacity, self.device, self.dtype)
 
     def prepare(self, spans: list[tuple[int, int]], cache: KVCache) -> StepBatch:
         """The index tensors of a step of `spans` (slot, n): each span's n new tokens come
@@ -400,20 +389,15 @@ class TorchLlama:
         faster than FlashAttention 2 on an H100), a chunk after a prefix as two calls merged
         by their log-sum-exp. "flash_varlen": one FlashAttention 2 varlen call per layer for
         all sequences of a step, keys read in place (seqused_k)."""
-        def check_step():  # a fresh cache per mode: its layout follows the mode
-            cache = self.new_cache(4, 64)
-            cache.fill({0: 20, 1: 5, 2: 33, 3: 0}, seed=1)
-            return self.prepare([(2, 1), (0, 1), (1, 7), (3, 9)], cache), cache
-
-        self.attention = "sdpa"
-        b, cache = check_step()
+        cache = self.new_cache(4, 64)
+        cache.fill({0: 20, 1: 5, 2: 33, 3: 0}, seed=1)
+        b = self.prepare([(2, 1), (0, 1), (1, 7), (3, 9)], cache)
         g = torch.Generator(device=self.device).manual_seed(2)
         q = torch.randn((b.positions.numel(), self.cfg.heads, self.cfg.head_dim), generator=g,
                         device=self.device).to(self.dtype)
         want, tried = self._attention(q, 0, b, cache).float(), []
         for mode in ("cudnn", "flash_varlen"):
             self.attention = mode
-            b, cache = check_step()
             try:
                 err = (self._attention(q, 0, b, cache).float() - want).abs().max().item()
                 if err < 0.05 and self.device.type == "cuda":
@@ -441,7 +425,8 @@ class TorchLlama:
         for l, ly in enumerate(self.layers):
             q, k, v = self._pre(h, ly["ln1"], ly["qkv"], ly["qkv_b"], ly["q_norm"], ly["k_norm"], cos, sin,
                                 c.heads, c.kv_heads, c.head_dim, c.eps)
-            cache.write(l, b.slot_mapping, k, v)
+            cache.k[l].index_copy_(0, b.slot_mapping, k)  # the step's new K/V, all sequences at once
+            cache.v[l].index_copy_(0, b.slot_mapping, v)
             h = self._post(h, self._attention(q, l, b, cache), ly["o"], ly["ln2"], ly["gate_up"], ly["down"], c.eps)
         if b.last is not None:  # logits of each sequence's last token only, as vLLM
             h = h.index_select(0, b.last)

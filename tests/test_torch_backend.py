@@ -266,29 +266,6 @@ def test_a_step_dispatches_kernels_per_layer_not_per_sequence():
     assert per_layer > 5 and counts[4, 1] > counts[2, 1], counts
 
 
-@needs_torch
-def test_a_head_major_cache_gives_the_steps_the_token_major_cache_gives():
-    # on a GPU, cuDNN attention reads a head-major cache (each head's keys contiguous); the
-    # same steps over either layout must write the same K/V rows and sample the same tokens
-    from calibrate.torch_model import KVCache
-
-    cfg = ModelConfig(**TINY, dtype="float32")
-    m = TorchLlama(cfg, "cpu", torch.float32, seed=3)
-    caches = [KVCache(cfg, 4, 64, "cpu", torch.float32, head_major=hm) for hm in (False, True)]
-    for c in caches:
-        c.fill({0: 20, 1: 5, 2: 33, 3: 0}, seed=1)
-    steps = [([(2, 1), (0, 1), (1, 7), (3, 9)], 18), ([(3, 1), (1, 1), (0, 12)], 14), ([(i, 1) for i in range(4)], 4)]
-    for spans, t in steps:
-        ids = torch.arange(t) % cfg.vocab
-        outs = [m.step(ids, spans, c) for c in caches]
-        torch.testing.assert_close(outs[0], outs[1])
-    assert caches[0].lens == caches[1].lens == [34, 14, 35, 11]
-    for l in range(cfg.layers):
-        torch.testing.assert_close(caches[0].paged(caches[0].k[l]), caches[1].paged(caches[1].k[l]))
-        torch.testing.assert_close(caches[0].paged(caches[0].v[l]), caches[1].paged(caches[1].v[l]))
-    assert caches[1].k[0].shape == (cfg.kv_heads, 4 * 64, cfg.head_dim) and caches[1].k[0].is_contiguous()
-
-
 def write_config(tmp_path, **over):
     c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 101,

@@ -4,9 +4,7 @@ profile and the reference probes (../shared/measurements/h200/probe_shapes.py) d
              prefix (contiguous [1, kv_heads, k, d]); decode over contiguous [B, kv_heads, ctx, d]
   sdpa_flash2  calibrate/torch_model.py's per-group SDPA path (lower-right causal mask for a
              chunk after a prefix, a padded batch for decodes), FlashAttention 2 kernels
-  cudnn      the same with cuDNN's kernels first, a chunk after a prefix as two merged calls,
-             over a head-major cache (as the calibration runs it); cudnn_token_major: the same
-             over vLLM's token-major layout
+  cudnn      the same with cuDNN's kernels first, a chunk after a prefix as two merged calls
   varlen     its FlashAttention 2 varlen path: one call for the step, keys read in place
 Llama-3.1-8B heads (32 q, 8 KV, 128), bf16; CUDA events, median of 20; the CUDA kernels
 each one launched (torch profiler). Prints one JSON object; run on the GPU machine:
@@ -23,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from calibrate.torch_model import KVCache, ModelConfig, TorchLlama  # noqa: E402
+from calibrate.torch_model import ModelConfig, TorchLlama  # noqa: E402
 
 CFG = ModelConfig(arch="LlamaForCausalLM", hidden=4096, layers=1, heads=32, kv_heads=8, head_dim=128,
                   intermediate=128, vocab=128, max_positions=40_000)
@@ -61,20 +59,13 @@ def measure(fn):
 
 
 def variants(model, spans, lens, capacity, reference):
-    q = None
+    cache = model.new_cache(len(spans), capacity)
+    cache.fill(lens)
+    b = model.prepare(spans, cache)
+    q = torch.randn((b.positions.numel(), CFG.heads, CFG.head_dim), device="cuda", dtype=torch.bfloat16)
     out = {"reference": measure(reference)}
 
-    def ours(impl, backends, head_major=None):
-        nonlocal q
-        model.attention = impl
-        cache = model.new_cache(len(spans), capacity)
-        if head_major is not None:  # the other layout than the mode's own
-            cache = KVCache(CFG, len(spans), capacity, "cuda", torch.bfloat16, head_major=head_major)
-        cache.fill(lens)
-        b = model.prepare(spans, cache)
-        if q is None:
-            q = torch.randn((b.positions.numel(), CFG.heads, CFG.head_dim), device="cuda", dtype=torch.bfloat16)
-
+    def ours(impl, backends):
         def run():
             model.attention = impl
             with sdpa_kernel(backends, set_priority=True):
@@ -83,8 +74,7 @@ def variants(model, spans, lens, capacity, reference):
 
     fa2 = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
     out["sdpa_flash2"] = measure(ours("sdpa", fa2))
-    out["cudnn"] = measure(ours("cudnn", [SDPBackend.CUDNN_ATTENTION] + fa2))  # head-major cache, as calibration runs it
-    out["cudnn_token_major"] = measure(ours("cudnn", [SDPBackend.CUDNN_ATTENTION] + fa2, head_major=False))
+    out["cudnn"] = measure(ours("cudnn", [SDPBackend.CUDNN_ATTENTION] + fa2))  # what the runner allows
     out["varlen"] = measure(ours("flash_varlen", fa2))
     model.attention = "sdpa"
     return out
