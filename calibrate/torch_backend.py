@@ -364,7 +364,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
         runner.warm_up(max(p.batch for p in plan if p.kind == "decode"), 10.0 if quick else 30.0)
         # On a GPU one untimed pass first: a shape's first run builds cuDNN's plans and
         # recompiles for its token count (50-120 ms, once; vLLM pays it at start-up), which
-        # had lifted the median of three repeats by up to 70% (benchmarks/gpu/refit_h100.py)
+        # had lifted the median of three repeats by up to 70% (benchmarks/gpu/refit_without_first_repeat.py)
         passes = [False] * gpu + [True] * reps
         with tqdm(total=len(passes) * len(plan), desc="calibrate (torch)", unit="probe", disable=not progress) as bar:
             for record in passes:  # interleaved: drift of a shared machine spreads over all probes
