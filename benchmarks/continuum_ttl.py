@@ -8,7 +8,7 @@ Two measurements, each repeated with old and new alternating, medians reported:
   policy   the policy's own per-call work on the bundled SWE-bench trace's tool calls in
            arrival order of a Poisson run: record the tool time, then the TTL of a call
            (what the vLLM adapter pays per call);
-  sim run  a whole `run_simulation` with `continuum` (event loop only; no trace read).
+  sim run  a whole run (`execute`) with `continuum` (event loop only; no trace read).
 Both check that old and new chose the same TTLs (the policy pass) and the same result.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ import numpy as np
 from policies.base import Request
 from policies.continuum import ContinuumPolicy
 from sim.profile import load_profile
-from sim.simulate import arrivals_for, engine_config, run_simulation
+from sim.config import SimConfig, build_run, execute
+from sim.simulate import arrivals_for
 from traces.schema import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,10 +67,9 @@ def policy_pass(cls, calls, prof) -> tuple[float, list[float]]:
 
 
 def sim_pass(cls, trace, prof, jps) -> tuple[float, dict]:
-    cfg = engine_config(prof)
-    arr = arrivals_for(trace, jps, 0)
+    run = build_run(SimConfig(), trace=trace, profile=prof, arrivals=arrivals_for(trace, jps, 0), policy=cls())
     t0 = time.perf_counter()
-    res = run_simulation(trace, cls(), prof, cfg, arr)
+    res = execute(run)
     wall = time.perf_counter() - t0
     return wall, {k: v for k, v in res.summary.items() if k not in ("wall_s", "sim_s_per_wall_s")}
 

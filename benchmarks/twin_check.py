@@ -99,19 +99,18 @@ def first_difference(a: list, b: list) -> dict | None:
 def run_pair(spec: dict, policy: str, log: bool = True) -> dict:
     """One policy on both engines: per engine the summary and per-program JCTs (and the
     schedule logs when `log`: SimPy then runs step by step, with identical results)."""
-    from sim.config import SimConfig, build_run
-    from sim.simulate import run_simulation
+    from sim.config import SimConfig, build_run, execute
 
     out = {}
     logs: dict = {}
     for engine in ("simpy", "vllm"):
         cfg = {**spec, "policy": {"name": policy, "args": spec.get("policy_args", {}).get(policy, {})}}
         cfg.pop("policy_args", None)
+        cfg["engine"] = {**cfg.get("engine", {}), "kind": engine, "fast_forward": not log}
         r = build_run(SimConfig.model_validate(cfg))
         with schedule_logs(logs) if log else contextlib.nullcontext():
             t0 = time.perf_counter()
-            res = run_simulation(r.trace, r.policy, r.profile, r.cfg, r.arrivals, engine=engine,
-                                 fast_forward=not log, replicas=r.config.cluster.replicas, router=r.config.cluster.router)
+            res = execute(r)
             wall = time.perf_counter() - t0
         s = res.summary
         out[engine] = {"summary": s, "wall_s": wall, "jct": res.programs.set_index("program_id")["jct"]}

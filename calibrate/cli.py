@@ -170,7 +170,7 @@ def _validate(args) -> int:
     from calibrate.validate import RUNNABLE, fit_trace, render_markdown, run_matrix, run_validation
     from policies.base import PolicyError
     from policies.registry import policy_params
-    from sim.run_cmd import parse_policy_args
+    from sim.run_cmd import parse_kv
     from sim.simulate import arrivals_for
     from traces.schema import read_trace
 
@@ -187,7 +187,7 @@ def _validate(args) -> int:
         raise InputError("--merge needs --shape")
     trace, _ = read_trace(args.trace)
     trace = fit_trace(trace, args.programs, args.max_turns, args.max_context, args.max_output, args.max_tool_s)
-    given = parse_policy_args(args.policy_arg)
+    given = parse_kv(args.policy_arg)
     per_policy = {p: {k: v for k, v in given.items() if k in policy_params(p)} for p in policies}
     unused = set(given) - {k for a in per_policy.values() for k in a}
     if unused:

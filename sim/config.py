@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -28,12 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from policies.base import Policy, PolicyError
 from policies.registry import make_policy, params_model, policy_params
-from sim.cpu_tier import TierSpec, build_tiers, parse_offload
-from sim.disagg import DEFAULT_LINK, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, Disagg, check_replicas, make_disagg
+from sim.cpu_tier import build_tiers, parse_offload
+from sim.disagg import DEFAULT_LINK, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, check_replicas, make_disagg
 from sim.profile import DEFAULT_PROFILE, Profile, load_profile
-from sim.router import make_router
-from sim.scheduler import EngineConfig
-from sim.simulate import Result, arrivals_for, engine_config, run_simulation
+from sim.router import make_router, router_args
+from sim.simulate import Run, arrivals_for, engine_config, execute  # noqa: F401 - execute: runs are built and run here
 from sim.workload import closed_loop_arrivals
 from agentsim.errors import InputError
 from traces.schema import Columns, columns, read_columns
@@ -108,6 +106,9 @@ class EngineLimits(_Section):
 class ClusterConfig(_Section):
     replicas: Count = Field(1, description="replicas, each its own engine and KV pool")
     router: str | None = Field(None, description="which replica serves a call: round_robin (default), least_loaded, session, prefix, cache_aware")
+    router_args: dict[str, Any] = Field(
+        default_factory=dict, description="the router's parameters (name -> value), e.g. cache_aware's cache_threshold "
+                                          "(`sim run --router-arg K=V`; sim/router.py)")
     offload: str | None = Field(
         None, description="offload tiers per replica, LMCache-like: cpu:200GiB, cpu:200GiB,ssd:1TiB (optional @GB/s: cpu:100GiB@25)")
     disagg: str | None = Field(
@@ -171,20 +172,24 @@ def leaves() -> dict[str, tuple[str, str, type, object, str]]:
                 if name == "name":
                     out["policy"] = (sec, name, str, f.default, f.description)
                 continue
-            out[name] = (sec, name, _kind(f.annotation), f.default, f.description)
+            if typing.get_origin(f.annotation) is not dict:  # not router_args: a mapping, given as --router-arg K=V
+                out[name] = (sec, name, _kind(f.annotation), f.default, f.description)
     return out
 
 
-def from_flat(values: dict[str, object], policy_args: dict | None = None, base: dict | None = None) -> dict:
-    """A nested config dict: `base` (a file's) with leaf values (flat names) laid over it."""
+def from_flat(values: dict[str, object], policy_args: dict | None = None, base: dict | None = None,
+              router_args: dict | None = None) -> dict:
+    """A nested config dict: `base` (a file's) with leaf values (flat names) laid over it,
+    and policy or router parameters added to the file's."""
     data = {s: dict(v) for s, v in (base or {}).items()} if isinstance(base, dict) else {}
     known = leaves()
     for k, v in values.items():
         sec, field = known[k][:2]
         data.setdefault(sec, {})[field] = v
-    if policy_args:
-        pol = data.setdefault("policy", {})
-        pol["args"] = {**(pol.get("args") or {}), **policy_args}
+    for sec, field, extra in (("policy", "args", policy_args), ("cluster", "router_args", router_args)):
+        if extra:
+            part = data.setdefault(sec, {})
+            part[field] = {**(part.get(field) or {}), **extra}
     return data
 
 
@@ -285,35 +290,25 @@ def _resolved_path(name: str) -> str:
     return str(p.resolve()) if p.exists() else name
 
 
-@dataclass
-class Run:
-    """A built run, ready for `execute` (once: the policy keeps state)."""
-
-    config: SimConfig  # resolved: profile, engine limits and policy parameters filled in
-    trace: Columns
-    policy: Policy
-    profile: Profile
-    cfg: EngineConfig
-    arrivals: np.ndarray
-    tiers: tuple[TierSpec, ...]  # specs: each replica builds its own tiers (they hold state)
-    disagg: Disagg | None = None  # parsed once by build_run; execute uses it as is
-
-
-def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: Profile | None = None,
-              arrivals: np.ndarray | None = None) -> Run:
+def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None, profile: Profile | None = None,
+              arrivals: np.ndarray | None = None, policy: Policy | None = None) -> Run:
     """Check `config` against the profile and build its run; every problem is an InputError
-    or PolicyError here, before anything is simulated or written.
+    or PolicyError here, before anything is simulated or written. The one way to make a
+    run; `execute` simulates it.
 
     A caller holding the objects themselves passes them: `trace` (cut and repeated as the
     workload says), `profile` (its engine limits are not checked: validation gives the real
-    engine's own), `arrivals` (instead of jps/seed)."""
+    engine's own), `arrivals` (instead of jps/seed), `policy` (a Policy of its own, instead
+    of config.policy; the resolved config then names it, without parameters)."""
     w, e, c = config.workload, config.engine, config.cluster
-    policy = make_policy(config.policy.name, **config.policy.args)
+    own_policy = policy is not None
+    if not own_policy:
+        policy = make_policy(config.policy.name, **config.policy.args)
     if profile is None:
         profile = load_profile(e.profile)
         check_limits(profile, e)
     tiers = parse_offload(c.offload)
-    router = make_router(c.router).name  # an unknown router fails here, before the trace is read
+    router = make_router(c.router, c.router_args)  # an unknown router or parameter fails here, before the trace is read
     disagg = make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue)  # bad spec or link: here too
     if disagg is not None:
         check_replicas(disagg.spec, (disagg.prefill, disagg.decode), c.replicas)
@@ -333,25 +328,17 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | None = None, profile: 
     elif arrivals is None:
         seed = w.seed if w.rep == 0 else int(np.random.SeedSequence([w.seed, w.rep]).generate_state(1)[0])
         arrivals = arrivals_for(trace, w.jps, seed)
-    params = params_model(config.policy.name).model_validate(config.policy.args)
+    args = {} if own_policy else params_model(config.policy.name).model_validate(config.policy.args).model_dump(mode="json")
     resolved = config.model_copy(update={
         "workload": w.model_copy(update={"trace": _resolved_path(w.trace)}),
-        "policy": config.policy.model_copy(update={"args": params.model_dump(mode="json")}),
+        "policy": PolicyConfig(name=policy.name, args=args),
         "engine": e.model_copy(update={
             "profile": _resolved_path(e.profile) if e.profile else profile.name, "num_blocks": cfg.num_gpu_blocks,
             "block_size": cfg.block_size, "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
             "chunked_prefill": cfg.enable_chunked_prefill, "reserve_full_prompt": cfg.reserve_full_prompt}),
-        "cluster": c.model_copy(update={"router": router, **({} if disagg is None else {
+        "cluster": c.model_copy(update={"router": router.name, "router_args": router_args(router.name, c.router_args),
+                                        **({} if disagg is None else {
             "disagg": disagg.spec, "disagg_link": disagg.link.name, "replicas": disagg.prefill + disagg.decode})}),
     })
-    return Run(resolved, trace, policy, profile, cfg, np.asarray(arrivals, dtype=float), tiers, disagg)
-
-
-def execute(run: Run, progress=None, watch=None) -> Result:
-    """Simulate a built run; `watch` (sim.bound.Watcher) stops it once its bound is known to fail."""
-    c = run.config.cluster
-    return run_simulation(run.trace, run.policy, run.profile, run.cfg, run.arrivals,
-                          fast_forward=run.config.engine.fast_forward, progress=progress,
-                          replicas=c.replicas, router=c.router, offload=run.tiers, disagg=run.disagg,
-                          engine=run.config.engine.kind, watch=watch)
+    return Run(resolved, trace, policy, profile, cfg, np.asarray(arrivals, dtype=float), tiers, router, disagg)

@@ -25,6 +25,9 @@ ties always go to the lowest replica index, so runs stay deterministic.
 """
 from __future__ import annotations
 
+import inspect
+import math
+
 from agentsim.errors import InputError
 
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "cache_aware")
@@ -150,8 +153,53 @@ def register_router(cls: type[Router]) -> type[Router]:
     return cls
 
 
-def make_router(name: str | None) -> Router:
+def make_router(name: str | Router | None, args: dict | None = None) -> Router:
+    """A fresh router by name with its parameters (`cluster.router_args`), or `name` itself
+    when it is a Router already."""
+    if isinstance(name, Router):
+        return name
+    cls = _router_class(name)
+    return cls(**router_args(cls.name, args))
+
+
+def _router_class(name: str | None) -> type[Router]:
     name = "round_robin" if name is None else str(name).replace("-", "_")
     if name not in _CLASSES:
         raise InputError(f"--router {name!r} is not a router; choose one of {', '.join(_CLASSES)}")
-    return _CLASSES[name]()
+    return _CLASSES[name]
+
+
+def router_args(name: str | None, args: dict | None) -> dict:
+    """`args` checked against the router's parameters, each as the type of its default (a
+    config's number or a flag's string); one InputError line for the first that is not."""
+    cls = _router_class(name)
+    params = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+              if p.default is not inspect.Parameter.empty}
+    out = {}
+    for k, v in (args or {}).items():
+        if k not in params:
+            raise InputError(f"router {cls.name} has no parameter {k!r}; its parameters: {', '.join(params) or 'none'}")
+        kind = type(params[k])
+        try:
+            out[k] = _as(kind, v)
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"router {cls.name}: {k}={v!r} is not {_KIND_WORDS.get(kind, kind.__name__)}") from None
+    return out
+
+
+_KIND_WORDS = {int: "a whole number", float: "a finite number", str: "a string"}
+
+
+def _as(kind: type, v):
+    """`v` (a config's number or a flag's string) as `kind`; an int only from a whole number."""
+    if isinstance(v, bool) or (kind is not str and isinstance(v, str) and not v.strip()):
+        raise ValueError(v)
+    if kind is int:
+        f = float(v)
+        if f != int(f):
+            raise ValueError(v)
+        return int(f)
+    x = kind(v)
+    if kind is float and not math.isfinite(x):
+        raise ValueError(v)
+    return x

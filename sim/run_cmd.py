@@ -22,6 +22,7 @@ from policies.registry import POLICIES
 from sim.bound import parse_bound
 from sim.config import FLAG_NAMES, SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
 from sim.metrics import write_results
+from agentsim.errors import InputError
 from agentsim.files import atomic_write
 from traces.schema import is_nan
 from traces.validation import Model, validated
@@ -48,6 +49,9 @@ def register(sub) -> None:
             groups[sec].add_argument(flag, dest=name, type=kind, default=None, metavar=_METAVAR.get(name, {int: "N", float: "X"}.get(kind, "NAME")), help=help_)
         if name == "policy":
             p.add_argument("--policy-arg", action="append", default=[], metavar="K=V", help="policy parameter (repeatable)")
+        if name == "router":
+            groups[sec].add_argument("--router-arg", action="append", default=[], metavar="K=V",
+                                     help="router parameter, e.g. cache_threshold=0.5 (repeatable; sim/router.py)")
     p.add_argument("--bound", default=None, metavar="METRIC<=SECONDS",
                    help="stop as soon as the run is known to exceed this, e.g. 'p95_jct<=60' (mean_jct, p50/p90/p95/p99_jct, "
                         "max_jct); the summary then says so and gives the metric's lower bound (a run not stopped is exact)")
@@ -56,12 +60,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_policy_args(items: list[str]) -> dict[str, str]:
+def parse_kv(items: list[str], flag: str = "--policy-arg", error=PolicyError) -> dict[str, str]:
+    """`--policy-arg` or `--router-arg` K=V items as a dict."""
     out = {}
     for it in items:
         k, sep, v = it.partition("=")
         if not sep or not k:
-            raise PolicyError(f"--policy-arg {it!r} is not K=V; write e.g. --policy-arg K=100")
+            raise error(f"{flag} {it!r} is not K=V; write e.g. {flag} K=100")
         out[k.strip()] = v.strip()
     return out
 
@@ -82,7 +87,8 @@ def config_from_args(args) -> SimConfig:
     """--config FILE (if given) with the flags given laid over it."""
     base = read_config(args.config) if getattr(args, "config", None) else None
     flat = {k: getattr(args, k) for k in leaves() if getattr(args, k, None) is not None}
-    data = from_flat(flat, parse_policy_args(getattr(args, "policy_arg", None) or []), base)
+    data = from_flat(flat, parse_kv(getattr(args, "policy_arg", None) or []), base,
+                     parse_kv(getattr(args, "router_arg", None) or [], "--router-arg", InputError))
     return parse_config(data, "sim run", style="flag")
 
 

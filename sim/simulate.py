@@ -1,8 +1,11 @@
-"""run_simulation: one trace, one policy, N replicas (default 1) with optional offload
-tiers → per-turn/program tables and a summary."""
+"""`execute`: a built run (sim.config.build_run, the one way to make one) simulated: one
+trace, one policy, N replicas with optional offload tiers -> per-turn/program tables and a
+summary."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -12,12 +15,17 @@ from policies.base import Policy
 from policies.pins import pin_counts
 from sim.bound import Stopped
 from sim.cluster import Cluster
-from sim.cpu_tier import TierSpec, parse_offload
-from sim.disagg import Disagg, make_disagg
+from sim.cpu_tier import TierSpec
+from sim.disagg import Disagg
 from sim.metrics import Recorder, kv_table, program_table, summarize, turn_columns, turn_table
 from sim.profile import Profile
+from sim.router import Router
 from sim.scheduler import EngineConfig
 from sim.workload import Workload, poisson_arrivals
+
+if TYPE_CHECKING:
+    from sim.config import SimConfig
+    from traces.schema import Columns
 
 SECONDS_MAX = 1e10  # traces/schema.py's bound on a trace's times (not imported: it needs pyarrow)
 
@@ -68,31 +76,40 @@ def arrivals_for(trace, jps: float | None, seed: int) -> np.ndarray:
     return a
 
 
-def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
-                   arrivals: np.ndarray, fast_forward: bool = True, progress=None, *,
-                   replicas: int = 1, router: str | None = None,
-                   offload: str | tuple[TierSpec, ...] | None = None, disagg: str | Disagg | None = None,
-                   engine: str = "simpy", watch=None) -> Result:
-    """Replay `trace` (checked columns, traces.schema.Columns, or a DataFrame) on `replicas` replicas (each its own engine, pool, offload tiers and
-    copy of `policy`; `policy` itself serves replica 0) behind `router` (round_robin,
-    least_loaded, session, prefix; None = round_robin), with `offload` tiers per replica
-    ('cpu:200GiB', 'cpu:200GiB,ssd:1TiB', or parsed TierSpecs; None = GPU only); with `disagg`
-    ('1P1D', or a sim.disagg.Disagg for a link or thresholds of its own) x prefill + y decode
-    replicas instead of `replicas` (sim/disagg.py); `engine` "vllm": each replica's scheduling is
-    the installed vLLM's own Scheduler (sim/vllm_engine.py), else the SimPy replica.
-    `watch`: a sim.bound.Watcher; the run stops once its bound is known to fail, and its
-    summary is then the watcher's (a run it does not stop is unchanged)."""
-    tiers = offload if isinstance(offload, tuple) else parse_offload(offload)
-    split = make_disagg(disagg) if isinstance(disagg, str) else disagg
+@dataclass
+class Run:
+    """A built run (sim.config.build_run), ready for `execute` (once: the policy and the
+    router keep state)."""
+
+    config: SimConfig  # resolved: profile, engine limits and policy parameters filled in
+    trace: Columns
+    policy: Policy
+    profile: Profile
+    cfg: EngineConfig
+    arrivals: np.ndarray
+    tiers: tuple[TierSpec, ...]  # specs: each replica builds its own tiers (they hold state)
+    router: Router
+    disagg: Disagg | None = None
+
+
+def execute(run: Run, progress=None, watch=None) -> Result:
+    """Replay the run's trace on its replicas (each its own engine, pool, offload tiers and
+    copy of the policy; the policy itself serves replica 0) behind its router, or x prefill
+    + y decode replicas (sim/disagg.py); engine kind "vllm": each replica's scheduling is the
+    installed vLLM's own Scheduler (sim/vllm_engine.py), else the SimPy replica.
+    `progress` (tqdm-like) counts finished programs; `watch` (sim.bound.Watcher) stops the
+    run once its bound is known to fail, its summary then the watcher's (a run it does not
+    stop is unchanged)."""
+    trace, policy, profile, cfg = run.trace, run.policy, run.profile, run.cfg
+    engine = run.config.engine.kind
     engine_cls = None
-    if engine == "vllm":
+    if engine == "vllm":  # build_run checked that vLLM's scheduler can run it
         from sim import vllm_engine
 
-        vllm_engine.check_supported(policy, cfg, tiers, split, replicas)
         engine_cls = vllm_engine.VllmReplica
     env = simpy.Environment()
     rec = Recorder()
-    work = Workload(env, trace, arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks,
+    work = Workload(env, trace, run.arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks,
                     None if cfg.enable_chunked_prefill else cfg.max_num_batched_tokens)
 
     def on_finish(call, now):
@@ -103,8 +120,9 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
         if watch is not None and watch.finished(call, now):
             raise Stopped()
 
-    cluster = Cluster(env, cfg, profile, policy, replicas=replicas, router=router, tiers=tiers,
-                      fast_forward=fast_forward, on_finish=on_finish, disagg=split, engine_cls=engine_cls)
+    cluster = Cluster(env, cfg, profile, policy, replicas=run.config.cluster.replicas, router=run.router,
+                      tiers=run.tiers, fast_forward=run.config.engine.fast_forward, on_finish=on_finish,
+                      disagg=run.disagg, engine_cls=engine_cls)
     work.start(cluster)
     cluster.start(work)
     if watch is not None:
@@ -140,7 +158,7 @@ def run_simulation(trace, policy: Policy, profile: Profile, cfg: EngineConfig,
     extra = {
         "policy": policy.name, "engine": engine, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
         "replicas": len(engines), "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name,
-        "offload": ",".join(f"{t.name}:{t.capacity_bytes / 2**30:g}GiB" for t in tiers) or None,
+        "offload": ",".join(f"{t.name}:{t.capacity_bytes / 2**30:g}GiB" for t in run.tiers) or None,
         "steps": sum(e.steps for e in engines), "engine_busy_s": sum(e.busy_time for e in engines),
         "mean_kv_usage": float(np.mean([r["mean_kv_usage"] for r in per_replica])),
         "peak_kv_usage": max(r["peak_kv_usage"] for r in per_replica),

@@ -25,6 +25,23 @@ def linear_profile(c0=0.01, c1=0.001, c2=0.0, c3=0.0, c4=0.0, c5=0.0, blocks=100
     }, "test-linear")
 
 
+def simulate(trace, policy, profile, arrivals, *, disagg=None, progress=None, watch=None, **fields):
+    """A run as every caller makes one (sim.config.build_run, then execute): `policy` a name or
+    a Policy, `fields` flat config leaves (num_blocks=, chunked_prefill=, cache=, offload=,
+    replicas=, router=, fast_forward=, kind=, ...); `disagg` a spec ("1P1D") or a
+    sim.disagg.Disagg whose link is the test's own (a config names only the shipped links)."""
+    from dataclasses import replace
+
+    from policies.registry import make_policy
+    from sim.config import build_run, execute, from_flat, parse_config
+
+    if isinstance(disagg, str):  # a spec such as "1P1D": a config leaf like the others
+        fields, disagg = {**fields, "disagg": disagg}, None
+    run = build_run(parse_config(from_flat(fields), "test"), trace=trace, profile=profile,
+                    arrivals=np.asarray(arrivals, float), policy=make_policy(policy) if isinstance(policy, str) else policy)
+    return execute(run if disagg is None else replace(run, disagg=disagg), progress, watch)
+
+
 def make_trace(programs: list[list[tuple[int, int, str | None, float | None]]], shared_prefix: int | None = None) -> pd.DataFrame:
     """programs: per program, turns as (new_input, output, tool, tool_duration)."""
     rows = []

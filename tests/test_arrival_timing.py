@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from policies.registry import make_policy
-from sim.simulate import engine_config, run_simulation
-from tests.conftest import linear_profile, make_trace
+from sim.simulate import engine_config
+from tests.conftest import linear_profile, make_trace, simulate
 
 
 def _run(pin_seconds: float):
@@ -14,7 +14,7 @@ def _run(pin_seconds: float):
     trace = make_trace([[(32, 1, "ls", 0.5), (16, 1, None, None)], [(2000, 1, None, None)]])
     prof = linear_profile(c0=0.01, c1=0.001)
     pol = make_policy("continuum-static", threshold=10.0, pin_seconds=pin_seconds)
-    res = run_simulation(trace, pol, prof, engine_config(prof), np.array([0.0, 0.1]))
+    res = simulate(trace, pol, prof, np.array([0.0, 0.1]))
     a1 = res.turns.set_index(["program_id", "turn"]).loc[("p000", 1)]
     return res, a1
 
@@ -40,6 +40,6 @@ def test_usage_divides_by_the_usable_blocks_as_the_vllm_adapter_does():
 
     trace = make_trace([[(16 * 9 - 1, 2, None, None)]])  # 143 + 1 tokens: 9 blocks of 16
     prof = linear_profile(blocks=10)
-    res = run_simulation(trace, make_policy("vllm"), prof, engine_config(prof), np.array([0.0]))
+    res = simulate(trace, "vllm", prof, np.array([0.0]))
     assert res.summary["peak_kv_usage"] == pytest.approx(1.0)
     assert Engine.num_blocks.fget(type("E", (), {"cfg": engine_config(prof)})()) == 9

@@ -300,8 +300,7 @@ class CheckedPool:
 ])
 def test_simulator_runs_match_reference(monkeypatch, cls, seed, policy, blocks, replicas, offload):
     import sim.scheduler
-    from policies.registry import make_policy
-    from sim.simulate import engine_config, run_simulation
+    from conftest import simulate
 
     pools = []
 
@@ -314,7 +313,6 @@ def test_simulator_runs_match_reference(monkeypatch, cls, seed, policy, blocks, 
     trace = random_trace(rng, 12)
     arrivals = np.sort(rng.uniform(0, 3, trace["program_id"].nunique()))
     prof = linear_profile(blocks=blocks, budget=256, seqs=8, c2=1e-6, c4=1e-5)
-    run_simulation(trace, make_policy(policy), prof, engine_config(prof), arrivals,
-                   replicas=replicas, offload=offload)
+    simulate(trace, policy, prof, arrivals, replicas=replicas, offload=offload)
     assert len(pools) == replicas and sum(p.ops for p in pools) > 200
     assert max(p.evictions for p in pools) > 0  # the pool was contended

@@ -1,21 +1,20 @@
 """Clusters of replicas behind routers: stickiness, balance, conservation (every call
 finishes exactly once across replicas, no leaks), exact stretches, bad input."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import linear_profile, make_trace, random_trace
-from policies.registry import make_policy
+from conftest import linear_profile, make_trace, random_trace, simulate
 from sim.cli import main
 from sim.router import make_router
-from sim.simulate import engine_config, run_simulation
 from agentsim.errors import InputError
 
 
 def run(trace, arrivals, policy="vllm", replicas=2, router="round_robin", ff=True, offload=None, **prof):
     p = linear_profile(**{"blocks": 400, **prof})
-    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float),
-                          fast_forward=ff, replicas=replicas, router=router, offload=offload)
+    return simulate(trace, policy, p, arrivals, fast_forward=ff, replicas=replicas, router=router, offload=offload)
 
 
 def trace_and_arrivals(seed=0, n=24):
@@ -104,7 +103,7 @@ def test_least_loaded_picks_the_emptier_replica():
 @pytest.mark.parametrize("policy", ["vllm", "continuum", "infercept", "continuum-offload", "autellix"])
 @pytest.mark.parametrize("router", ["round_robin", "least_loaded", "session", "prefix", "cache_aware"])
 def test_conservation_across_replicas(policy, router):
-    # run_simulation itself checks: every (program, turn) finished once, nothing left
+    # execute itself checks: every (program, turn) finished once, nothing left
     # waiting/running/pinned/held, every pool and tier consistent.
     tr, arr = trace_and_arrivals(2, 18)
     res = run(tr, arr, policy=policy, router=router, replicas=3, blocks=150, offload="cpu:1MiB@0.05", budget=256)
@@ -118,7 +117,7 @@ def test_conservation_across_replicas(policy, router):
 def test_one_replica_is_the_plain_engine():
     tr, arr = trace_and_arrivals(3)
     p = linear_profile(blocks=150)
-    plain = run_simulation(tr, make_policy("continuum"), p, engine_config(p), arr).summary
+    plain = simulate(tr, "continuum", p, arr).summary
     one = run(tr, arr, policy="continuum", replicas=1, router="prefix", blocks=150).summary
     assert one == {**plain, "router": "prefix"}  # the router has nothing to choose
 
@@ -150,7 +149,7 @@ def test_bad_router_and_replicas():
     with pytest.raises(InputError, match="not a router"):
         make_router("nope")
     tr, arr = trace_and_arrivals()
-    with pytest.raises(InputError, match="--replicas"):
+    with pytest.raises(InputError, match="'cluster.replicas' is 0"):
         run(tr, arr, replicas=0)
 
 
@@ -158,6 +157,9 @@ def test_bad_router_and_replicas():
     (["--offload", "cpu:abc"], "size 'abc' is not a size"),
     (["--router", "nope"], "is not a router"),
     (["--replicas", "0"], "'--replicas' is 0"),
+    (["--router", "cache_aware", "--router-arg", "threshold=0.5"], "router cache_aware has no parameter 'threshold'"),
+    (["--router", "cache_aware", "--router-arg", "balance_abs=1.5"], "balance_abs='1.5' is not a whole number"),
+    (["--router-arg", "cache_threshold"], "--router-arg 'cache_threshold' is not K=V"),
 ])
 def test_cli_bad_cluster_flags_are_one_line(argv, fragment, capsys):
     code = main(["run", "--programs", "2", "--no-progress"] + argv)
@@ -170,6 +172,22 @@ def test_cli_cluster_run(capsys):
                  "--replicas", "2", "--router", "session", "--offload", "cpu:20GiB", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "replicas / router" in out and "CPU hit ratio" in out
+
+
+def test_router_parameters_reach_the_router_from_the_config_and_the_cli(tmp_path, capsys):
+    from sim.config import SimConfig, build_run
+
+    cfg = SimConfig.model_validate({"workload": {"programs": 2}, "cluster": {
+        "replicas": 2, "router": "cache_aware", "router_args": {"cache_threshold": 0.9, "balance_abs": "8"}}})
+    run = build_run(cfg)
+    assert (run.router.cache_threshold, run.router.balance_abs, run.router.balance_rel) == (0.9, 8, 1.5)
+    assert run.config.cluster.router_args == {"cache_threshold": 0.9, "balance_abs": 8}  # resolved: typed
+    # --router-arg on the command line lands in the written config, which reruns the same
+    assert main(["run", "--programs", "4", "--jps", "0.5", "--replicas", "2", "--router", "cache_aware",
+                 "--router-arg", "cache_threshold=0.9", "--no-progress", "--out", str(tmp_path)]) == 0
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["cluster"]["router_args"] == {"cache_threshold": 0.9}
+    assert build_run(SimConfig.model_validate(written)).router.cache_threshold == 0.9
 
 
 def test_stretches_end_on_the_same_float_as_steps_so_replicas_see_events_in_the_same_order():

@@ -10,11 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import linear_profile, random_trace, trace_and_profile_files
+from conftest import linear_profile, random_trace, trace_and_profile_files, simulate
 from policies.registry import POLICIES, make_policy, policy_params
 from sim.cli import main
 from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute, leaves
-from sim.simulate import engine_config, run_simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--trace", "swebench", "--programs", "12", "--jps", "1", "--num-blocks", "3000", "--no-progress"]
@@ -141,9 +140,9 @@ def test_validation_sim_run_uses_the_real_engines_limits():
     engine = {"num_gpu_blocks": 140, "block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 6,
               "max_model_len": 4096, "enable_chunked_prefill": True, "scheduler_reserve_full_isl": False}
     got = sim_run(tr, arr, "continuum", prof, engine, {"K": "5"})
-    cfg = engine_config(prof, num_gpu_blocks=140, block_size=16, max_num_batched_tokens=512, max_num_seqs=6,
-                        max_model_len=4096, enable_chunked_prefill=True, reserve_full_prompt=False)
-    want = run_simulation(tr, make_policy("continuum", K=5), prof, cfg, arr)
+    want = simulate(tr, make_policy("continuum", K=5), prof, arr, num_blocks=140, block_size=16,
+                    max_num_batched_tokens=512, max_num_seqs=6, max_model_len=4096, chunked_prefill=True,
+                    reserve_full_prompt=False)
     assert got.summary == want.summary and got.summary["num_gpu_blocks"] == 140
 
 

@@ -3,11 +3,9 @@ arithmetic on hand-computed runs, exact decode stretches, no leaks in any tier."
 import numpy as np
 import pytest
 
-from conftest import linear_profile, make_trace, random_trace
+from conftest import linear_profile, make_trace, random_trace, simulate
 from policies.base import OFFLOAD, Policy
-from policies.registry import make_policy
 from sim.cpu_tier import Tier, TierSpec, build_tiers, parse_offload
-from sim.simulate import engine_config, run_simulation
 from agentsim.errors import InputError
 
 # linear_profile's model: 2 * 1 layer * 1 KV head * 64 dims * 2 bytes * 16 tokens = 4096 B per block;
@@ -17,8 +15,7 @@ BLOCK_MS = "@0.004096"
 
 def run(trace, arrivals, policy="vllm", offload=None, ff=True, **prof):
     p = linear_profile(**prof)
-    pol = make_policy(policy) if isinstance(policy, str) else policy
-    return run_simulation(trace, pol, p, engine_config(p), np.asarray(arrivals, float), fast_forward=ff, offload=offload)
+    return simulate(trace, policy, p, arrivals, fast_forward=ff, offload=offload)
 
 
 # --- the flag ------------------------------------------------------------------------------

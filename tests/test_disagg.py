@@ -5,15 +5,12 @@ every call finishes once and no block leaks on either kind of replica; bad specs
 line and exit 2."""
 import json
 
-import numpy as np
 import pytest
 
-from conftest import linear_profile, make_trace
-from policies.registry import make_policy
+from conftest import linear_profile, make_trace, simulate
 from sim.cli import main
 from sim.config import PolicyConfig, SimConfig, WorkloadConfig, EngineLimits, ClusterConfig, build_run, execute
 from sim.disagg import DEFAULT_LINK, Disagg, Link, _links, find_link, parse_disagg
-from sim.simulate import engine_config, run_simulation
 from agentsim.errors import InputError
 
 BS = 16
@@ -25,9 +22,8 @@ def profile():
     return linear_profile(c0=0.01, c1=1e-4, c2=1e-8, c4=1e-6, c5=2e-8, blocks=1000)
 
 
-def simulate(trace, arrivals, policy="vllm", disagg=Disagg(1, 1, SLOW), **kw):
-    p = profile()
-    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float), disagg=disagg, **kw)
+def run(trace, arrivals, policy="vllm", disagg=Disagg(1, 1, SLOW), **kw):
+    return simulate(trace, policy, profile(), arrivals, disagg=disagg, **kw)
 
 
 def prefill_steps(st, n, cached=0):
@@ -57,7 +53,7 @@ def remote_call(st, prompt, out, p_cached=0, d_cached=0):
 def test_one_call_is_prefill_plus_transfer_plus_decode():
     p = profile()
     st = p.step_time
-    res = simulate(make_trace([[(2000, 5, None, None)]]), [0.0])
+    res = run(make_trace([[(2000, 5, None, None)]]), [0.0])
     prefill, transfer, decode = remote_call(st, 2000, 5)
     assert prefill == p.prefill_time(2000)  # one chunk: the profile's prefill time
     t = res.turns.iloc[0]
@@ -74,7 +70,7 @@ def test_one_call_is_prefill_plus_transfer_plus_decode():
 
 
 def test_the_default_link_prices_the_transfer():
-    res = simulate(make_trace([[(2000, 5, None, None)]]), [0.0], disagg="1P1D")
+    res = run(make_trace([[(2000, 5, None, None)]]), [0.0], disagg="1P1D")
     link = find_link(DEFAULT_LINK)
     assert res.summary["disaggregation"]["link"] == "rdma-ndr" == DEFAULT_LINK == _links()["default"]
     assert res.summary["disaggregation"]["transfer_s"] == link.time(124 * KV)
@@ -90,9 +86,9 @@ def test_link_classes_have_figures_and_sources():
 
 def test_a_short_prefill_runs_on_the_decode_replica_as_without_disaggregation():
     tr = make_trace([[(500, 5, None, None)]])  # 500 uncached tokens <= 1000: local
-    res = simulate(tr, [0.0])
+    res = run(tr, [0.0])
     p = profile()
-    plain = run_simulation(tr, make_policy("vllm"), p, engine_config(p), np.asarray([0.0]))
+    plain = simulate(tr, "vllm", p, [0.0])
     assert res.programs["jct"].iloc[0] == plain.programs["jct"].iloc[0]
     assert res.summary["disaggregation"]["local_prefills"] == 1 and res.summary["per_replica"][0]["prefills"] == 0
 
@@ -103,7 +99,7 @@ def test_second_turn_local_or_remote_by_dynamos_rule(policy):
     # B's adds 1505 (> 1000): remote; the prefill replica hits B's first prompt, and only
     # the blocks the decode replica lacks cross the link. B starts after A is done.
     tr = make_trace([[(2000, 5, "ls", 1.0), (50, 5, None, None)], [(2000, 5, "ls", 1.0), (1500, 5, None, None)]])
-    res = simulate(tr, [0.0, 100.0], policy=policy)
+    res = run(tr, [0.0, 100.0], policy=policy)
     st = profile().step_time
     d = res.summary["disaggregation"]
     assert (d["remote_prefills"], d["local_prefills"]) == (3, 1)
@@ -122,17 +118,17 @@ def test_second_turn_local_or_remote_by_dynamos_rule(policy):
 
 def test_the_prefill_queue_limit_keeps_prefills_local():
     tr = make_trace([[(2000, 5, None, None)] for _ in range(4)])
-    res = simulate(tr, [0.0] * 4, disagg=Disagg(1, 1, SLOW, max_prefill_queue=1))
+    res = run(tr, [0.0] * 4, disagg=Disagg(1, 1, SLOW, max_prefill_queue=1))
     d = res.summary["disaggregation"]
     assert d["remote_prefills"] + d["local_prefills"] == 4 and 1 <= d["remote_prefills"] < 4
-    res = simulate(tr, [0.0] * 4, disagg=Disagg(1, 1, SLOW, max_local_prefill=5000))
+    res = run(tr, [0.0] * 4, disagg=Disagg(1, 1, SLOW, max_local_prefill=5000))
     assert res.summary["disaggregation"]["remote_prefills"] == 0
 
 
 @pytest.mark.parametrize("policy", ["vllm", "continuum"])
 @pytest.mark.parametrize("spec, router", [("1P1D", None), ("2P1D", None), ("1P2D", "session")])
 def test_end_to_end_on_the_bundled_trace(policy, spec, router):
-    # run_simulation checks the end itself (sim/simulate.check_end): every call finished
+    # execute checks the end itself (sim/simulate.check_end): every call finished
     # exactly once, nothing waits, runs, is pinned or is in transfer, no block leaked in
     # any replica's pool, prefill or decode
     c = SimConfig(workload=WorkloadConfig(trace="swebench", programs=6, jps=1.0), policy=PolicyConfig(name=policy),
@@ -165,8 +161,8 @@ def test_disaggregated_stretches_are_exact():
 def test_off_changes_nothing():
     tr = make_trace([[(2000, 5, "ls", 0.5), (300, 5, None, None)]])
     p = profile()
-    plain = run_simulation(tr, make_policy("continuum"), p, engine_config(p), np.asarray([0.0]))
-    off = simulate(tr, [0.0], policy="continuum", disagg=None)
+    plain = simulate(tr, "continuum", p, [0.0])
+    off = run(tr, [0.0], policy="continuum", disagg=None)
     assert off.summary == plain.summary and "disaggregation" not in off.summary
     assert "role" not in off.summary["per_replica"][0]
 
@@ -215,7 +211,7 @@ def test_pins_live_on_the_decode_replica():
     # prefill dear enough (2 s for the context) that Continuum pins across a 0.2 s tool
     p = linear_profile(c0=0.01, c1=1e-3, blocks=1000)
     tr = make_trace([[(2000, 5, "ls", 0.2), (50, 5, None, None)]])
-    res = run_simulation(tr, make_policy("continuum"), p, engine_config(p), np.asarray([0.0]), disagg=Disagg(1, 1, SLOW))
+    res = simulate(tr, "continuum", p, [0.0], disagg=Disagg(1, 1, SLOW))
     assert res.summary["pins_hit"] == 1
     d = res.summary["disaggregation"]
     assert (d["remote_prefills"], d["local_prefills"]) == (1, 1)

@@ -181,16 +181,13 @@ def test_a_load_that_puts_arrivals_past_the_clocks_resolution_is_refused(capsys)
 
 
 def _tie_run(ff: bool):
-    from conftest import linear_profile, make_trace
-    from policies.registry import make_policy
+    from conftest import linear_profile, make_trace, simulate
     from sim.disagg import Disagg, find_link
-    from sim.simulate import engine_config, run_simulation
 
     trace = make_trace([[(1, 5, "ls", 0.0), (1, 1, None, None)], [(1, 5, "ls", 0.0), (4, 1, None, None)], [(1, 1, None, None)]])
     prof = linear_profile(blocks=5, budget=16, seqs=2, c2=1e-6, c4=1e-5)
-    cfg = engine_config(prof, enable_chunked_prefill=False, cache="vllm")
-    return run_simulation(trace, make_policy("continuum-static"), prof, cfg, np.zeros(3), fast_forward=ff,
-                          disagg=Disagg(1, 1, find_link(None), max_local_prefill=0))
+    return simulate(trace, "continuum-static", prof, np.zeros(3), fast_forward=ff, chunked_prefill=False, cache="vllm",
+                    disagg=Disagg(1, 1, find_link(None), max_local_prefill=0))
 
 
 def test_stretch_equals_steps_when_the_victim_order_flips_ties():

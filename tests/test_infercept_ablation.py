@@ -5,11 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from conftest import FakeView, linear_profile, random_trace
+from conftest import FakeView, linear_profile, random_trace, simulate
 from policies.base import FREE, PolicyError, Request, Retention
 from policies.infercept import InferceptPolicy
 from policies.registry import make_policy
-from sim.simulate import engine_config, run_simulation
 
 OFF = {"true_tool_time": False, "preserve": "continuum-ttl", "discard": False,
        "unpin_while_running": False, "resume_order": "continuum"}
@@ -127,7 +126,7 @@ def test_end_to_end_each_switch_matters_and_all_off_is_continuum():
     p = linear_profile(blocks=130, c2=1e-6, c4=1e-5)
 
     def run(name, **kw):
-        return run_simulation(tr, make_policy(name, **kw), p, engine_config(p), arr).summary
+        return simulate(tr, make_policy(name, **kw), p, arr).summary
 
     base = run("infercept")["mean_jct"]
     for k, v in OFF.items():

@@ -5,12 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from conftest import FakeView, linear_profile, random_trace
+from conftest import FakeView, linear_profile, random_trace, simulate
 from policies.base import Request, Retention
 from policies.infercept import InferceptPolicy, discard_waste
 from policies.registry import make_policy
 from policies.thunderagent import ACTING, PAUSED, REASONING, ThunderAgentController
-from sim.simulate import engine_config, run_simulation
 
 
 class View(FakeView):
@@ -181,7 +180,7 @@ def test_thunderagent_end_to_end_conserves_calls(replicas):
     tr = random_trace(np.random.default_rng(5), 20)
     arr = np.sort(np.random.default_rng(6).uniform(0, 4, 20))
     p = linear_profile(blocks=140, c2=1e-6, c4=1e-5)
-    res = run_simulation(tr, make_policy("thunderagent", interval="0.5"), p, engine_config(p), arr, replicas=replicas)
+    res = simulate(tr, make_policy("thunderagent", interval="0.5"), p, arr, replicas=replicas)
     assert len(res.turns) == len(tr) and not res.turns.duplicated(["program_id", "turn"]).any()
     assert res.summary["router"] == "thunderagent-proxy"
     # 140 blocks for 20 programs: the proxy must pause some; every program it held
@@ -195,7 +194,7 @@ def test_infercept_end_to_end_swaps_with_a_cpu_tier():
     tr = random_trace(np.random.default_rng(7), 30, max_turns=8)
     arr = np.sort(np.random.default_rng(8).uniform(0, 6, 30))
     p = linear_profile(blocks=130, c2=1e-6, c4=1e-5)
-    res = run_simulation(tr, make_policy("infercept"), p, engine_config(p), arr, offload="cpu:64MiB@0.05")
+    res = simulate(tr, "infercept", p, arr, offload="cpu:64MiB@0.05")
     d = res.summary["decisions"]
     assert d["preserve"] == int((~res.turns["is_last"]).sum())
     assert len(res.turns) == len(tr)

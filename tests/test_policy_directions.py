@@ -20,9 +20,9 @@ the fixed pin (seeds 0-2), so no SWE-bench order test.
 """
 import pytest
 
-from policies.registry import make_policy
+from conftest import simulate
 from sim.profile import load_profile
-from sim.simulate import arrivals_for, engine_config, run_simulation
+from sim.simulate import arrivals_for
 from traces.schema import read_trace
 
 
@@ -31,9 +31,8 @@ def _mean_jct(trace_name, programs, blocks, jps, policies):
     keep = trace["program_id"].drop_duplicates().iloc[:programs]
     trace = trace[trace["program_id"].isin(keep)]
     prof = load_profile("llama3.1-8b-a100-80gb")  # the orders below were measured on it (README tables)
-    cfg = engine_config(prof, num_gpu_blocks=blocks)
     arrivals = arrivals_for(trace, jps, 0)
-    return {p: run_simulation(trace, make_policy(p), prof, cfg, arrivals).summary["mean_jct"] for p in policies}
+    return {p: simulate(trace, p, prof, arrivals, num_blocks=blocks).summary["mean_jct"] for p in policies}
 
 
 @pytest.fixture(scope="module")

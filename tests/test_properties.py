@@ -10,15 +10,13 @@ import os
 
 import numpy as np
 import pandas as pd
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import linear_profile, make_trace
-from policies.registry import POLICIES, make_policy
+from conftest import linear_profile, make_trace, simulate
+from policies.registry import POLICIES
 from sim.router import ROUTERS
 from sim.disagg import Disagg, Link, find_link, parse_disagg
-from sim.simulate import engine_config, run_simulation
 from agentsim.errors import InputError
 
 EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
@@ -57,13 +55,12 @@ def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.in
 
 def _simulate(c, policy, ff=True):
     prof = linear_profile(blocks=c["blocks"], budget=c["budget"], seqs=c["seqs"], c2=1e-6, c4=1e-5)
-    cfg = engine_config(prof, enable_chunked_prefill=c["chunked"], cache=c["cache"])
     dg = None
     if c["disagg"]:  # x prefill + y decode replicas instead of `replicas`; a slow link makes transfers count
         x, y = parse_disagg(c["disagg"])
         dg = Disagg(x, y, Link("slow", 4096 * 100.0, 0.01) if c["slow_link"] else find_link(None), max_local_prefill=c["local_prefill"])
-    return run_simulation(c["trace"], make_policy(policy), prof, cfg, c["arrivals"], fast_forward=ff,
-                          replicas=1 if dg else c["replicas"], router=c["router"], offload=c["offload"], disagg=dg)
+    return simulate(c["trace"], policy, prof, c["arrivals"], fast_forward=ff, chunked_prefill=c["chunked"], cache=c["cache"],
+                    replicas=1 if dg else c["replicas"], router=c["router"], offload=c["offload"], disagg=dg)
 
 
 @SETTINGS
@@ -90,7 +87,7 @@ def _check_invariants(c):
     except InputError:
         assume(False)
     assert len(base.turns) == len(c["trace"])
-    # run_simulation checks itself: every call finished exactly once, nothing waits or
+    # execute checks itself: every call finished exactly once, nothing waits or
     # runs at the end, no pin outlives its program, no block or tier leak (check_end).
     # A policy deadlock or a frozen clock raises SimulationError: none may where plain vLLM finishes.
     res = _simulate(c, c["policy"])

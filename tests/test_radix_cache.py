@@ -172,7 +172,7 @@ _SWE = ["--trace", "swebench", "--programs", "40", "--jps", "1", "--num-blocks",
 
 @pytest.fixture
 def pools(monkeypatch):
-    """Every replica's pool at the end of each run (after run_simulation's own check_end)."""
+    """Every replica's pool at the end of each run (after execute's own check_end)."""
     seen = []
     check_end = simulate.check_end
 

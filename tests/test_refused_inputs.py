@@ -3,16 +3,14 @@ something else."""
 import numpy as np
 import pytest
 
-from conftest import linear_profile, make_trace
+from conftest import linear_profile, make_trace, simulate
 from policies.registry import make_policy
 from sim.scheduler import EngineConfig, Scheduler
-from sim.simulate import engine_config, run_simulation
 
 
 def _run(trace, arrivals, policy="vllm", policy_args=None, **prof):
     p = linear_profile(**prof)
-    return run_simulation(trace, make_policy(policy, **(policy_args or {})), p, engine_config(p),
-                          np.asarray(arrivals, float))
+    return simulate(trace, make_policy(policy, **(policy_args or {})), p, arrivals)
 
 
 # --- wrong results: pinned blocks shared by several pins counted once per pin -------------

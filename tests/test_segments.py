@@ -5,10 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import linear_profile, make_trace
-from policies.registry import make_policy
+from conftest import linear_profile, make_trace, simulate
 from sim.content import ContentKeys, PyContentKeys
-from sim.simulate import engine_config, run_simulation
 from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
 
@@ -25,7 +23,7 @@ def with_segments(trace: pd.DataFrame, ids) -> pd.DataFrame:
 
 def run(trace, arrivals, policy="vllm", offload=None, blocks=1000):
     p = linear_profile(blocks=blocks)
-    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float), offload=offload)
+    return simulate(trace, policy, p, arrivals, offload=offload)
 
 
 PROGRAM = [(300, 20, "ls", 1.0), (50, 10, "cat", 1.0), (70, 5, None, None)]

@@ -9,9 +9,8 @@ import pytest
 from calibrate.engine import bundled_profile_name, default_model, start_engine
 from calibrate.limits import read_limits
 from calibrate.replay import TraceReplay, replay_in_process
-from policies.registry import make_policy
 from sim.profile import load_profile
-from sim.simulate import engine_config, run_simulation
+from conftest import simulate
 from traces.schema import validate
 
 pytestmark = pytest.mark.engine
@@ -49,10 +48,9 @@ def test_cached_tokens_per_call_match_the_simulator():
         del llm
         gc.collect()
     profile = load_profile(bundled_profile_name(default_model("cpu")))
-    cfg = engine_config(profile, **{k: limits[k] for k in ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
-                                                           "max_num_seqs", "max_model_len")},
-                        enable_chunked_prefill=bool(limits["enable_chunked_prefill"]))
-    sim = run_simulation(tr, make_policy("vllm"), profile, cfg, arrivals).turns
+    sim = simulate(tr, "vllm", profile, arrivals, num_blocks=limits["num_gpu_blocks"],
+                   chunked_prefill=bool(limits["enable_chunked_prefill"]),
+                   **{k: limits[k] for k in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")}).turns
     key = ["program_id", "turn"]
     both = real[key + ["cached_tokens"]].merge(sim[key + ["cached_tokens"]], on=key, suffixes=("", "_sim")).set_index(key)
     print(both.to_string())

@@ -5,16 +5,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import linear_profile, make_trace, random_trace
-from policies.registry import POLICIES, make_policy
+from conftest import linear_profile, make_trace, random_trace, simulate
+from policies.registry import POLICIES
 from sim.cli import main
-from sim.simulate import engine_config, run_simulation
 
 
 def run(trace, arrivals, policy="vllm", ff=True, offload=None, **prof):
     p = linear_profile(**prof)
-    return run_simulation(trace, make_policy(policy), p, engine_config(p), np.asarray(arrivals, float), fast_forward=ff,
-                          offload=offload)
+    return simulate(trace, policy, p, arrivals, fast_forward=ff, offload=offload)
 
 
 def test_one_program_hand_computed():
@@ -91,7 +89,7 @@ def test_lone_replica_stretch_runs_through_the_step_an_arrival_lands_in(monkeypa
 @pytest.mark.parametrize("offload", [None, "cpu:1MiB@0.05,ssd:2MiB@0.01"])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_no_leaks_on_random_traces_under_pressure(policy, offload):
-    # run_simulation asserts itself that every block ends free or cached (BlockPool.check),
+    # execute asserts itself that every block ends free or cached (BlockPool.check),
     # every tier within capacity, and no pin outlives its program; here also that every
     # call finished exactly once. Tiny CPU and SSD tiers force LRU evictions in both.
     for seed in range(8 if offload is None else 4):

@@ -9,15 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 import sim.sweep as sw
-from conftest import make_trace, trace_and_profile_files
+from conftest import make_trace, trace_and_profile_files, simulate
 from policies.registry import make_policy
 from sim.cli import main
-from sim.simulate import arrivals_for, engine_config, run_simulation
+from sim.simulate import arrivals_for
 from agentsim.errors import InputError
 from traces.transform import repeat_turns
 
@@ -84,8 +83,8 @@ def test_point_runs_like_sim_run(files):
     trace, _ = read_trace(trace_path)
     trace = trace[trace["program_id"].isin(trace["program_id"].unique()[:20])]
     prof = load_profile(prof_path)
-    res = run_simulation(trace, make_policy("continuum-static", pin_seconds=0.7), prof,
-                         engine_config(prof, num_gpu_blocks=70, max_num_seqs=8), arrivals_for(trace, 2.0, 5))
+    res = simulate(trace, make_policy("continuum-static", pin_seconds=0.7), prof, arrivals_for(trace, 2.0, 5),
+                   num_blocks=70, max_num_seqs=8)
     for k in ("mean_jct", "p95_jct", "cache_hit_ratio", "pins", "steps", "num_gpu_blocks"):
         assert row[k] == res.summary[k]
     assert row["n_programs"] == 20 and row["programs"] == 20
@@ -214,20 +213,19 @@ def test_turn_repeat_axis_runs_the_transformed_trace(files):
     assert three["calls"] == 3 * one["calls"] and three["n_programs"] == one["n_programs"]
 
 
-def test_cluster_axes_reach_run_simulation(files, monkeypatch):
-    """replicas/router/offload reach the simulation (parsed once: router named, tiers as specs)."""
-    import sim.config
+def test_cluster_axes_reach_the_run(files, monkeypatch):
+    """replicas/router/offload reach the simulation (parsed once: router built, tiers as specs)."""
     from sim.cpu_tier import TierSpec
 
     trace, prof = files
     seen = []
 
-    def takes(trace, policy, profile, cfg, arrivals, *, replicas=1, router=None, offload=None, **_):
-        seen.append({"replicas": replicas, "router": router, "offload": offload})
+    def takes(run, **_):
+        seen.append({"replicas": run.config.cluster.replicas, "router": run.router.name, "offload": run.tiers})
         raise KeyboardInterrupt  # enough: the options arrived
 
     point = {"trace": trace, "profile": prof, "jps": 1.0, "replicas": 2, "router": "session", "offload": "cpu:1GiB@25"}
-    monkeypatch.setattr(sim.config, "run_simulation", takes)
+    monkeypatch.setattr(sw, "execute", takes)
     with pytest.raises(KeyboardInterrupt):
         sw.run_point(point)
     with pytest.raises(KeyboardInterrupt):

@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 from agentsim.cli import main
-from conftest import linear_profile, random_trace
-from policies.registry import make_policy
-from sim.simulate import engine_config, run_simulation
+from conftest import linear_profile, random_trace, simulate
 
 pytestmark = pytest.mark.engine
 
@@ -69,7 +67,7 @@ def test_small_random_twin_identical_per_call(policy):
     arrivals = np.cumsum(np.random.default_rng(4).exponential(0.3, 24))
     rows = {}
     for engine in ("simpy", "vllm"):
-        res = run_simulation(trace, make_policy(policy), prof, engine_config(prof), arrivals, engine=engine)
+        res = simulate(trace, policy, prof, arrivals, kind=engine)
         rows[engine] = res.turns[["program_id", "turn", "scheduled", "first_token", "finish", "cached_tokens",
                                   "computed_prompt_tokens", "preemptions", "output_tokens"]]
         assert res.summary["engine"] == engine
@@ -144,8 +142,8 @@ def test_replicas_behind_routers():
     trace = random_trace(np.random.default_rng(5), 20)
     arrivals = np.cumsum(np.random.default_rng(6).exponential(0.2, 20))
     for router in ("session", "prefix"):
-        got = {e: run_simulation(trace, make_policy("continuum"), prof, engine_config(prof), arrivals, engine=e,
-                                 replicas=2, router=router).turns[["program_id", "turn", "replica", "finish"]]
+        got = {e: simulate(trace, "continuum", prof, arrivals, kind=e, replicas=2,
+                           router=router).turns[["program_id", "turn", "replica", "finish"]]
                for e in ("simpy", "vllm")}
         assert got["simpy"].equals(got["vllm"]), router
         assert set(got["vllm"]["replica"]) == {0, 1}
