@@ -14,16 +14,18 @@ Why this shape:
   router never does this); when a program ends, any pin it still holds on any
   replica is released ('last'), so nothing outlives a program. Such releases wait
   for the end of the other replica's step in flight (Engine.release_pin_later).
-- Own clocks: alone, or behind the session router, a replica's decode stretch is
-  planned up to the calls known to reach it (its programs' tool returns; alone, the
-  first arrivals) and its pin expiries, not to every other replica's step. A call that
-  reaches it mid-stretch anyway (a first arrival routed there) cuts the stretch at the
-  end of the step it landed in (Engine.submit), where step-by-step would see it; the
-  router's reads of a replica mid-stretch (a first arrival, routed by load) are
-  answered as step-by-step would (Engine.used_blocks).
-  Sticky programs never move, so nothing else on another replica reads or changes it;
-  the results are those of step-by-step. Other routers (any arrival may land anywhere,
-  and some read the prefix cache) and the proxy keep one clock for all.
+- Own clocks: alone, or behind a router that reads only queue lengths and used blocks
+  (`Router.reads_load_only`: session, round_robin, least_loaded, cache_aware), a
+  replica's decode stretch is planned up to the calls known to reach it (its programs'
+  tool returns; alone, the first arrivals) and its pin expiries, not to every other
+  replica's step. A call that reaches it mid-stretch anyway (routed there) cuts the
+  stretch at the end of the step it landed in (Engine.submit), where step-by-step would
+  see it, as does a pin released from outside (a program moved or ended,
+  Engine.release_pin_later). Mid-stretch the queues do not change (a stretch ends at
+  a call's finish; arrivals wait for the step's end) and used blocks are answered as
+  step-by-step would (Engine.used_blocks), so the router decides as step-by-step; the
+  results are those of step-by-step. The prefix router reads the prefix cache, which a
+  stretch fills only at its end: it and the proxy keep one clock for all.
 - Prefill/decode disaggregation (`disagg`, sim/disagg.py): the first x engines are
   prefill replicas, the other y decode replicas; the router and the proxy choose among
   the decode replicas, and a call whose prefill runs remotely goes to the least loaded
@@ -42,7 +44,7 @@ from sim.call import Call
 from sim.cpu_tier import TierSpec, build_tiers
 from sim.disagg import Disagg, Inbox, PrefillOnly, check_replicas
 from sim.engine import Engine
-from sim.router import Session, least_loaded, make_router
+from sim.router import least_loaded, make_router
 from agentsim.errors import InputError
 
 
@@ -83,7 +85,7 @@ class Cluster:
         self.controller = policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size)
         self.held: dict[str, object] = {}  # program -> its request held back by the proxy
         self.own_clocks = (fast_forward and self.controller is None and disagg is None
-                           and (replicas == 1 or isinstance(self.router, Session)))
+                           and (replicas == 1 or self.router.reads_load_only))
 
     def start(self, work) -> None:
         """After work.start(self): the proxy's periodic rounds, while programs remain."""

@@ -39,6 +39,11 @@ def least_loaded(engines) -> int:
 
 class Router:
     name = "base"
+    # True when route() reads of a replica only its queue lengths and used blocks
+    # (sim/replica.py load, waiting_calls, running_calls): replicas may then run decode
+    # stretches on their own clocks, since mid-stretch those read as step-by-step
+    # (sim/cluster.py). A router reading the prefix cache, or anything else, leaves it False.
+    reads_load_only = False
 
     def route(self, call, engines) -> int:
         raise NotImplementedError
@@ -49,6 +54,7 @@ class Router:
 
 class RoundRobin(Router):
     name = "round_robin"
+    reads_load_only = True
 
     def __init__(self) -> None:
         self.n = 0
@@ -61,6 +67,7 @@ class RoundRobin(Router):
 
 class LeastLoaded(Router):
     name = "least_loaded"
+    reads_load_only = True
 
     def route(self, call, engines) -> int:
         return least_loaded(engines)
@@ -68,6 +75,7 @@ class LeastLoaded(Router):
 
 class Session(Router):
     name = "session"
+    reads_load_only = True
 
     def __init__(self) -> None:
         self.home: dict[str, int] = {}
@@ -95,6 +103,7 @@ class Prefix(Router):
 
 class CacheAware(Router):
     name = "cache_aware"
+    reads_load_only = True
 
     def __init__(self, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5,
                  eviction_interval: float = 120.0, max_tree_tokens: int = 2**26) -> None:

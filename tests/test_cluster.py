@@ -247,12 +247,14 @@ def _stretches(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("router, own", [("session", True), ("round_robin", False)])
-def test_replicas_on_their_own_clocks_behind_the_session_router(monkeypatch, router, own):
+@pytest.mark.parametrize("router, own", [("session", True), ("round_robin", True), ("cache_aware", True),
+                                         ("least_loaded", True), ("prefix", False)])
+def test_replicas_on_their_own_clocks_behind_routers_that_read_only_load(monkeypatch, router, own):
     # replica 0: one long decode; replica 1: a program whose many short turns (prefill
-    # steps, tool returns) land while it runs. Behind the sticky session router nothing
-    # on replica 1 can touch replica 0, so replica 0's decode is one stretch up to its
-    # last step; with round robin any arrival may land on it, so it stops at every event.
+    # steps, tool returns) land while it runs. A router that reads only queue lengths and
+    # used blocks leaves replica 0 on its own clock: its decode is one stretch up to its
+    # last step, cut only where a call lands on it; the prefix router reads the prefix
+    # cache, which a stretch updates only at its end, so replica 0 stops at every event.
     chatty = [(20, 1, "ls", 0.01)] * 30 + [(20, 1, None, None)]
     tr = make_trace([[(20, 400, None, None)], chatty])
     seen = _stretches(monkeypatch)
