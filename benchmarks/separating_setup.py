@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for n, jps, blocks, tool in itertools.product(_floats(a.programs), _floats(a.jps), _floats(a.blocks), _floats(a.max_tool_s)):
         trace = fit_trace(full, int(n), 5, 3000, 24, tool)
-        engine = profile.engine.model_dump() | {"num_gpu_blocks": int(blocks), "max_model_len": 4096}
+        engine = profile.engine.profile_section() | {"num_gpu_blocks": int(blocks), "max_model_len": 4096}
         runs = []  # per seed: {policy: summary}
         for seed in seeds:
             arrivals = arrivals_for(trace, jps, seed)

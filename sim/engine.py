@@ -32,7 +32,8 @@ from sim.call import Call
 from sim.replica import Replica
 from sim.cpu_tier import NO_TIER, KVOffload, Tier
 from sim.profile import Profile
-from sim.scheduler import EngineConfig, Scheduler
+from sim.engine_config import EngineConfig
+from sim.scheduler import Scheduler
 
 
 # The progress watchdog: passes of a replica's loop at one simulated instant before the

@@ -46,6 +46,7 @@ from pydantic import Field
 
 from agentsim.errors import InputError
 from sim import stretch
+from sim.engine_config import EngineConfig
 from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
@@ -110,7 +111,7 @@ class StepModel:
 class Profile:
     name: str
     model: dict
-    engine: ProfileLimits
+    engine: EngineConfig  # the limits it was measured under
     step: StepModel
     pcie_bandwidth: float | None = None  # bytes/s; None = not measured
     pcie_latency: float = 0.0
@@ -171,9 +172,8 @@ class _Shape(Model):  # needed only to derive kv_bytes_per_block
     dtype_bytes: JSONInt | None = Field(None, gt=0)
 
 
-class ProfileLimits(Model):
-    """The engine limits the profile was measured under (its `engine` section; typed).
-    Not sim.config.EngineLimits, the run's overrides of them."""
+class _EngineSection(Model):
+    """The `engine` section as written (vLLM's names), checked; parsed into an EngineConfig."""
 
     block_size: JSONInt = Field(gt=0)
     num_gpu_blocks: JSONInt = Field(gt=1, le=MAX_BLOCKS)  # one is vLLM's null block
@@ -203,7 +203,7 @@ class _Link(Model):  # pcie, ssd
 
 class _ProfileModel(Model):
     model: _Shape
-    engine: ProfileLimits
+    engine: _EngineSection
     step_time: _Step
     pcie: _Link | None = None
     ssd: _Link | None = None
@@ -228,9 +228,12 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         if missing:
             raise InputError(f"profile {name!r}: missing 'model.{missing[0]}'; add it (see sim/profile.py for the format)")
         kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes * m.engine.block_size
-    pcie = m.pcie or _Link()
+    pcie, e = m.pcie or _Link(), m.engine
     return Profile(
-        name=name, model=raw["model"], engine=m.engine, step=step,
+        name=name, model=raw["model"], step=step, engine=EngineConfig(
+            num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
+            max_num_seqs=e.max_num_seqs, enable_chunked_prefill=e.enable_chunked_prefill,
+            max_model_len=e.max_model_len, reserve_full_prompt=e.scheduler_reserve_full_isl),
         pcie_bandwidth=None if pcie.bandwidth_GBps is None else pcie.bandwidth_GBps * 1e9,
         pcie_latency=pcie.latency_s or 0.0,
         kv_bytes_per_block=int(kv), raw=raw,

@@ -10,30 +10,14 @@ step's results. Timing lives in the engine, not here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from policies.base import Action, Policy, Release, Retention
 from policies.pins import PinTable
 from policies.runtime import no_deadlock_victims
 from sim.block_pool import BlockPool
 from sim.radix_cache import RadixCache
 from sim.call import Call
+from sim.engine_config import EngineConfig
 from sim.cpu_tier import NO_TIER
-
-
-@dataclass
-class EngineConfig:
-    num_gpu_blocks: int
-    block_size: int = 16
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    max_model_len: int = 131072
-    # vLLM 0.32's scheduler_reserve_full_isl (default on): a waiting call is admitted
-    # only when blocks for its whole prompt are free, not just for its first chunk.
-    reserve_full_prompt: bool = True
-    # the replica's KV cache model: "vllm" (vLLM's block pool) or "radix" (SGLang's radix tree)
-    cache: str = "vllm"
 
 
 def cdiv(a: int, b: int) -> int:

@@ -3,7 +3,7 @@ trace, one policy, N replicas with optional offload tiers -> per-turn/program ta
 summary."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ from sim.disagg import Disagg
 from sim.metrics import Recorder, kv_table, program_table, summarize, turn_columns, turn_table
 from sim.profile import Profile
 from sim.router import Router
-from sim.scheduler import EngineConfig
+from sim.engine_config import EngineConfig
 from sim.workload import Workload, poisson_arrivals
 
 if TYPE_CHECKING:
@@ -53,12 +53,7 @@ class Result:
 
 def engine_config(profile: Profile, **overrides) -> EngineConfig:
     """The profile's engine limits, with explicit overrides (None = keep the profile's)."""
-    e = profile.engine
-    cfg = dict(num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
-               max_num_seqs=e.max_num_seqs, enable_chunked_prefill=e.enable_chunked_prefill, max_model_len=e.max_model_len,
-               reserve_full_prompt=e.scheduler_reserve_full_isl)
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    return EngineConfig(**cfg)
+    return replace(profile.engine, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def arrivals_for(trace, jps: float | None, seed: int) -> np.ndarray:

@@ -162,7 +162,7 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
 
 
 def build_scheduler(cfg, policy: Policy, profile: Profile, clock):
-    """A PolicyScheduler for the run's limits (`cfg`: sim.scheduler.EngineConfig) and its
+    """A PolicyScheduler for the run's limits (`cfg`: sim.engine_config.EngineConfig) and its
     block hasher's hash function."""
     import torch
     from vllm.utils.hashing import get_hash_fn_by_name

@@ -202,7 +202,8 @@ def _blocked_head(policy, running: bool):
     waiting head that needs 13 (7 free while the call runs, 12 when it does not)."""
     from policies.base import Pin
     from sim.call import Call
-    from sim.scheduler import EngineConfig, Scheduler
+    from sim.engine_config import EngineConfig
+    from sim.scheduler import Scheduler
 
     s = Scheduler(EngineConfig(num_gpu_blocks=21, block_size=16), policy)
     s.view = FakeView(blocks={"p": 8})

@@ -5,7 +5,8 @@ import pytest
 
 from conftest import linear_profile, make_trace, simulate
 from policies.registry import make_policy
-from sim.scheduler import EngineConfig, Scheduler
+from sim.engine_config import EngineConfig
+from sim.scheduler import Scheduler
 
 
 def _run(trace, arrivals, policy="vllm", policy_args=None, **prof):

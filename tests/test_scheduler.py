@@ -2,7 +2,8 @@
 from policies.base import Request
 from policies.registry import make_policy
 from sim.call import Call
-from sim.scheduler import EngineConfig, Scheduler
+from sim.engine_config import EngineConfig
+from sim.scheduler import Scheduler
 
 
 from conftest import FakeView as View  # noqa: E402
