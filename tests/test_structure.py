@@ -89,3 +89,27 @@ def test_no_replica_asks_whether_it_has_a_tier():
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if "tier is None" in line or "tier is not None" in line]
     assert hits == []
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def _names_imported_from(tree: ast.Module, module: str) -> set[str]:
+    return {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == module
+            for a in n.names}
+
+
+def test_both_engines_take_the_policy_rules_from_one_place():
+    # The rules a policy relies on are written once (policies/runtime.py, policies/pins.py)
+    # and imported by the SimPy scheduler and the vLLM adapter alike; neither engine
+    # defines its own copy under the same name.
+    mods = _modules()
+    engines = ("sim/scheduler.py", "sim/vllm_scheduler.py")
+    shared = {"policies.runtime": {"no_deadlock_victims"}, "policies.pins": {"PinTable"}}
+    for path in engines:
+        for module, names in shared.items():
+            assert names <= _names_imported_from(mods[path], module), (path, module)
+    rules = set().union(*(_top_level_names(mods[p]) for p in ("policies/runtime.py", "policies/pins.py")))
+    for path in engines:
+        assert not rules & _top_level_names(mods[path]), (path, rules & _top_level_names(mods[path]))
