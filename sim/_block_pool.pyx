@@ -167,15 +167,13 @@ cdef class BlockPool:
     cdef void _uncache(self, Py_ssize_t b, k):
         """Block b, holding key k, is evicted: the key passes to its next copy, if any."""
         cdef dict cached = self.cached, dups = self.dups
-        cdef list more
-        if cached[k] == b:
-            more = dups.get(k)
-            if more:
-                cached[k] = more.pop(0)
-                if not more:
-                    del dups[k]
-            else:
-                del cached[k]
+        cdef list more = dups.get(k) if dups else None
+        if more is None:  # the one block holding k (the usual case: one dict operation)
+            del cached[k]
+        elif cached[k] == b:
+            cached[k] = more.pop(0)
+            if not more:
+                del dups[k]
         else:
             more = dups[k]
             more.remove(b)
@@ -190,16 +188,15 @@ cdef class BlockPool:
     def cache_many(self, blocks, keys, parent=None):
         """cache(b, k) for each pair in order. `parent` (the key before keys[0]) is the
         radix cache's tree edge; vLLM's pool needs none."""
-        cdef Py_ssize_t b
+        cdef Py_ssize_t i
         cdef list key = self.key
         cdef dict cached = self.cached, dups = self.dups
         for b, k in zip(blocks, keys):
-            if key[b] is None:
-                key[b] = k
-                if k in cached:
+            i = b
+            if key[i] is None:
+                key[i] = k
+                if cached.setdefault(k, b) is not b:  # k was cached already: b is a later copy
                     dups.setdefault(k, []).append(b)
-                else:
-                    cached[k] = b
 
     def free(self, blocks):
         """Drop one reference each; blocks reaching zero join the tail, last block first.

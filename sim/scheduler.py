@@ -76,10 +76,9 @@ class Scheduler:
         return self.pins.block_seconds
 
     # --- allocation ---------------------------------------------------------------------
-    def _try_allocate(self, call: Call, num_new: int, hit: list[int] | None = None, evictable_hits: int = 0) -> bool:
+    def _try_allocate(self, call: Call, num_new: int, hit: list[int] = (), evictable_hits: int = 0) -> bool:
         """vLLM's allocate_slots: take the prefix-hit blocks and enough new ones, or nothing.
         `evictable_hits`: how many hit blocks sit in the free queue (pool.evictable(hit))."""
-        hit = hit or []
         start = call.num_computed + len(hit) * self.cfg.block_size
         need = cdiv(start + num_new, self.cfg.block_size) - len(call.blocks) - len(hit)
         # Hit blocks sitting in the free queue stop being allocatable once touched.
@@ -266,16 +265,12 @@ class Scheduler:
         """Allocate steps 1..n-1's blocks in the order step-by-step would: by step, then
         by running order — so the free queue ends identical."""
         bs = self.cfg.block_size
-        crossings = []
-        for idx, (c, _) in enumerate(scheduled):
-            # step j writes token position num_computed + j; a new block starts at multiples of bs
-            j = (-c.num_computed) % bs
-            j = j if j > 0 else bs
-            while j < n:
-                crossings.append((j, idx))
-                j += bs
-        crossings.sort()
-        for (_, idx), b in zip(crossings, self.pool.allocate(len(crossings))):  # one pop of them all, same order
+        # step j writes token position num_computed + j, so a call starts a new block at a
+        # first step f in 1..bs and every bs steps after it: ordered by step, the crossings
+        # go round by round (bs steps each), in each by (f, running order)
+        firsts = sorted((-c.num_computed % bs or bs, idx) for idx, (c, _) in enumerate(scheduled))
+        order = [idx for start in range(0, n, bs) for f, idx in firsts if start + f < n]
+        for idx, b in zip(order, self.pool.allocate(len(order))):  # one pop of them all, same order
             scheduled[idx][0].blocks.append(b)
 
     def complete(self, scheduled: list[tuple[Call, int]], now: float, steps: int = 1) -> list[Call]:
