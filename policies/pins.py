@@ -11,15 +11,18 @@ offload them first) stays with each engine. Stdlib only: it runs inside vLLM.
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterator
+from typing import Callable, Iterator
 
 from policies.base import Release
 
 
 class PinTable:
-    def __init__(self, now: float = 0.0, block_id: Callable[[object], Hashable] | None = None) -> None:
+    def __init__(self, now: float = 0.0, block_id: Callable[[object], int] | None = None) -> None:
         self._held: dict[str, list] = {}  # program -> its pin's blocks (engine objects)
-        self._refs: dict[Hashable, int] = {}  # block id -> pins holding it
+        # block id -> pins holding it; a list, as ids are a pool's indices (a dict of
+        # them was a tenth of the event loop under Continuum: every turn pins its context)
+        self._refs: list[int] = []
+        self._distinct = 0  # ids whose count is > 0
         self._id = block_id  # vLLM's KVCacheBlock -> its block_id (an attrgetter); the simulator's blocks are ints
         self.block_seconds = 0.0
         self._t = now
@@ -42,23 +45,29 @@ class PinTable:
     @property
     def distinct(self) -> int:
         """Blocks held by pins, each once."""
-        return len(self._refs)
+        return self._distinct
 
     def _advance(self, now: float) -> None:
-        self.block_seconds += len(self._refs) * (now - self._t)
+        self.block_seconds += self._distinct * (now - self._t)
         self._t = now
 
-    def _ids(self, blocks: list):
-        return blocks if self._id is None else map(self._id, blocks)  # map: no Python frame a block
+    def _ids(self, blocks: list) -> list[int]:
+        return blocks if self._id is None else list(map(self._id, blocks))  # map: no Python frame a block
 
     def add(self, pid: str, blocks: list, now: float) -> None:
         if pid in self._held:
             raise ValueError(f"program {pid!r} already holds a pin")  # an engine bug: one pin per program
         self._advance(now)
         self._held[pid] = blocks
-        refs = self._refs
-        for k in self._ids(blocks):
-            refs[k] = refs.get(k, 0) + 1
+        ids, refs, new = self._ids(blocks), self._refs, 0
+        if ids and max(ids) >= len(refs):
+            refs.extend([0] * (max(ids) + 1 - len(refs)))
+        for k in ids:
+            n = refs[k]
+            if n == 0:
+                new += 1
+            refs[k] = n + 1
+        self._distinct += new
 
     def pop(self, pid: str, now: float) -> list | None:
         """Remove the program's pin and return its blocks (None if it has none)."""
@@ -66,12 +75,13 @@ class PinTable:
         if blocks is None:
             return None
         self._advance(now)
-        refs = self._refs
+        refs, gone = self._refs, 0
         for k in self._ids(blocks):
-            if refs[k] == 1:
-                del refs[k]
-            else:
-                refs[k] -= 1
+            n = refs[k] - 1
+            if n == 0:
+                gone += 1
+            refs[k] = n
+        self._distinct -= gone
         return blocks
 
     def restart(self, now: float) -> None:
