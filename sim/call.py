@@ -7,7 +7,7 @@ from policies.base import Request
 from sim.content import ContentKeys
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: the engine reads its fields on every step
 class Call:
     req: Request  # what the policy sees
     seq_no: int  # global arrival order: the tie-breaker that keeps runs deterministic
