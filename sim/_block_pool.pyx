@@ -91,6 +91,7 @@ cdef class BlockPool:
         is remembered, and only the blocks evicted since and the keys past them are
         looked at again (as PyBlockPool.lookup)."""
         cdef list hit
+        cdef tuple old
         cdef Py_ssize_t m, nk = len(keys)
         cdef long long epoch
         if owner is None:
@@ -101,11 +102,13 @@ cdef class BlockPool:
         else:
             old, epoch = memo
             m = 0
-            while m < len(<list>old) and m < nk and self._evicted_at[<Py_ssize_t>(<list>old)[m]] <= epoch:
+            while m < len(old) and m < nk and self._evicted_at[<Py_ssize_t>old[m]] <= epoch:
                 m += 1
-            hit = (<list>old)[:m]
+            hit = list(old[:m])
         hit = self._scan(keys, hit)
-        self._memo[owner] = (hit[:], self._epoch)
+        # a tuple, not a list: a tuple of ints leaves the garbage collector's lists at its
+        # first collection, a list would be traversed by every one for as long as it is kept
+        self._memo[owner] = (tuple(hit), self._epoch)
         if len(self._memo) > self._memo_max:
             del self._memo[next(iter(self._memo))]  # the least recently looked-up owner
         return hit
@@ -164,7 +167,7 @@ cdef class BlockPool:
         self._num_free -= n
         return out
 
-    cdef void _uncache(self, Py_ssize_t b, k):
+    cdef inline void _uncache(self, Py_ssize_t b, k):
         """Block b, holding key k, is evicted: the key passes to its next copy, if any."""
         cdef dict cached = self.cached, dups = self.dups
         cdef list more = dups.get(k) if dups else None

@@ -97,8 +97,9 @@ class Scheduler:
         return self.pool.lookup(call.content.prefix(n), call.content)
 
     def _key_blocks(self, call: Call, upto: int) -> None:
-        """Register the call's full blocks up to token `upto` in the prefix cache."""
-        full = min(upto, call.num_tokens) // self.cfg.block_size
+        """Register the call's full blocks up to token `upto` (a scheduled chunk's end, so
+        at most num_tokens) in the prefix cache."""
+        full = upto // self.cfg.block_size
         if full > call.num_keyed:
             call.block_key(full - 1)  # computes the program's keys up to there
             parent = call.content.keys[call.num_keyed - 1] if call.num_keyed else None
@@ -243,8 +244,10 @@ class Scheduler:
     # --- stretches of identical decode steps ---------------------------------------------
     def _extra_blocks(self, scheduled: list[tuple[Call, int]], n: int) -> int:
         """Blocks the decode calls need for steps 1..n-1 beyond what step 0 allocated."""
-        bs = self.cfg.block_size
-        return sum(max(0, cdiv(c.num_computed + n, bs) - len(c.blocks)) for c, _ in scheduled)
+        bs, need = self.cfg.block_size, 0
+        for c, _ in scheduled:  # a loop, not a generator: this runs before every stretch
+            need += max(0, cdiv(c.num_computed + n, bs) - len(c.blocks))
+        return need
 
     def decode_stretch_limit(self, scheduled: list[tuple[Call, int]], max_steps: int) -> int:
         """Most steps (<= max_steps) the decode batch can run before a block allocation
