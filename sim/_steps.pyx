@@ -36,3 +36,10 @@ def account_steps(list dts, list grow, Py_ssize_t used, double area, double busy
             last = t
         t += d
     return used, area, busy, t
+
+
+def add_in_order(double x, list dts):
+    cdef double d
+    for d in dts:
+        x += d
+    return x

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from functools import reduce
-from operator import add
 
 import simpy
 
@@ -306,7 +304,7 @@ class Engine(Replica):
             n = len(dts)
             self.steps += n
             for call, _ in scheduled:
-                call.req.exec_time = reduce(add, dts, call.req.exec_time)  # added one by one, as step-by-step
+                call.req.exec_time = stretch.add_in_order(call.req.exec_time, dts)  # one by one, as step-by-step
             for call in sched.complete(scheduled, env.now, steps=n):
                 self._finish(call)
             if self.arrived_mid_step:

@@ -1,11 +1,12 @@
-"""The two loops that run once per simulated step of a decode stretch (sim/engine.py
-`_stretch` and `_account`): 347K steps in the bundled 1x500 run against 16K event-loop
-iterations, so in Python they were about a fifth of the event loop (issue 20).
+"""The loops that run once per simulated step of a decode stretch (sim/engine.py
+`_stretch`, `_account`, each call's execution time): 347K steps in the bundled 1x500
+run against 16K event-loop iterations, so in Python they were about a fifth of the
+event loop (issue 20).
 
-`decode_stretch` and `account_steps` are the compiled loops (sim/_steps.pyx, built by
-the install step with FP contraction off, so every + and * rounds as Python's: the same
-bits); the `py_` functions here are their reference (tests compare them) and what runs
-where the extension is not built.
+`decode_stretch`, `account_steps` and `add_in_order` are the compiled loops
+(sim/_steps.pyx, built by the install step with FP contraction off, so every + and *
+rounds as Python's: the same bits); the `py_` functions here are their reference
+(tests compare them) and what runs where the extension is not built.
 """
 from __future__ import annotations
 
@@ -47,7 +48,15 @@ def py_account_steps(dts: list[float], grow: list[int], used: int, area: float, 
     return used, area, busy, t
 
 
+def py_add_in_order(x: float, dts: list[float]) -> float:
+    """x + dts[0] + dts[1] + ..., added one by one: a call's execution time after a
+    stretch, the float step-by-step reaches (every running call, every stretch)."""
+    for d in dts:
+        x += d
+    return x
+
+
 try:
-    from sim._steps import account_steps, decode_stretch
+    from sim._steps import account_steps, add_in_order, decode_stretch
 except ImportError:  # a source checkout that was never installed: the reference runs
-    decode_stretch, account_steps = py_decode_stretch, py_account_steps
+    decode_stretch, account_steps, add_in_order = py_decode_stretch, py_account_steps, py_add_in_order
