@@ -17,6 +17,10 @@ cdef class BlockPool:
     cdef readonly Py_ssize_t num_blocks, block_size
     cdef readonly object ref_cnt  # numpy int64 per block: holders (calls, pins)
     cdef readonly list key  # block -> its cached key, or None
+    # block -> its id as an int object, made once: every list of blocks (a call's, a pin's,
+    # the cache's values) shares these instead of a new int per allocation, so reading or
+    # counting a block touches one compact array of objects, not ones scattered in memory
+    cdef list _ids
     cdef readonly dict cached  # key -> block id, for full blocks only (the copy that serves hits)
     cdef readonly dict dups  # key -> later copies holding it, in order (sim/block_pool.py)
     cdef public long long evictions  # cached blocks whose content was dropped by reuse
@@ -34,6 +38,7 @@ cdef class BlockPool:
         self.ref_cnt = np.zeros(n, np.int64)
         self._ref = self.ref_cnt
         self.key = [None] * n
+        self._ids = list(range(n))
         self.cached = {}
         self.dups = {}
         self.evictions = 0
@@ -148,7 +153,7 @@ cdef class BlockPool:
         if n > self._num_free:
             return None
         cdef Py_ssize_t i, b, s = self.num_blocks
-        cdef list out = [None] * n, key = self.key
+        cdef list out = [None] * n, key = self.key, ids = self._ids
         cdef bint evicted = False
         for i in range(n):
             b = self._next[s]
@@ -163,7 +168,7 @@ cdef class BlockPool:
                 self._evicted_at[b] = self._epoch
                 self.evictions += 1
             self._ref[b] = 1
-            out[i] = b
+            out[i] = ids[b]
         self._num_free -= n
         return out
 
