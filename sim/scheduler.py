@@ -76,7 +76,7 @@ class Scheduler:
         return self.pins.block_seconds
 
     # --- allocation ---------------------------------------------------------------------
-    def _try_allocate(self, call: Call, num_new: int, hit: list[int] = (), evictable_hits: int = 0) -> bool:
+    def _try_allocate(self, call: Call, num_new: int, hit: list[int] | tuple = (), evictable_hits: int = 0) -> bool:
         """vLLM's allocate_slots: take the prefix-hit blocks and enough new ones, or nothing.
         `evictable_hits`: how many hit blocks sit in the free queue (pool.evictable(hit))."""
         start = call.num_computed + len(hit) * self.cfg.block_size
