@@ -13,14 +13,19 @@ pool and the per-block reference with the same random operations.
 import numpy as np
 
 
+# block -> its id as an int object, made once and shared by every pool: every list of
+# blocks (a call's, a pin's, the cache's values) holds these instead of a new int per
+# allocation, so reading or counting blocks touches one compact array of objects (all
+# replicas' pools alike), not ones scattered in memory. It grows to the largest pool made
+# in the process (a GPU's tens of thousands of blocks: about 1 MB)
+cdef list _IDS = []
+
+
 cdef class BlockPool:
     cdef readonly Py_ssize_t num_blocks, block_size
     cdef readonly object ref_cnt  # numpy int64 per block: holders (calls, pins)
     cdef readonly list key  # block -> its cached key, or None
-    # block -> its id as an int object, made once: every list of blocks (a call's, a pin's,
-    # the cache's values) shares these instead of a new int per allocation, so reading or
-    # counting a block touches one compact array of objects, not ones scattered in memory
-    cdef list _ids
+    cdef list _ids  # _IDS: block -> its id as an int object
     cdef readonly dict cached  # key -> block id, for full blocks only (the copy that serves hits)
     cdef readonly dict dups  # key -> later copies holding it, in order (sim/block_pool.py)
     cdef public long long evictions  # cached blocks whose content was dropped by reuse
@@ -38,7 +43,9 @@ cdef class BlockPool:
         self.ref_cnt = np.zeros(n, np.int64)
         self._ref = self.ref_cnt
         self.key = [None] * n
-        self._ids = list(range(n))
+        if len(_IDS) < n:
+            _IDS.extend(range(len(_IDS), n))
+        self._ids = _IDS
         self.cached = {}
         self.dups = {}
         self.evictions = 0
