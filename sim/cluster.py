@@ -44,15 +44,16 @@ from sim.call import Call
 from sim.cpu_tier import TierSpec, build_tiers
 from sim.disagg import Disagg, Inbox, PrefillOnly, check_replicas
 from sim.engine import Engine
-from sim.router import least_loaded, make_router
+from sim.router import Router, least_loaded, make_router
 from agentsim.errors import InputError
 
 
 class Cluster:
-    def __init__(self, env, cfg, profile, policy, replicas: int = 1, router: str | None = None,
+    def __init__(self, env, cfg, profile, policy, replicas: int = 1, router: Router | None = None,
                  tiers: tuple[TierSpec, ...] = (), fast_forward: bool = True, on_finish=None,
                  disagg: Disagg | None = None, engine_cls=None) -> None:
-        """`engine_cls`: the replica class (default sim.engine.Engine; --engine vllm:
+        """`router`: a fresh Router (sim.config.build_run makes it; None = round robin).
+        `engine_cls`: the replica class (default sim.engine.Engine; --engine vllm:
         sim.vllm_engine.VllmReplica)."""
         if not isinstance(replicas, int) or replicas < 1:
             raise InputError(f"--replicas must be an integer >= 1 (got {replicas!r})")
@@ -62,7 +63,7 @@ class Cluster:
         if disagg is not None:
             check_replicas(disagg.spec, (disagg.prefill, disagg.decode), replicas)
             n_prefill, replicas = disagg.prefill, disagg.decode
-        self.router = make_router(router)
+        self.router = make_router(None) if router is None else router
 
         def engine(i, p, done):
             return (engine_cls or Engine)(env, cfg, profile, p, on_finish=done, fast_forward=fast_forward,

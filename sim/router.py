@@ -162,11 +162,8 @@ def register_router(cls: type[Router]) -> type[Router]:
     return cls
 
 
-def make_router(name: str | Router | None, args: dict | None = None) -> Router:
-    """A fresh router by name with its parameters (`cluster.router_args`), or `name` itself
-    when it is a Router already."""
-    if isinstance(name, Router):
-        return name
+def make_router(name: str | None, args: dict | None = None) -> Router:
+    """A fresh router by name with its parameters (`cluster.router_args`)."""
     cls = _router_class(name)
     return cls(**router_args(cls.name, args))
 
