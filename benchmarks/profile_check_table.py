@@ -51,7 +51,15 @@ def profiles(shared: Path) -> list[tuple[str, object, Path | None]]:
 
 def probe_files(shared: Path, run: Path | None) -> list[Path]:
     """The shared probe files, and those a GPU run took beside its calibration (same GPU)."""
-    return sorted(shared.glob("*/*-probes.json")) + (sorted(run.glob("*-probes.json")) if run else [])
+    return sorted(shared.glob("*/*-probes.json")) + (sorted(run.glob("*-probes*.json")) if run else [])
+
+
+def probe_label(f: Path, shared: Path) -> str:
+    """'H200 llama3.1-8b probes', "same run's qwen3-8b probes (repeat2)": whose probes, and which
+    repeat of the reference when a run timed it more than once (its files *-probes-repeatN.json)."""
+    where = f.parent.name.upper() if f.parent.parent == shared else "same run's"
+    repeat = f.stem.split("-probes", 1)[1].lstrip("-")
+    return f"{where} {f.name.split('-shape')[0]} probes" + (f" ({repeat})" if repeat else "")
 
 
 def rows(shared: Path, with_aic: bool) -> list[tuple[str, str, dict]]:
@@ -63,8 +71,7 @@ def rows(shared: Path, with_aic: bool) -> list[tuple[str, str, dict]]:
                 ref = pc.probe_reference(prof, f)
             except InputError:  # another GPU or model: not a reference for this profile
                 continue
-            where = f.parent.name.upper() if f.parent.parent == shared else "same run's"
-            out.append((name, f"{where} {f.name.split('-shape')[0]} probes", ref))
+            out.append((name, probe_label(f, shared), ref))
         if with_aic:
             ref = pc.aiconfigurator_reference(prof)
             out.append((name, f"aiconfigurator ({ref['system']}, {ref['backend']})", ref))
