@@ -98,11 +98,12 @@ class RadixCache:
         self._in_tree = np.zeros(num_blocks, bool)
         self._lock = np.zeros(num_blocks, np.int64)  # tree block: its holders plus its aliases' holders
         self._alias = np.full(num_blocks, _NONE, np.intp)  # held duplicate block -> the tree block it copies
-        self._parent = np.full(num_blocks, _ROOT, np.intp)
+        # per-block state read one block at a time is kept in lists (a numpy scalar costs more)
+        self._parent: list[int] = [_ROOT] * num_blocks
         self._children: list[list[int]] = [[] for _ in range(num_blocks)]
         self._nchild = np.zeros(num_blocks, np.int64)  # len(_children[b]), as an array
-        self._node_start = np.zeros(num_blocks, bool)  # first block of an SGLang node
-        self._split_after = np.zeros(num_blocks, bool)  # a lookup's hit ended here: a new child starts a node
+        self._node_start: list[bool] = [False] * num_blocks  # first block of an SGLang node
+        self._split_after: list[bool] = [False] * num_blocks  # a lookup's hit ended here: a new child starts a node
         self._atime = np.zeros(num_blocks, np.int64)  # last access (a counter of operations)
         self._tick = 0
         self._heap: list[tuple[int, int, int]] = []  # (access time, push order, block): evictable-leaf candidates
@@ -173,7 +174,7 @@ class RadixCache:
                 hi = mid - 1
         if lo == 0:
             return []
-        hit = [cached[k] for k in keys[:lo]]
+        hit = list(map(cached.__getitem__, keys[:lo]))
         self._tick += 1
         self._atime[block_array(hit)] = self._tick
         last = hit[-1]
@@ -259,32 +260,54 @@ class RadixCache:
             t, _, b = heapq.heappop(heap)
             if not self._is_candidate(b) or self._atime[b] != t:
                 continue  # stale: locked, gained a child, re-timed or evicted since
-            cur = b
-            while True:  # the leaf block, then its node's blocks above it
-                p = int(self._parent[cur])
-                start = bool(self._node_start[cur])
-                self._remove(cur)
-                got += 1
-                if start or p == _ROOT or self._lock[p] != 0 or self._nchild[p]:
-                    break
-                cur = p
+            chain = self._leaf_node(b)
+            p = self._parent[chain[-1]]
+            self._remove(chain)
+            got += len(chain)
             if p != _ROOT and self._is_candidate(p):
                 self._push(p)
         return got
 
-    def _remove(self, b: int) -> None:
-        p = int(self._parent[b])
+    def _leaf_node(self, b: int) -> list[int]:
+        """Leaf block b, then its node's blocks above it that go with it: up to the node's
+        start, stopping below a parent that is locked or keeps another child."""
+        # Below a node's start each block is its parent's only child (a branch starts a node
+        # at every child), so the walk to the start reads lists; the locks are read at once.
+        parent, start = self._parent, self._node_start
+        chain = [b]
+        while not start[b]:
+            b = parent[b]
+            if b == _ROOT:
+                break
+            chain.append(b)
+        if len(chain) > 1:
+            locked = np.flatnonzero(self._lock[block_array(chain[1:])])
+            if len(locked):
+                del chain[1 + int(locked[0]):]
+        return chain
+
+    def _remove(self, chain: list[int]) -> None:
+        """Drop a leaf node's blocks (from _leaf_node: each block's parent is the next, whose
+        only child it is) from the tree; they join the free blocks in that order."""
+        top = chain[-1]
+        p = self._parent[top]
         if p != _ROOT:
-            self._children[p].remove(b)
+            self._children[p].remove(top)
             self._nchild[p] -= 1
-        del self.cached[self.key[b]]
-        self.key[b] = None
-        self._in_tree[b] = False
-        self._node_start[b] = self._split_after[b] = False
-        self._parent[b] = _ROOT
-        self._evictable -= 1
-        self.evictions += 1
-        self._free.append(b)
+        cached, key, parent, children = self.cached, self.key, self._parent, self._children
+        start, split = self._node_start, self._split_after
+        for b in chain:
+            del cached[key[b]]
+            key[b] = None
+            children[b] = []
+            parent[b] = _ROOT
+            start[b] = split[b] = False
+        a = block_array(chain)
+        self._nchild[a] = 0
+        self._in_tree[a] = False
+        self._evictable -= len(chain)
+        self.evictions += len(chain)
+        self._free.extend(chain)
 
     # --- insertion ----------------------------------------------------------------------------
     def cache(self, block: int, key: Hashable, parent: Hashable | None = None) -> None:
@@ -299,11 +322,47 @@ class RadixCache:
         if not blocks:
             return
         self._tick += 1
-        p = _ROOT if parent is None else self.cached.get(parent, _NONE)
-        for b, k in zip(blocks, keys):
-            if p == _NONE:
+        cached = self.cached
+        p = _ROOT if parent is None else cached.get(parent, _NONE)
+        i, n = 0, len(blocks)
+        while i < n and p != _NONE:
+            if i + 1 < n and cached.get(keys[i]) is None and self._extends_freshly(blocks[i:], keys[i:]):
+                # keys[i] is new to the tree, and so is every key after it (chained keys):
+                # blocks[i] joins under p as below, the rest as one chain under it
+                p = self._insert(blocks[i], keys[i], p)
+                if p != _NONE:
+                    self._append_chain(p, blocks[i + 1:], keys[i + 1:])
                 return
-            p = self._insert(b, k, p)
+            p = self._insert(blocks[i], keys[i], p)
+            i += 1
+
+    def _extends_freshly(self, blocks: list[int], keys: list[Hashable]) -> bool:
+        """True when _insert would put each of `blocks` in the tree as a new block below
+        the one before: distinct held blocks, none in the tree or an alias, distinct keys
+        none of which is cached."""
+        a = block_array(blocks)
+        if (self._in_tree[a] | (self._alias[a] >= 0) | (self.ref_cnt[a] == 0)).any():
+            return False
+        cached = self.cached
+        return len(set(blocks)) == len(blocks) and len(set(keys)) == len(keys) and cached.keys().isdisjoint(keys)
+
+    def _append_chain(self, p: int, blocks: list[int], keys: list[Hashable]) -> None:
+        """_insert of each block in turn below the one before, p (new, childless) first:
+        none starts a node, all are held (locked), so none is an eviction candidate."""
+        cached, key, parent, children, start = self.cached, self.key, self._parent, self._children, self._node_start
+        for b, k in zip(blocks, keys):
+            key[b] = k
+            cached[k] = b
+            parent[b] = p
+            children[p] = [b]
+            start[b] = False
+            p = b
+        a = block_array(blocks)
+        self._nchild[self._parent[blocks[0]]] = 1
+        self._nchild[a[:-1]] = 1
+        self._in_tree[a] = True
+        self._atime[a] = self._tick
+        self._lock[a] = self.ref_cnt[a]
 
     def _insert(self, b: int, k: Hashable, p: int) -> int:
         x = self.cached.get(k)
@@ -329,7 +388,8 @@ class RadixCache:
         else:
             kids = self._children[p]
             if kids:  # a branch: every child of p starts a node (SGLang splits there)
-                self._node_start[kids] = True
+                for c in kids:
+                    self._node_start[c] = True
                 self._node_start[b] = True
             else:
                 self._node_start[b] = bool(self._split_after[p])
@@ -357,6 +417,7 @@ class RadixCache:
                 p = int(self._parent[b])
                 assert p == _ROOT or (self._in_tree[p] and b in self._children[p]), f"block {b}: parent {p} not in the tree"
                 assert p != _ROOT or self._node_start[b], f"block {b}: a root child must start a node"
+                assert self._node_start[b] or len(self._children[p]) == 1, f"block {b}: inside a node, not an only child"
             else:
                 assert self.key[b] is None and not self._children[b], f"block {b} off the tree keeps tree state"
                 assert (r == 0) == (b in fs), f"block {b}: ref_cnt {r} vs free list"

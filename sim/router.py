@@ -109,12 +109,16 @@ class CacheAware(Router):
                  eviction_interval: float = 120.0, max_tree_tokens: int = 2**26) -> None:
         self.cache_threshold, self.balance_abs, self.balance_rel = cache_threshold, balance_abs, balance_rel
         self.eviction_interval, self.max_tree_tokens = eviction_interval, max_tree_tokens
-        self.trees: list[dict[int, None]] = []  # per replica: block keys routed there, least recent first
+        # per replica: block key -> when it was last routed there (a running count of keys)
+        self.trees: list[dict[int, int]] = []
+        self._pruned: list[bool] = []  # the tree lost keys to _evict: no longer prefix-closed
+        self._routed = 0
         self._evicted_at = 0.0
 
     def route(self, call, engines) -> int:
         while len(self.trees) < len(engines):
             self.trees.append({})
+            self._pruned.append(False)
         now = call.req.arrival
         if now - self._evicted_at >= self.eviction_interval:
             self._evict(self.max_tree_tokens // call.block_size)
@@ -125,29 +129,42 @@ class CacheAware(Router):
         least = min(range(len(engines)), key=lambda i: (loads[i], i))
         i = least
         if not (hi - lo > self.balance_abs and hi > self.balance_rel * lo):
-            match = [self._match(t, keys) for t in self.trees[:len(engines)]]
+            match = [self._match(r, keys) for r in range(len(engines))]
             best = min(range(len(engines)), key=lambda i: (-match[i], loads[i], i))
             if match[best] * call.block_size > self.cache_threshold * call.prompt_len:
                 i = best
-        tree = self.trees[i]
-        for k in keys:  # to the most recent end
-            tree.pop(k, None)
-            tree[k] = None
+        self.trees[i].update(zip(keys, range(self._routed, self._routed + len(keys))))  # the most recent
+        self._routed += len(keys)
         return i
 
-    @staticmethod
-    def _match(tree: dict, keys: list) -> int:
-        n = 0
-        for k in keys:
-            if k not in tree:
-                break
-            n += 1
-        return n
+    def _match(self, replica: int, keys: list) -> int:
+        """How many of the prompt's leading block keys the replica's tree holds. Keys are
+        chained and a route adds a prompt's whole prefix, so until _evict cuts a tree it
+        holds the prefixes of all its keys and a binary search finds the end."""
+        tree = self.trees[replica]
+        if self._pruned[replica]:
+            n = 0
+            for k in keys:
+                if k not in tree:
+                    break
+                n += 1
+            return n
+        lo, hi = 0, len(keys)  # keys[:lo] held; keys[hi:] not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if keys[mid - 1] in tree:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _evict(self, keep: int) -> None:
+        """Keep each tree's `keep` most recently routed keys."""
         for i, t in enumerate(self.trees):
             if len(t) > keep:
-                self.trees[i] = dict.fromkeys(list(t)[len(t) - keep:])
+                cut = sorted(t.values())[len(t) - keep]
+                self.trees[i] = {k: v for k, v in t.items() if v >= cut}
+                self._pruned[i] = True
 
 
 _CLASSES: dict[str, type[Router]] = {c.name: c for c in (RoundRobin, LeastLoaded, Session, Prefix, CacheAware)}

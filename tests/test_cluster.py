@@ -83,8 +83,52 @@ def test_cache_aware_router_hand_worked():
     small.route(_call("g", 160), two)
     small.route(_call("h", 160, arrival=1.0, task="u"), [_Eng(0), _Eng(9)])  # replica 0 holds both prompts
     small.route(_call("i", 16, arrival=200.0, task="v"), two)  # past 120 s: cut to the last 10 blocks ("u")
-    assert small._match(small.trees[0], _call("x", 160, task="u").content.prefix(10)) == 10
-    assert small._match(small.trees[0], _call("y", 160).content.prefix(10)) == 0
+    assert small._match(0, _call("x", 160, task="u").content.prefix(10)) == 10
+    assert small._match(0, _call("y", 160).content.prefix(10)) == 0
+
+
+class _CacheAwareByTheLetter:
+    """The cache-aware router's trees as SGLang keeps them, by the letter: a prompt's keys
+    moved to the most recent end one by one, the match a scan from the first key."""
+
+    def __init__(self, keep_tokens, interval):
+        self.trees, self.keep_tokens, self.interval, self.evicted_at = [{}, {}], keep_tokens, interval, 0.0
+
+    def route(self, call, engines):
+        if call.req.arrival - self.evicted_at >= self.interval:
+            keep = self.keep_tokens // call.block_size
+            self.trees = [dict.fromkeys(list(t)[len(t) - keep:]) if len(t) > keep else t for t in self.trees]
+            self.evicted_at = call.req.arrival
+        keys = call.content.prefix(call.prompt_len // call.block_size)
+        loads = [e.waiting_calls() for e in engines]
+        i = min(range(2), key=lambda r: (loads[r], r))
+        if not (max(loads) - min(loads) > 64 and max(loads) > 1.5 * min(loads)):
+            match = [next((n for n, k in enumerate(keys) if k not in t), len(keys)) for t in self.trees]
+            best = min(range(2), key=lambda r: (-match[r], loads[r], r))
+            if match[best] * call.block_size > 0.3 * call.prompt_len:
+                i = best
+        for k in keys:
+            self.trees[i].pop(k, None)
+            self.trees[i][k] = None
+        return i
+
+
+def test_cache_aware_router_decides_as_its_trees_by_the_letter():
+    """The binary-search match and the routed-at counts give every decision the plain
+    scan and move-to-end give, before and after evictions cut the trees (not then
+    prefix-closed: a prompt's oldest keys, its first blocks, go first)."""
+    rng = np.random.default_rng(3)
+    r = make_router("cache_aware", {"max_tree_tokens": 16 * 60, "eviction_interval": 5.0})
+    ref = _CacheAwareByTheLetter(16 * 60, 5.0)
+    decisions = []
+    for n in range(400):
+        call = _call(f"p{n}", 16 * int(rng.integers(1, 50)), arrival=n * 0.25, task=f"t{rng.integers(6)}")
+        engines = [_Eng(int(rng.integers(0, 100))), _Eng(int(rng.integers(0, 100)))]
+        got = r.route(call, engines)
+        assert got == ref.route(call, engines), n
+        assert [set(t) for t in r.trees] == [set(t) for t in ref.trees], n
+        decisions.append(got)
+    assert any(r._pruned) and 0.2 < np.mean(decisions) < 0.8  # cut trees, and both replicas chosen
 
 
 def test_round_robin_alternates_per_call():
