@@ -22,6 +22,7 @@ COMPILED = (
     "policies.base", "policies.pins", "policies.continuum",
     "sim.call", "sim.content", "sim.stretch", "sim.profile", "sim.scheduler", "sim.engine",
     "sim.cluster", "sim.router", "sim.workload", "sim.metrics", "sim.simulate", "sim.radix_cache",
+    "sim.cpu_tier",
 )
 PURE_ENV = "AGENTSIM_PURE_PYTHON"
 RECORD = ".sha256"  # suffix of the record beside a module's .so

@@ -238,19 +238,26 @@ class KVOffload:
         self._pending: tuple | None = None  # (call, gpu_hit, chunk tiers) from the last loadable()
 
     # --- lookup and load ------------------------------------------------------------------
-    def _where(self, key: Hashable) -> int | None:
-        for i, t in enumerate(self.tiers):
-            if key in t:
-                return i
-        return None
-
-    def _chunk_tier(self, call, j: int) -> int | None:
-        """The tier holding the call's chunk j; None if none does or the chunk is not
-        full within the call's tokens (only full chunks are ever stored)."""
-        last = (j + 1) * self.chunk_blocks - 1
-        if (last + 1) * self.block_size > call.num_tokens:
-            return None
-        return self._where(call.block_key(last))
+    def _chunk_tiers(self, call, limit: int) -> list[int]:
+        """The tiers holding the call's leading chunks, from chunk 0 while some tier holds
+        the next one, at most `limit` chunks. Only full chunks (within the call's tokens)
+        are ever stored; a chunk is named by its last block's key."""
+        cb = self.chunk_blocks
+        full = min(limit, call.num_tokens // (cb * self.block_size))
+        if full <= 0:
+            return []
+        keys = call.content.prefix(full * cb)
+        lrus = [t.lru for t in self.tiers]
+        out = []
+        for last in range(cb - 1, full * cb, cb):
+            k = keys[last]
+            for i, lru in enumerate(lrus):
+                if k in lru:
+                    out.append(i)
+                    break
+            else:
+                break
+        return out
 
     def loadable(self, call, gpu_hit: int) -> int:
         """Blocks after the GPU prefix hit that the tiers can supply: LMCache's prefix hit
@@ -261,12 +268,7 @@ class KVOffload:
         max_blocks = (call.num_tokens - 1) // bs
         if max_blocks <= gpu_hit:
             return 0
-        where = []
-        for j in range(-(-max_blocks // cb)):
-            w = self._chunk_tier(call, j)
-            if w is None:
-                break
-            where.append(w)
+        where = self._chunk_tiers(call, -(-max_blocks // cb))
         n = min(len(where) * cb, max_blocks) - gpu_hit
         if n <= 0:
             return 0
@@ -305,19 +307,13 @@ class KVOffload:
         denominator); LMCache saves from the end of its own prefix hit onwards."""
         call.admission_loaded_tokens = 0  # load() follows, if anything is loaded
         self.miss_tokens += max(0, (call.num_tokens - 1) // self.block_size - gpu_hit) * self.block_size
-        saved = 0
-        while self._chunk_tier(call, saved) is not None:
-            saved += 1
-        call.saved_chunks = saved
+        call.saved_chunks = len(self._chunk_tiers(call, call.num_tokens))
 
     def prefix_blocks(self, call) -> int:
         """Blocks of the call's prefix the tiers hold (no side effects; for routers)."""
         cb = self.chunk_blocks
         max_blocks = (call.num_tokens - 1) // self.block_size
-        j = 0
-        while j * cb < max_blocks and self._chunk_tier(call, j) is not None:
-            j += 1
-        return min(j * cb, max_blocks)
+        return min(len(self._chunk_tiers(call, -(-max_blocks // cb))) * cb, max_blocks)
 
     def reload_time(self, tokens: int) -> float:
         """Reloading a context of `tokens` from the CPU tier (Continuum's Prefill-Reload
