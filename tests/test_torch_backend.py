@@ -3,6 +3,7 @@ shipped tiny model that must predict held-out probes (no vLLM needed); and the d
 flag's checks on a machine without torch (the engine extra), as `make test-fast` runs."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -264,6 +265,36 @@ def test_a_step_dispatches_kernels_per_layer_not_per_sequence():
         assert counts[layers, "mixed", 64] == counts[layers, "mixed", 8] < 1.5 * counts[layers, 1], counts
     per_layer = (counts[4, 1] - counts[2, 1]) / 2
     assert per_layer > 5 and counts[4, 1] > counts[2, 1], counts
+
+
+@needs_torch
+@pytest.mark.parametrize("cuda", [False, True])
+def test_an_eager_step_on_cuda_is_timed_after_one_untimed_run_of_the_same_step(cuda, monkeypatch):
+    # run() gives the CUDA allocator's blocks back before each probe; a first eager run
+    # then pays cudaMalloc for its activations (the H200 runs' eager steps of 512-1,100
+    # tokens spread 30-60% over repeats). The CUDA path is driven here on the CPU.
+    from calibrate.torch_backend import GRAPH_MAX_TOKENS, MixedProbe, TorchRunner
+
+    m = TorchLlama(ModelConfig(**TINY, dtype="float32"), "cpu", torch.float32)
+    runner = TorchRunner(m, budget=2048, device="cpu")
+    runner.cuda = cuda
+    monkeypatch.setattr(runner, "sync", lambda: None)
+    monkeypatch.setattr(runner, "attention", contextlib.nullcontext)
+    calls, step = [], m.step
+
+    def recording_step(ids, spans, cache, advance=True):
+        calls.append((len(ids), tuple(cache.lens[s] for s, _ in spans), advance))
+        return step(ids, spans, cache, advance)
+
+    monkeypatch.setattr(m, "step", recording_step)
+    n = GRAPH_MAX_TOKENS + 88  # longer than a graph-timed step
+    runner.prefill_seconds(n, prefix=100)
+    runner.mixed_seconds(MixedProbe("mixed", n, 0, batch=3, context=40))
+    seen = [(n, (100,)), (n + 3, (40, 40, 40, 0))]
+    if cuda:  # each step twice, the same shape: untimed (lengths kept), then timed
+        assert calls == [(*seen[0], False), (*seen[0], True), (*seen[1], False), (*seen[1], True)]
+    else:
+        assert calls == [(*seen[0], True), (*seen[1], True)]
 
 
 def write_config(tmp_path, **over):
