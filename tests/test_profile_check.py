@@ -280,3 +280,22 @@ def test_the_docs_table_is_the_scripts(capsys):
     # runs' Llama and Qwen3 profiles (no shared Qwen3 H100 probes), 2 for the first H200 run's
     # Llama; the second H200 run timed its references three times: Llama 1 + 3, Qwen3 3
     assert len(rows) == 3 + 4 * 3 + 2 + 4 + 3 and all(r in block.splitlines() for r in rows), rows
+
+
+def test_the_mixed_reference_script_writes_probes_sim_profile_check_reads(tmp_path):
+    """benchmarks/gpu/mixed_reference.py (the mixed steps the shared probe scripts lack) on
+    the CPU with a tiny config: a probe file of mixed points that read_probes accepts."""
+    pytest.importorskip("torch")
+    import subprocess
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96, "vocab_size": 101,
+           "max_position_embeddings": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    script = roofline.REPO_ROOT / "benchmarks" / "gpu" / "mixed_reference.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--device", "cpu", "--points", "quick"],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    probes = pc.read_probes(data)
+    assert [(p.kind, p.n, p.k, p.B, p.ctx) for p in probes] == [("mixed", 64, 0, 4, 32), ("mixed", 64, 48, 8, 64)]
+    assert all(0 < p.seconds["min_s"] <= p.seconds["median_s"] for p in probes) and data["device"] == "CPU"

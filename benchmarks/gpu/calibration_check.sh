@@ -4,8 +4,9 @@
 # Qwen3-8B (`sim calibrate --backend torch --device cuda`, public config.json in
 # benchmarks/gpu/models/) and time the independent reference probes of the same shapes
 # (../shared/measurements/h200/probe_shapes.py, copied beside this script first: ../shared
-# does not travel to a device machine). Writes into $OUT (default ./gpu-out):
-#   attention.json, calibrate-torch-cuda-MODEL.json, MODEL-shape-torch-probes.json, log.txt
+# does not travel to a device machine) and mixed steps (mixed_reference.py). Writes into
+# $OUT (default ./gpu-out): attention.json, calibrate-torch-cuda-MODEL.json,
+# MODEL-shape-torch-probes.json, MODEL-shape-torch-probes-mixed.json, log.txt
 # Then, here: sim profile check OUT/calibrate-torch-cuda-MODEL.json --probes OUT/MODEL-shape-torch-probes.json
 # Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 5 minutes on an H100.
 set -u
@@ -26,4 +27,8 @@ for m in llama3.1-8b qwen3-8b; do
   (cd "$OUT" && SHAPE=$m timeout 100 python3 "$REPO/benchmarks/gpu/probe_shapes.py" > /dev/null 2>&1 \
      && mv "gpu_probe_$m.json" "$m-shape-torch-probes.json")
   echo "reference probes $m wall $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  timeout 100 python3 benchmarks/gpu/mixed_reference.py benchmarks/gpu/models/$m > "$OUT/$m-shape-torch-probes-mixed.json" \
+    2> "$OUT/mixed-$m.log" || rm -f "$OUT/$m-shape-torch-probes-mixed.json"
+  echo "mixed reference $m wall $(( $(date +%s) - t0 )) s"
 done
