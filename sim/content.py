@@ -25,6 +25,20 @@ from __future__ import annotations
 from itertools import repeat
 
 
+def held_prefix(keys: list, held) -> int:
+    """How many leading keys of a context `held` (a dict or set) holds, where `held` keeps
+    the prefix of every key in it (a prefix cache): a chained key held means its whole
+    prefix is, so a binary search finds the end."""
+    lo, hi = 0, len(keys)  # keys[:lo] held; keys[hi:] not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if keys[mid - 1] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class PyContentKeys:
     __slots__ = ("block_size", "runs", "length", "keys", "digest", "_run")
 

@@ -80,6 +80,7 @@ from typing import Hashable
 import numpy as np
 
 from sim.block_pool import block_array, drop_refs
+from sim.content import held_prefix
 
 _ROOT = -1  # parent of a block at the start of a context
 _NONE = -2  # "no block": a parent missing from the tree
@@ -165,13 +166,7 @@ class RadixCache:
         the access time of the path, and splits the node the hit ends inside. `owner` is
         accepted for BlockPool's interface and unused."""
         cached = self.cached
-        lo, hi = 0, len(keys)  # keys[:lo] cached; keys[hi:] not
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if keys[mid - 1] in cached:
-                lo = mid
-            else:
-                hi = mid - 1
+        lo = held_prefix(keys, cached)
         if lo == 0:
             return []
         hit = list(map(cached.__getitem__, keys[:lo]))

@@ -29,6 +29,7 @@ import inspect
 import math
 
 from agentsim.errors import InputError
+from sim.content import held_prefix
 
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "cache_aware")
 
@@ -149,14 +150,7 @@ class CacheAware(Router):
                     break
                 n += 1
             return n
-        lo, hi = 0, len(keys)  # keys[:lo] held; keys[hi:] not
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if keys[mid - 1] in tree:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return held_prefix(keys, tree)
 
     def _evict(self, keep: int) -> None:
         """Keep each tree's `keep` most recently routed keys."""
