@@ -320,16 +320,19 @@ class RadixCache:
         cached = self.cached
         p = _ROOT if parent is None else cached.get(parent, _NONE)
         i, n = 0, len(blocks)
-        while i < n and p != _NONE:
-            if i + 1 < n and cached.get(keys[i]) is None and self._extends_freshly(blocks[i:], keys[i:]):
-                # keys[i] is new to the tree, and so is every key after it (chained keys):
-                # blocks[i] joins under p as below, the rest as one chain under it
-                p = self._insert(blocks[i], keys[i], p)
-                if p != _NONE:
-                    self._append_chain(p, blocks[i + 1:], keys[i + 1:])
-                return
+        while i < n and p != _NONE and keys[i] in cached:  # the part the tree holds already
             p = self._insert(blocks[i], keys[i], p)
             i += 1
+        if i + 1 < n and p != _NONE and self._extends_freshly(blocks[i:], keys[i:]):
+            # keys[i:] are new to the tree: blocks[i] joins under p, the rest as one chain under it
+            p = self._insert(blocks[i], keys[i], p)
+            if p != _NONE:
+                self._append_chain(p, blocks[i + 1:], keys[i + 1:])
+            return
+        for b, k in zip(blocks[i:], keys[i:]):
+            if p == _NONE:
+                return
+            p = self._insert(b, k, p)
 
     def _extends_freshly(self, blocks: list[int], keys: list[Hashable]) -> bool:
         """True when _insert would put each of `blocks` in the tree as a new block below
