@@ -6,7 +6,7 @@
 # (../shared/measurements/h200/probe_shapes.py, copied beside this script first: ../shared
 # does not travel to a device machine) and mixed steps (mixed_reference.py). Writes into
 # $OUT (default ./gpu-out): attention.json, calibrate-torch-cuda-MODEL.json,
-# MODEL-shape-torch-probes.json, MODEL-shape-torch-probes-mixed.json, log.txt
+# MODEL-shape-torch-probes.json, MODEL-shape-torch-probes-mixed.json, log.txt (8 files)
 # Then, here: sim profile check OUT/calibrate-torch-cuda-MODEL.json --probes OUT/MODEL-shape-torch-probes.json
 # Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 5 minutes on an H100.
 set -u
@@ -15,8 +15,9 @@ REPO=$PWD OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-timeout 100 python3 benchmarks/gpu/attention_variants.py > "$OUT/attention.json" 2> "$OUT/attention.log"
-grep -E "^(prefill|cached|decode)" "$OUT/attention.log"
+# logs go to log.txt only: a device call returns at most 8 files, and this writes 8
+timeout 100 python3 benchmarks/gpu/attention_variants.py > "$OUT/attention.json" 2> /tmp/attention.log
+grep -E "^(prefill|cached|decode)" /tmp/attention.log
 for m in llama3.1-8b qwen3-8b; do
   t0=$(date +%s)
   timeout 200 python3 -c "import sys; from agentsim.cli import main; sys.exit(main(sys.argv[1:]))" calibrate \
@@ -29,6 +30,6 @@ for m in llama3.1-8b qwen3-8b; do
   echo "reference probes $m wall $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
   timeout 100 python3 benchmarks/gpu/mixed_reference.py benchmarks/gpu/models/$m > "$OUT/$m-shape-torch-probes-mixed.json" \
-    2> "$OUT/mixed-$m.log" || rm -f "$OUT/$m-shape-torch-probes-mixed.json"
+    || rm -f "$OUT/$m-shape-torch-probes-mixed.json"
   echo "mixed reference $m wall $(( $(date +%s) - t0 )) s"
 done
