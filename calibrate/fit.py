@@ -128,11 +128,13 @@ def gpu_step_time(coef: dict, X) -> np.ndarray:
     return _gpu_time_grad(theta, np.atleast_2d(np.asarray(X, float)))[0]
 
 
-def fit_gpu_step_model(rows: list[dict], starts: int = 4) -> dict:
+def fit_gpu_step_model(rows: list[dict], starts: int = 4, balance_kinds: bool = False) -> dict:
     """Least squares on relative error of the GPU step model over the training rows; the
     result has fit_step_model's form, coef with c0..c5, w, launch, p. Each row must be one
     engine step (a prefill probe unchunked; a decode probe's mean step, whose tokens and
-    seqs do not change), since a max of sums is not a sum of maxes."""
+    seqs do not change), since a max of sums is not a sum of maxes. `balance_kinds`: each
+    kind of row (prefill, cached_prefill, decode, mixed) weighs the same in all, however
+    many rows it has."""
     from scipy.optimize import least_squares
 
     train, held = _split(rows)
@@ -140,6 +142,8 @@ def fit_gpu_step_model(rows: list[dict], starts: int = 4) -> dict:
         raise ValueError("the GPU step model is fitted on one-step rows (unchunked prefills, decode step means)")
     X = np.array([_x(r) for r in train])
     y = np.array([r["seconds"] for r in train])
+    kinds = [r["kind"] for r in train]
+    sw = np.sqrt([len(kinds) / len(set(kinds)) / kinds.count(k) for k in kinds]) if balance_kinds else np.ones(len(y))
     decode = X[:, 1] == X[:, 3]
     # scaled unknowns ~ O(1): six linear coefficients, w, launch, p
     colmax = (X / y[:, None]).max(axis=0)
@@ -153,10 +157,10 @@ def fit_gpu_step_model(rows: list[dict], starts: int = 4) -> dict:
     lo[8], hi[8] = 1.0, 64.0  # p: 1 adds the two up, 64 is a hard max to within 1%
 
     def resid(x):
-        return _gpu_time_grad(x * scale, X)[0] / y - 1.0
+        return (_gpu_time_grad(x * scale, X)[0] / y - 1.0) * sw
 
     def jac(x):
-        return _gpu_time_grad(x * scale, X)[1] * scale / y[:, None]
+        return _gpu_time_grad(x * scale, X)[1] * scale / y[:, None] * sw[:, None]
 
     rng = np.random.default_rng(0)
     best = None
@@ -173,13 +177,21 @@ def fit_gpu_step_model(rows: list[dict], starts: int = 4) -> dict:
     x = np.where(best.x < 1e-9, 0.0, best.x)  # a term at its bound is off, not 1e-30
     free = (x > lo) & (x < hi) & (scale > 0)
     x0 = x.copy()
-    for _ in range(20):
-        dx = np.linalg.lstsq(jac(x)[:, free], -resid(x), rcond=None)[0]
-        x[free] += dx
-        if np.all(np.abs(dx) <= 1e-14 * np.abs(x[free])):
-            break
-    if np.any(x < lo) or np.any(x > hi) or not np.all(np.isfinite(x)):
-        x = x0  # the polish left the bounds (it ignores them): keep the optimiser's point
+    with np.errstate(all="ignore"):
+        for _ in range(20):
+            J, r = jac(x)[:, free], resid(x)
+            if not (np.isfinite(J).all() and np.isfinite(r).all()):
+                break
+            try:
+                dx = np.linalg.lstsq(J, -r, rcond=None)[0]
+            except np.linalg.LinAlgError:
+                break
+            x[free] += dx
+            if np.all(np.abs(dx) <= 1e-14 * np.abs(x[free])):
+                break
+        diverged = np.any(x < lo) or np.any(x > hi) or not np.all(np.isfinite(x)) or not np.isfinite(resid(x)).all()
+    if diverged or np.sum(resid(x) ** 2) > np.sum(resid(x0) ** 2):
+        x = x0  # the polish left the bounds (it ignores them) or went astray: keep the optimiser's point
     coef = {k: float(v) for k, v in zip([f"c{i}" for i in range(6)] + list(GPU_TERMS), x * scale)}
 
     def err(sel):

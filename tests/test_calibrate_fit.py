@@ -202,6 +202,37 @@ def test_gpu_engine_limits_bad_input_is_one_line():
 
 
 # --- the GPU step model (calibrate/fit.py fit_gpu_step_model) -----------------------------
+def test_gpu_step_fit_balanced_by_kind_gives_a_rare_kind_its_share():
+    # the torch plan on a GPU is mostly decode and mixed probes; weighted by kind, the few
+    # prefill rows are not traded away when the model cannot fit every row
+    from calibrate.fit import fit_gpu_step_model, gpu_step_time
+    from calibrate.probes import step_row
+
+    true = {"c0": 2e-4, "c1": 2.4e-5, "c2": 4e-10, "c3": 5e-6, "c4": 4e-8, "c5": 5e-10, "w": 0.0065, "launch": 0.0125, "p": 5.0}
+    shapes = [("prefill", [(n, n)]) for n in (256, 1000, 4000, 16000)]
+    shapes += [("cached_prefill", [(n, n + k)]) for n, k in ((512, 4000), (2000, 8000), (1000, 30000))]
+    shapes += [("decode", [(1, c)] * b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) for c in (512, 2048, 8192)]
+
+    def rows(slow_kind, extra):  # `extra` seconds on every row of one kind: no term of the model is that
+        out = []
+        for kind, seqs in shapes:
+            x = step_row(seqs)
+            out.append({"kind": kind, "heldout": False, "features": dict(zip(FEATURES, map(float, x))),
+                        "seconds": float(gpu_step_time(true, [x])[0]) + (extra if kind == slow_kind else 0.0)})
+        return out
+
+    r = rows("cached_prefill", 0.01)
+    plain, balanced = fit_gpu_step_model(r), fit_gpu_step_model(r, balance_kinds=True)
+    assert balanced["train_mape_cached_prefill"] < plain["train_mape_cached_prefill"] - 0.5, (plain, balanced)
+    assert balanced["train_mape_decode"] > plain["train_mape_decode"]  # the price: the many decode rows
+    # here the weighted Gauss-Newton polish diverged (an SVD that did not converge): the
+    # optimiser's point is kept
+    assert math.isfinite(fit_gpu_step_model(rows("prefill", 0.005), balance_kinds=True)["train_mape"])
+    # as many rows of each kind: the same fit either way
+    even = [x for k in ("prefill", "cached_prefill", "decode") for x in [y for y in r if y["kind"] == k][:3]]
+    assert fit_gpu_step_model(even, balance_kinds=True)["coef"] == pytest.approx(fit_gpu_step_model(even)["coef"], rel=1e-6)
+
+
 def test_gpu_step_fit_recovers_known_coefficients_and_needs_one_step_rows():
     from calibrate.fit import fit_gpu_step_model, gpu_step_time
     from calibrate.probes import step_row
