@@ -189,9 +189,9 @@ def fit_gpu_step_model(rows: list[dict], starts: int = 4, balance_kinds: bool = 
             x[free] += dx
             if np.all(np.abs(dx) <= 1e-14 * np.abs(x[free])):
                 break
-        diverged = np.any(x < lo) or np.any(x > hi) or not np.all(np.isfinite(x)) or not np.isfinite(resid(x)).all()
-    if diverged or np.sum(resid(x) ** 2) > np.sum(resid(x0) ** 2):
-        x = x0  # the polish left the bounds (it ignores them) or went astray: keep the optimiser's point
+        r = resid(x) if np.all((x >= lo) & (x <= hi)) else np.full(len(y), np.inf)  # it ignores the bounds
+    if not np.isfinite(r).all() or r @ r > resid(x0) @ resid(x0):
+        x = x0  # the polish left the bounds or went astray: keep the optimiser's point
     coef = {k: float(v) for k, v in zip([f"c{i}" for i in range(6)] + list(GPU_TERMS), x * scale)}
 
     def err(sel):

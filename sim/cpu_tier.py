@@ -238,10 +238,10 @@ class KVOffload:
         self._pending: tuple | None = None  # (call, gpu_hit, chunk tiers) from the last loadable()
 
     # --- lookup and load ------------------------------------------------------------------
-    def _chunk_tiers(self, call, limit: int) -> list[int]:
+    def _chunk_tiers(self, call, limit: float) -> list[int]:
         """The tiers holding the call's leading chunks, from chunk 0 while some tier holds
-        the next one, at most `limit` chunks. Only full chunks (within the call's tokens)
-        are ever stored; a chunk is named by its last block's key."""
+        the next one, at most `limit` chunks (math.inf: no limit). Only full chunks (within
+        the call's tokens) are ever stored; a chunk is named by its last block's key."""
         cb = self.chunk_blocks
         full = min(limit, call.num_tokens // (cb * self.block_size))
         if full <= 0:
@@ -307,7 +307,7 @@ class KVOffload:
         denominator); LMCache saves from the end of its own prefix hit onwards."""
         call.admission_loaded_tokens = 0  # load() follows, if anything is loaded
         self.miss_tokens += max(0, (call.num_tokens - 1) // self.block_size - gpu_hit) * self.block_size
-        call.saved_chunks = len(self._chunk_tiers(call, call.num_tokens))
+        call.saved_chunks = len(self._chunk_tiers(call, math.inf))
 
     def prefix_blocks(self, call) -> int:
         """Blocks of the call's prefix the tiers hold (no side effects; for routers)."""

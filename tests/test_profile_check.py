@@ -298,4 +298,4 @@ def test_the_mixed_reference_script_writes_probes_sim_profile_check_reads(tmp_pa
     data = json.loads(out)
     probes = pc.read_probes(data)
     assert [(p.kind, p.n, p.k, p.B, p.ctx) for p in probes] == [("mixed", 64, 0, 4, 32), ("mixed", 64, 48, 8, 64)]
-    assert all(0 < p.seconds["min_s"] <= p.seconds["median_s"] for p in probes) and data["device"] == "CPU"
+    assert all(0 < p.seconds["median_s"] < 1 for p in probes) and data["device"] == "CPU"

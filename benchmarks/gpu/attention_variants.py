@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -30,17 +31,25 @@ FRESH = [256, 2000, 8000]
 DECODE = [(16, 8192), (64, 2048), (256, 512), (256, 2048)]
 
 
-def timed(fn, reps=20):
+def timed(fn, reps=20, device="cuda"):
+    """Median seconds of fn() over `reps` runs after one untimed run: CUDA events on a GPU
+    (what the kernels take, gaps between launches included), the wall clock on a CPU."""
     fn()
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     ts = []
     for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) / 1e3)
+        if device == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
     return sorted(ts)[len(ts) // 2]
 
 

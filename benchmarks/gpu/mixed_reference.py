@@ -10,7 +10,8 @@ the GEMMs over all tokens of the step together, per layer one SDPA call causal o
 chunk (plus one over the chunk's cached prefix, added: a cost stand-in as in the shared
 script) and one batched SDPA call of the decodes over their contiguous KV (one layer's KV,
 reused by every layer). Eager, as vLLM runs steps of more than 512 tokens; timed with CUDA
-events (CPU: the wall clock), the median and minimum of REPS runs after one untimed run.
+events (CPU: the wall clock), the median of REPS runs after one untimed run
+(benchmarks/gpu/attention_variants.py timed).
 
     python benchmarks/gpu/mixed_reference.py MODEL_DIR [--device cuda] [--points aic|quick] > FILE
 
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # as a script: the repository root
+from benchmarks.gpu.attention_variants import timed  # noqa: E402
 from calibrate.torch_model import read_config  # noqa: E402  (the config's shape numbers only)
 from sim.profile_check import AIC_GRID  # noqa: E402
 
@@ -92,25 +94,6 @@ class Model:
         return run
 
 
-def timed(fn, device: str, reps: int = REPS) -> tuple[float, float]:
-    fn()  # allocations, kernel plans
-    ts = []
-    for _ in range(reps):
-        if device == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2], ts[0]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", help="a directory with the model's config.json (benchmarks/gpu/models/NAME)")
@@ -127,8 +110,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     with torch.inference_mode():
         for n, k, b, ctx in points(a.points):
-            med, low = timed(model.step(n, k, b, ctx), a.device)
-            out["probes"].append({"kind": "mixed", "n": n, "k": k, "B": b, "ctx": ctx, "median_s": med, "min_s": low})
+            med = timed(model.step(n, k, b, ctx), REPS, a.device)
+            out["probes"].append({"kind": "mixed", "n": n, "k": k, "B": b, "ctx": ctx, "median_s": med})
             print(f"mixed n={n} k={k} B={b} ctx={ctx}: {med * 1e3:.2f} ms", file=sys.stderr, flush=True)
             if a.device == "cuda":
                 torch.cuda.empty_cache()
