@@ -51,6 +51,8 @@ class Probe:
     batch: int = 1
     heldout: bool = False
     samples: list = field(default_factory=list)
+    # the torch backend's eager CUDA steps: host seconds of each sample (until its last launch)
+    host_samples: list = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
@@ -60,6 +62,10 @@ class Probe:
         d = asdict(self)
         d.update(seconds=round(self.seconds, 6), samples=[round(s, 6) for s in self.samples],
                  features=dict(zip(FEATURES, features(self, budget))))
+        if self.host_samples:
+            d["host_samples"] = [round(s, 6) for s in self.host_samples]
+        else:
+            del d["host_samples"]
         return d
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,8 @@ TORCH_HOW = {
              "(field `context`); features of that one step",
     "repeats": HOW["repeats"] + " (CUDA: after one untimed pass over all probes; an eager step after one untimed run "
                                  "of the same step, its allocations warm)",
+    "host_samples": "CUDA, steps not timed from a graph: each sample's host seconds, from the step's start until its "
+                    "last kernel is queued; near the sample's own seconds, the host and not the GPU sets the step",
 }
 
 
@@ -74,10 +76,8 @@ class MixedProbe(probes.Probe):
         return [(self.new, self.prefix + self.new)] + [(1, self.context + 1)] * self.batch
 
     def to_json(self, budget: int) -> dict:
-        d = asdict(self)
-        d.update(seconds=round(self.seconds, 6), samples=[round(s, 6) for s in self.samples],
-                 features=dict(zip(FEATURES, (float(x) for x in probes.step_row(self.row())))))
-        return d
+        return super().to_json(budget) | {
+            "features": dict(zip(FEATURES, (float(x) for x in probes.step_row(self.row()))))}
 
 
 def mixed_plan(engine: dict, quick: bool = False, gpu: bool = False) -> list[MixedProbe]:
@@ -131,6 +131,7 @@ class TorchRunner:
         self.torch, self.model, self.budget, self.device = torch, model, budget, device
         self.rng = np.random.default_rng(seed)
         self.cuda = device == "cuda"
+        self.host_s: float | None = None  # host seconds of the last eager probe's timed steps
 
     def ids(self, n: int):
         return self.torch.tensor(self.rng.integers(0, self.model.cfg.vocab, n), device=self.device)
@@ -165,9 +166,16 @@ class TorchRunner:
         def chunks(advance: bool):
             for a in range(0, n, self.budget):
                 q = min(self.budget, n - a)
-                self.model.step(ids[a:a + q], [(0, q)], cache, advance)
-                self.sync()
+                self._launch(ids[a:a + q], [(0, q)], cache, advance)
         return self._eager_seconds(chunks)
+
+    def _launch(self, ids, spans, cache, advance: bool) -> None:
+        """One eager step, synchronised; its host seconds (until the last kernel is queued)
+        added to self.host_s. Where they are close to the step's, the host bounds the step."""
+        t0 = time.perf_counter()
+        self.model.step(ids, spans, cache, advance)
+        self.host_s += time.perf_counter() - t0
+        self.sync()
 
     def _eager_seconds(self, run) -> float:
         """Seconds of run(advance=True) (its steps, each synchronised). On CUDA after one
@@ -176,8 +184,10 @@ class TorchRunner:
         cudaMalloc for its activations (and cuDNN its plans), which a serving engine's warm
         allocator does not; graph-timed steps warm up the same way."""
         with self.attention():
+            self.host_s = 0.0
             if self.cuda:
                 run(False)
+                self.host_s = 0.0
             t0 = time.perf_counter()
             run(True)
             return time.perf_counter() - t0
@@ -240,15 +250,14 @@ class TorchRunner:
         ids = self.ids(b + p.new)
         if self.cuda and b + p.new <= GRAPH_MAX_TOKENS:
             return self._graph_seconds(ids, [(i, 1) for i in range(b)] + [(b, p.new)], cache, GRAPH_REPLAYS)
-        def step(advance: bool):
-            self.model.step(ids, [(i, 1) for i in range(b)] + [(b, p.new)], cache, advance)
-            self.sync()
-        return self._eager_seconds(step)
+        return self._eager_seconds(lambda advance: self._launch(ids, [(i, 1) for i in range(b)] + [(b, p.new)],
+                                                                cache, advance))
 
     def run(self, p: probes.Probe, record: bool = True) -> float:
         gc.collect()  # not inside a timed probe
         if self.cuda:  # each probe sizes its own cache: return the last one's to the device
             self.torch.cuda.empty_cache()
+        self.host_s = None  # set by an eager step only
         if p.kind == "decode":
             t = self.decode_seconds(p.batch, p.prefix, p.new)
         elif p.kind == "mixed":
@@ -257,6 +266,8 @@ class TorchRunner:
             t = self.prefill_seconds(p.new, p.prefix)
         if record:
             p.samples.append(float(t))
+            if self.cuda and self.host_s is not None:
+                p.host_samples.append(self.host_s)
         return t
 
     def warm_up(self, max_batch: int, max_s: float = 30.0) -> None:
@@ -388,11 +399,14 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     finally:
         gc.unfreeze()
     rows = [p.to_json(budget) for p in plan]
+    host_share = [float(np.median(r["host_samples"])) / r["seconds"] for r in rows if "host_samples" in r]
     meta = {"backend": "torch", "quick": quick, "repeats": reps, "seed": seed, "engine_start_s": round(started, 1),
             "attention": attention + ("; KV written by one index_copy_ per layer" if gpu else ""),
             "cuda_graphs": f"decode steps, one graph per batch size; prefill and mixed steps of at most "
                            f"{GRAPH_MAX_TOKENS} tokens in a graph, longer ones eager" if gpu else "none (CPU)",
             "compiled": compiled,
+            **({"eager_host_share": {"steps": len(host_share), "median": round(float(np.median(host_share)), 3),
+                                     "max": round(max(host_share), 3)}} if host_share else {}),
             "cpu_threads": torch.get_num_threads()}
     lim = {"model": mdl, "engine": eng, "kv_bytes_per_block": kv_per_block}
     profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta, method=METHOD,

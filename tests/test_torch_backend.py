@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from calibrate import probes
 from calibrate.engine import TINY_MODEL, cpu_has_native_bf16
 from sim.cli import main
 from sim.profile import load_profile
@@ -295,6 +296,17 @@ def test_an_eager_step_on_cuda_is_timed_after_one_untimed_run_of_the_same_step(c
         assert calls == [(*seen[0], False), (*seen[0], True), (*seen[1], False), (*seen[1], True)]
     else:
         assert calls == [(*seen[0], True), (*seen[1], True)]
+    # a recorded eager probe on CUDA carries the host seconds of its timed step, which
+    # (synchronised here by nothing) are within its own seconds; the CPU's carry none
+    for p in (probes.Probe("prefill", n), MixedProbe("mixed", n, 0, batch=3, context=40)):
+        runner.run(p)
+        runner.run(p)
+        row = p.to_json(2048)
+        if cuda:
+            assert len(row["host_samples"]) == 2
+            assert all(0 < h <= s for h, s in zip(row["host_samples"], row["samples"]))
+        else:
+            assert "host_samples" not in row
 
 
 def write_config(tmp_path, **over):
