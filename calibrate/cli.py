@@ -123,6 +123,8 @@ def _run(args) -> int:
     print(_summary(profile))
     if "heldout_mape_mixed" in profile["fit_error"]:
         print(f"held-out MAPE of mixed prefill + decode steps: {profile['fit_error']['heldout_mape_mixed']:.1f}%")
+    if "eager_steps" in profile["provenance"]:
+        print("eager steps: " + ", ".join(f"{k} {v}" for k, v in profile["provenance"]["eager_steps"].items()))
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s total "
           f"(engine start {profile['provenance']['engine_start_s']:.1f} s)")
     return 0

@@ -51,8 +51,10 @@ class Probe:
     batch: int = 1
     heldout: bool = False
     samples: list = field(default_factory=list)
-    # the torch backend's eager CUDA steps: host seconds of each sample (until its last launch)
+    # the torch backend's eager CUDA steps: host seconds of each sample (until its last
+    # launch), and the same step's seconds replayed from a CUDA graph (calibrate/torch_backend.py)
     host_samples: list = field(default_factory=list)
+    graph_seconds: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -66,6 +68,10 @@ class Probe:
             d["host_samples"] = [round(s, 6) for s in self.host_samples]
         else:
             del d["host_samples"]
+        if self.graph_seconds is not None:
+            d["graph_seconds"] = round(self.graph_seconds, 6)
+        else:
+            del d["graph_seconds"]
         return d
 
 

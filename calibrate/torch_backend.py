@@ -56,6 +56,8 @@ TORCH_HOW = {
                                  "of the same step, its allocations warm)",
     "host_samples": "CUDA, steps not timed from a graph: each sample's host seconds, from the step's start until its "
                     "last kernel is queued; near the sample's own seconds, the host and not the GPU sets the step",
+    "graph_seconds": "CUDA, steps not timed from a graph, of at most 4,096 tokens: the same step replayed from a CUDA "
+                     "graph once (median of 3 replays), its GPU time without launch gaps; not used by the fits",
 }
 
 
@@ -64,6 +66,9 @@ GPU_REPEATS = 3
 # on a GPU a prefill or mixed step that small is timed from a graph too, not launched eagerly
 GRAPH_MAX_TOKENS = 512
 GRAPH_REPLAYS = 3
+# eager steps up to this size are also timed once from a graph (graph_seconds): beyond it
+# the GPU work dwarfs any host gap, and twins of 16K-token steps would cost ~20 s
+TWIN_MAX_TOKENS = 4096
 
 
 @dataclass
@@ -132,6 +137,7 @@ class TorchRunner:
         self.rng = np.random.default_rng(seed)
         self.cuda = device == "cuda"
         self.host_s: float | None = None  # host seconds of the last eager probe's timed steps
+        self.graph_error: str | None = None
 
     def ids(self, n: int):
         return self.torch.tensor(self.rng.integers(0, self.model.cfg.vocab, n), device=self.device)
@@ -157,10 +163,11 @@ class TorchRunner:
         self.sync()
         return cache
 
-    def prefill_seconds(self, n: int, prefix: int = 0) -> float:
-        """A prefill of n new tokens after `prefix` cached ones, in chunks of the token budget."""
+    def prefill_seconds(self, n: int, prefix: int = 0, graph: bool = False) -> float:
+        """A prefill of n new tokens after `prefix` cached ones, in chunks of the token budget
+        (graph=True: one step of at most the budget, from a CUDA graph whatever its size)."""
         cache, ids = self._cache(1, prefix + n, {0: prefix}), self.ids(n)
-        if self.cuda and n <= GRAPH_MAX_TOKENS:
+        if self.cuda and (graph or n <= GRAPH_MAX_TOKENS):
             return self._graph_seconds(ids, [(0, n)], cache, GRAPH_REPLAYS)
 
         def chunks(advance: bool):
@@ -242,13 +249,13 @@ class TorchRunner:
         del graph
         return float(np.median(times))
 
-    def mixed_seconds(self, p: MixedProbe) -> float:
+    def mixed_seconds(self, p: MixedProbe, graph: bool = False) -> float:
         """One step: `batch` decodes (slots 0..B-1) and a chunk of `new` tokens (slot B)."""
         b = p.batch
         lens = {i: p.context for i in range(b)} | {b: p.prefix}
         cache = self._cache(b + 1, max(p.context + 1, p.prefix + p.new), lens)
         ids = self.ids(b + p.new)
-        if self.cuda and b + p.new <= GRAPH_MAX_TOKENS:
+        if self.cuda and (graph or b + p.new <= GRAPH_MAX_TOKENS):
             return self._graph_seconds(ids, [(i, 1) for i in range(b)] + [(b, p.new)], cache, GRAPH_REPLAYS)
         return self._eager_seconds(lambda advance: self._launch(ids, [(i, 1) for i in range(b)] + [(b, p.new)],
                                                                 cache, advance))
@@ -268,7 +275,21 @@ class TorchRunner:
             p.samples.append(float(t))
             if self.cuda and self.host_s is not None:
                 p.host_samples.append(self.host_s)
+                if len(p.samples) == 1 and p.new + (p.batch if p.kind == "mixed" else 0) <= TWIN_MAX_TOKENS:
+                    p.graph_seconds = self._graph_twin(p)
         return t
+
+    def _graph_twin(self, p: probes.Probe) -> float | None:
+        """An eager step once more, replayed from a CUDA graph: its GPU time without the
+        host's launch gaps, kept beside the eager time (vLLM runs steps over 512 tokens
+        compiled but without a graph). None, the first error kept, where capture fails."""
+        try:
+            if p.kind == "mixed":
+                return self.mixed_seconds(p, graph=True)
+            return self.prefill_seconds(p.new, p.prefix, graph=True)
+        except (RuntimeError, self.torch.cuda.OutOfMemoryError) as e:
+            self.graph_error = self.graph_error or f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            return None
 
     def warm_up(self, max_batch: int, max_s: float = 30.0) -> None:
         """Until two prefills in a row agree within 10% (first calls allocate, tune, fault pages)."""
@@ -336,6 +357,19 @@ def engine_limits(model: dict, device: str, gpu_memory_utilization: float, limit
     return eng
 
 
+def eager_summary(rows: list[dict], graph_error: str | None) -> dict:
+    """How far the host sets the eager steps: host share (host seconds / seconds) and eager
+    over graph-replayed seconds, median and largest over the steps."""
+    host = [float(np.median(r["host_samples"])) / r["seconds"] for r in rows]
+    twin = [r["seconds"] / r["graph_seconds"] for r in rows if r.get("graph_seconds")]
+    out = {"steps": len(rows), "host_share_median": round(float(np.median(host)), 3), "host_share_max": round(max(host), 3)}
+    if twin:
+        out |= {"eager_over_graph_median": round(float(np.median(twin)), 3), "eager_over_graph_max": round(max(twin), 3)}
+    if graph_error:
+        out["graph_error"] = graph_error
+    return out
+
+
 def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = False, reps: int | None = None,
                     seed: int = 0, progress: bool = True, gpu_memory_utilization: float = 0.9, **limits) -> dict:
     """Build the torch model, run the probe plan (+ mixed steps), fit, write `out` if given."""
@@ -399,14 +433,13 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     finally:
         gc.unfreeze()
     rows = [p.to_json(budget) for p in plan]
-    host_share = [float(np.median(r["host_samples"])) / r["seconds"] for r in rows if "host_samples" in r]
+    eager = [r for r in rows if "host_samples" in r]
     meta = {"backend": "torch", "quick": quick, "repeats": reps, "seed": seed, "engine_start_s": round(started, 1),
             "attention": attention + ("; KV written by one index_copy_ per layer" if gpu else ""),
             "cuda_graphs": f"decode steps, one graph per batch size; prefill and mixed steps of at most "
                            f"{GRAPH_MAX_TOKENS} tokens in a graph, longer ones eager" if gpu else "none (CPU)",
             "compiled": compiled,
-            **({"eager_host_share": {"steps": len(host_share), "median": round(float(np.median(host_share)), 3),
-                                     "max": round(max(host_share), 3)}} if host_share else {}),
+            **({"eager_steps": eager_summary(eager, runner.graph_error)} if eager else {}),
             "cpu_threads": torch.get_num_threads()}
     lim = {"model": mdl, "engine": eng, "kv_bytes_per_block": kv_per_block}
     profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta, method=METHOD,

@@ -274,7 +274,8 @@ def test_an_eager_step_on_cuda_is_timed_after_one_untimed_run_of_the_same_step(c
     # run() gives the CUDA allocator's blocks back before each probe; a first eager run
     # then pays cudaMalloc for its activations (the H200 runs' eager steps of 512-1,100
     # tokens spread 30-60% over repeats). The CUDA path is driven here on the CPU.
-    from calibrate.torch_backend import GRAPH_MAX_TOKENS, MixedProbe, TorchRunner
+    from calibrate import torch_backend
+    from calibrate.torch_backend import GRAPH_MAX_TOKENS, MixedProbe, TorchRunner, eager_summary
 
     m = TorchLlama(ModelConfig(**TINY, dtype="float32"), "cpu", torch.float32)
     runner = TorchRunner(m, budget=2048, device="cpu")
@@ -296,17 +297,37 @@ def test_an_eager_step_on_cuda_is_timed_after_one_untimed_run_of_the_same_step(c
         assert calls == [(*seen[0], False), (*seen[0], True), (*seen[1], False), (*seen[1], True)]
     else:
         assert calls == [(*seen[0], True), (*seen[1], True)]
-    # a recorded eager probe on CUDA carries the host seconds of its timed step, which
-    # (synchronised here by nothing) are within its own seconds; the CPU's carry none
-    for p in (probes.Probe("prefill", n), MixedProbe("mixed", n, 0, batch=3, context=40)):
+    # A recorded eager probe on CUDA carries the host seconds of its timed step, which
+    # (synchronised here by nothing) are within its own seconds, and once the same step
+    # replayed from a graph; the CPU's carry neither.
+    graphed = []
+
+    def graph_seconds(ids, spans, cache, replays):
+        graphed.append((len(ids), tuple(cache.lens[s] for s, _ in spans)))
+        if len(graphed) == 2:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+        return 1e-3
+    monkeypatch.setattr(runner, "_graph_seconds", graph_seconds)
+    monkeypatch.setattr(torch_backend, "TWIN_MAX_TOKENS", n + 3)  # the mixed step's size
+    big = n + 4  # eager, too big for a twin
+    plan = [probes.Probe("prefill", n, prefix=100), MixedProbe("mixed", n, 0, batch=3, context=40),
+            probes.Probe("prefill", big)]
+    for p in plan:
         runner.run(p)
         runner.run(p)
-        row = p.to_json(2048)
-        if cuda:
-            assert len(row["host_samples"]) == 2
-            assert all(0 < h <= s for h, s in zip(row["host_samples"], row["samples"]))
-        else:
-            assert "host_samples" not in row
+    rows = [p.to_json(2048) for p in plan]
+    if not cuda:
+        assert graphed == [] and not any("host_samples" in r or "graph_seconds" in r for r in rows)
+        return
+    assert graphed == seen  # each small step's twin, once, the same step as the eager one
+    for r in rows:
+        assert len(r["host_samples"]) == 2
+        assert all(0 < h <= s for h, s in zip(r["host_samples"], r["samples"]))
+    assert rows[0]["graph_seconds"] == 1e-3 and "graph_seconds" not in rows[1] and "graph_seconds" not in rows[2]
+    summary = eager_summary(rows, runner.graph_error)
+    assert summary["steps"] == 3 and 0 < summary["host_share_median"] <= summary["host_share_max"] <= 1
+    assert summary["eager_over_graph_median"] == round(rows[0]["seconds"] / 1e-3, 3)
+    assert summary["graph_error"] == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
 
 
 def write_config(tmp_path, **over):
@@ -465,3 +486,14 @@ def test_the_gpu_form_is_kept_where_it_predicts_held_out_steps_better():
     assert form == "gpu" and fit["heldout_mape"] < other["heldout_mape"] and fit["heldout_mape"] < 3, (fit, other)
     rows[0]["features"]["steps"] = 2.0  # a chunked row: only the linear model applies
     assert choose_step_model(rows)[1] == "linear"
+
+
+def test_calibrate_prints_how_far_the_host_set_the_eager_steps(tmp_path, monkeypatch, capsys):
+    from calibrate import torch_backend
+
+    prof = json.loads((Path(__file__).parents[1] / "benchmarks/gpu/h200-2026-11-26-untimed-pass"
+                       / "calibrate-torch-cuda-qwen3-8b.json").read_text())
+    prof["provenance"]["eager_steps"] = {"steps": 40, "host_share_median": 0.91, "eager_over_graph_median": 1.4}
+    monkeypatch.setattr(torch_backend, "calibrate_torch", lambda *a, **k: prof)
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--out", str(tmp_path / "p.json")]) == 0
+    assert "eager steps: steps 40, host_share_median 0.91, eager_over_graph_median 1.4" in capsys.readouterr().out

@@ -22,7 +22,7 @@ for m in llama3.1-8b qwen3-8b; do
   t0=$(date +%s)
   timeout 200 python3 -c "import sys; from agentsim.cli import main; sys.exit(main(sys.argv[1:]))" calibrate \
     --backend torch --device cuda --model benchmarks/gpu/models/$m --max-model-len 32768 \
-    --out "$OUT/calibrate-torch-cuda-$m.json" 2>&1 | tr '\r' '\n' | grep -v "calibrate (torch)" | tail -8
+    --out "$OUT/calibrate-torch-cuda-$m.json" 2>&1 | tr '\r' '\n' | grep -v "calibrate (torch)" | tail -10
   echo "calibrate $m wall $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
   (cd "$OUT" && SHAPE=$m timeout 100 python3 "$REPO/benchmarks/gpu/probe_shapes.py" > /dev/null 2>&1 \
