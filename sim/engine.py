@@ -244,6 +244,7 @@ class Engine(Replica):
     def _loop(self):
         env, sched = self.env, self.sched
         spin_t, spins = -1.0, 0  # the progress watchdog: passes at one simulated instant
+        finished = False  # the last step finished calls: vLLM's finished_req_ids
         while True:
             now = env.now
             if now != spin_t:
@@ -255,20 +256,25 @@ class Engine(Replica):
             for pid, reason in self._deferred:
                 sched.release_pin(pid, env.now, reason)
             self._deferred.clear()
-            if not sched.running and not sched.waiting:
+            if not sched.running and not sched.waiting and not finished:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
+            # vLLM's engine core schedules once more after a step that finished requests,
+            # even with none left (EngineCore.step: scheduler.has_requests() counts the
+            # finished ones until the next schedule() reports them); a policy reviews its pins there
+            finished = False
             if self.policy.reviews_pins and sched.pins:
                 for pid in self.policy.review_pins(now, self):
                     sched.release_pin(pid, now, Release.DISCARD)
             pins = len(sched.pins)
             scheduled = sched.schedule(now)
             if not scheduled:
-                if not sched.running and len(sched.pins) < pins:
+                if not sched.running and (len(sched.pins) < pins or not sched.waiting):
                     # Pins were dropped for the blocked head but it still does not fit
                     # (a victim's blocks shared with other holders free less than the
-                    # policy counted): drop more now rather than idle (ours).
+                    # policy counted): drop more now rather than idle (ours). Or the pass
+                    # after finished requests found nothing to run: idle above.
                     continue
                 # Waiting calls blocked with nothing running: only an arrival or a pin
                 # expiry can change that.
@@ -307,6 +313,7 @@ class Engine(Replica):
                 call.req.exec_time = stretch.add_in_order(call.req.exec_time, dts)  # one by one, as step-by-step
             for call in sched.complete(scheduled, env.now, steps=n):
                 self._finish(call)
+                finished = True
             if self.arrived_mid_step:
                 sched.expire_pins(env.now)
                 for call in self.arrived_mid_step:

@@ -162,3 +162,31 @@ def test_content_shared_across_programs_twin_is_exact():
         assert r["mean_jct"][0] == r["mean_jct"][1] and r["mape"] == 0.0, policy
         assert r["pins"] == {k: (v[0], v[0]) for k, v in r["pins"].items()}, policy
         assert max(r["peak_kv_usage"]) >= 0.9, policy
+
+
+def test_pins_are_reviewed_once_more_after_the_last_call_finishes():
+    """vLLM's engine core schedules once more after a step that finished requests, even
+    with none left (EngineCore.step: has_requests() counts them until the next schedule()
+    reports them), and a policy that reviews its pins does so there. The SimPy replica went
+    idle instead, so InferCept kept pins that vLLM discarded (BFCL, 300 programs: 14)."""
+    from conftest import make_trace
+    from policies.infercept import InferceptPolicy
+
+    class Recording(InferceptPolicy):
+        def __init__(self):
+            super().__init__()
+            self.reviews = []
+
+        def review_pins(self, now, view):
+            self.reviews.append((now, tuple(sorted(self.pins))))
+            return super().review_pins(now, view)
+
+    trace = make_trace([[(300, 20, "bash", 5.0), (50, 10, None, None)]])
+    runs = {}
+    for engine in ("simpy", "vllm"):
+        pol = Recording()
+        res = simulate(trace, pol, linear_profile(blocks=200), [0.0], kind=engine)
+        runs[engine] = (pol.reviews, res.turns.set_index("turn")["finish"][0])
+    (reviews, finish), (vllm_reviews, _) = runs["simpy"], runs["vllm"]
+    assert (finish, ("p000",)) in reviews  # the pass after the first call's last step: its pin is reviewed
+    assert reviews == vllm_reviews
