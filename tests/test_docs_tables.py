@@ -46,7 +46,7 @@ def test_the_policies_page_marks_each_table_in_the_scripts_format():
     text = PAGE.read_text()
     blocks = re.findall(r"^<!-- rebuild_priced_ttl_table: (.*?) -->\n\n(.*?)\n\n<!-- end rebuild_priced_ttl_table -->$",
                         text, re.S | re.M)
-    assert len(blocks) == 3
+    assert len(blocks) == 5
     for key, body in blocks:
         a = dict(re.findall(r"--([\w-]+) (\S+)", key))
         trace, blocks_, loads = a["cells"].rsplit(":", 2)
@@ -56,7 +56,7 @@ def test_the_policies_page_marks_each_table_in_the_scripts_format():
         cols = [f"JPS {j} {t}" for j in loads.split(",") for t in a["tiers"].split(",")]
         assert rows.split("\n")[0] == "| policy | " + " | ".join(cols) + " |"
         assert [r.split(" | ")[0] for r in rows.split("\n")[2:]] == [
-            "| " + ("infercept (no oracle)" if p == "infercept" else p) for p in rpt.POLICIES.split(",")] + [
+            "| " + ("infercept (no oracle)" if p == "infercept" else p) for p in a.get("policies", rpt.POLICIES).split(",")] + [
             "| gain of rebuild-priced-ttl"]
 
 
