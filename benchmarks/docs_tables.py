@@ -9,15 +9,37 @@ that redoes it), each marker on its own line:
 
 `write_block(page, script, key, body)` replaces what lies between the two lines; every
 other byte of the page is kept, and the page is replaced atomically.
+
+Run as a script, it redoes every marked table of docs/ by its marker's command, or with
+--check says which tables that command no longer gives (exit 1), the pages untouched:
+
+    python benchmarks/docs_tables.py [--check] [--only SCRIPT[,SCRIPT]] [--workers 2]
+
+Not redone: sim_speed (wall-clock timings) and clock_sensitivity (a real vLLM engine);
+a table whose input file is missing (e.g. /tmp/real300.parquet, built as
+docs/results.md says) is skipped with its name. The twin-check tables of
+docs/validation.md are benchmarks/twin_check.py's (`Run:` line in each).
 """
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentsim.files import atomic_write
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+# a marked table's script is benchmarks/<its name>.py, except these (one run writes both)
+SCRIPT_OF = {"table5": "table5_fig9", "fig9": "table5_fig9"}
+NOT_REDONE = {"sim_speed": "wall-clock timings against a baseline commit", "clock_sensitivity": "runs a real vLLM engine"}
+# what differs from run to run in a table's text and is not a result
+VOLATILE = re.compile(r" Run on \d{4}-\d{2}-\d{2}: \d+ runs, [\d.]+ min wall with \d+ worker\(s\)\.")
 
 
 def replace_block(text: str, script: str, key: str, body: str) -> str:
@@ -40,3 +62,94 @@ def write_block(path: str | Path, script: str, key: str, body: str) -> None:
     path = Path(path)
     new = replace_block(path.read_bytes().decode("utf-8"), script, key, body).encode("utf-8")
     atomic_write(path, lambda t: Path(t).write_bytes(new))
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    name: str  # the marker's name: `<!-- NAME: KEY -->`
+    key: str  # the flags that define the table
+    body: str
+
+    @property
+    def script(self) -> str:
+        return SCRIPT_OF.get(self.name, self.name)
+
+
+def marked_blocks(docs: Path = DOCS) -> list[Block]:
+    """Every `<!-- NAME: KEY -->` ... `<!-- end NAME -->` block of the pages in docs."""
+    out = []
+    for page in sorted(docs.glob("*.md")):
+        text = page.read_text()
+        for m in re.finditer(r"^<!-- ([a-z0-9_]+): (.*) -->$", text, re.M):
+            end = re.compile(rf"^<!-- end {m[1]} -->$", re.M).search(text, m.end())
+            if end is not None:
+                out.append(Block(page, text.count("\n", 0, m.start()) + 1, m[1], m[2], text[m.end():end.start()].strip("\n")))
+    return out
+
+
+def missing_input(key: str) -> str | None:
+    """The first path among the flags that does not exist (relative to the repository)."""
+    for tok in shlex.split(key):
+        if tok.startswith(("/", "./", "../")) and not (ROOT / tok).exists():
+            return tok
+    return None
+
+
+def command(blocks: list[Block], page: Path, workers: int, scratch: Path) -> list[str]:
+    """The command that writes these blocks (one script's) into page."""
+    script = ROOT / "benchmarks" / f"{blocks[0].script}.py"
+    cmd = [sys.executable, str(script), *[t for b in blocks for t in shlex.split(b.key)], "--write-docs", str(page)]
+    source = script.read_text()
+    if '"--workers"' in source:
+        cmd += ["--workers", str(workers)]
+    if '"--figure"' in source:  # a figure goes beside the scratch page, not into docs/figures
+        cmd += ["--figure", str(scratch / f"{blocks[0].name}.png")]
+    return cmd
+
+
+def redo(check: bool, only: set[str] | None = None, workers: int = 2, docs: Path = DOCS, out=print) -> int:
+    """Redo (or with check, compare) every marked table; 1 when a command fails or check
+    finds a table its command no longer gives."""
+    groups: dict[tuple, list[Block]] = {}
+    for b in marked_blocks(docs):
+        if only and b.script not in only:
+            continue
+        groups.setdefault((b.page, b.script) if b.name in SCRIPT_OF else (b.page, b.script, b.key), []).append(b)
+    stale = failed = 0
+    with tempfile.TemporaryDirectory(prefix="docs_tables_") as tmp:
+        for blocks in groups.values():
+            where = ", ".join(f"{b.page.relative_to(docs.parent)}:{b.line}" for b in blocks)
+            why = NOT_REDONE.get(blocks[0].script) or (f"{p} is missing" if (p := missing_input(blocks[0].key)) else None)
+            if why:
+                out(f"skipped  {where} {blocks[0].name}: {why}")
+                continue
+            page = Path(tmp) / blocks[0].page.name if check else blocks[0].page
+            if check:
+                page.write_bytes(blocks[0].page.read_bytes())
+            run = subprocess.run(command(blocks, page, workers, Path(tmp)), cwd=ROOT, capture_output=True, text=True)
+            if run.returncode:
+                out(f"failed   {where} {blocks[0].name}: {''.join((run.stderr or run.stdout).strip().splitlines()[-1:])}")
+                failed += 1
+                continue
+            now = {(b.name, b.key): b.body for b in marked_blocks(page.parent) if b.page.name == page.name}
+            for b in blocks:
+                same = VOLATILE.sub("", now[(b.name, b.key)]) == VOLATILE.sub("", b.body)
+                stale += not same
+                out(f"{'current' if same else 'STALE' if check else 'rewrote'}  {b.page.relative_to(docs.parent)}:{b.line} "
+                    f"{b.name}: {b.key}")
+    return 1 if failed or (check and stale) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Redo the docs' marked tables by their commands (--check: compare only).")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is not what its command gives")
+    ap.add_argument("--only", default=None, metavar="SCRIPT[,SCRIPT]", help="only these scripts' tables")
+    ap.add_argument("--workers", type=int, default=2, help="for the scripts that take --workers")
+    a = ap.parse_args(argv)
+    return redo(a.check, set(a.only.split(",")) if a.only else None, a.workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

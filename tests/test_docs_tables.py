@@ -130,3 +130,39 @@ def test_sim_speed_writes_its_table_and_the_results_page_marks_it(tmp_path, caps
     assert rows[2].endswith("same steps and mean JCT: True |")
     # the baseline ran with its compiled parts built, as an installed tree runs
     assert list((sim_speed.worktree("HEAD") / "sim").glob("_block_pool*.so"))
+
+
+def test_redo_checks_a_marked_table_against_its_command_and_skips_what_it_cannot_run(tmp_path):
+    """benchmarks/docs_tables.py: write mode puts the command's table in; --check then finds
+    it current, finds a planted number stale (exit 1) and leaves the page as it was; a
+    timing table and one whose input file is missing are skipped, each with why."""
+    key = "--trace swebench --programs 6 --num-blocks 2000 --concurrency 2 --policies vllm --profile llama3.1-8b-h100"
+    page = tmp_path / "results.md"
+    page.write_text(f"# R\n\n<!-- closed_loop_table: {key} -->\n\nold\n\n<!-- end closed_loop_table -->\n\n"
+                    "<!-- sim_speed: --baseline HEAD --reps 1 -->\n\nx\n\n<!-- end sim_speed -->\n\n"
+                    "<!-- policy_table: --trace /no/such.parquet --programs 5 -->\n\ny\n\n<!-- end policy_table -->\n")
+    said = []
+    assert docs_tables.redo(False, docs=tmp_path, out=said.append) == 0
+    body = next(b.body for b in docs_tables.marked_blocks(tmp_path) if b.name == "closed_loop_table")
+    assert body != "old" and "| 2 |" in body
+    assert any(s.startswith("skipped") and "policy_table: /no/such.parquet is missing" in s for s in said)
+    assert any(s.startswith("skipped") and "sim_speed: wall-clock timings" in s for s in said)
+    said.clear()
+    assert docs_tables.redo(True, docs=tmp_path, out=said.append) == 0
+    assert [s.split()[0] for s in said if "closed_loop_table" in s] == ["current"]
+    planted = page.read_text().replace(body, body.replace("| 2 |", "| 3 |", 1))
+    page.write_text(planted)
+    said.clear()
+    assert docs_tables.redo(True, docs=tmp_path, out=said.append) == 1
+    assert [s.split()[0] for s in said if "closed_loop_table" in s] == ["STALE"]
+    assert page.read_text() == planted
+
+
+def test_the_docs_tables_that_are_quick_to_redo_are_what_their_commands_give():
+    """The closed-loop, offload and profile-check tables redone by their markers' commands
+    (about 80 s): a change of the simulator's results fails here until
+    `python benchmarks/docs_tables.py` (or the one script) has rewritten the docs."""
+    said = []
+    assert docs_tables.redo(True, only={"closed_loop_table", "offload_table", "profile_check_table"},
+                            out=said.append) == 0, said
+    assert len(said) == 3 and all(s.startswith("current") for s in said), said
