@@ -61,17 +61,13 @@ class Probe:
         return repeat_time(self.samples)
 
     def to_json(self, budget: int) -> dict:
-        d = asdict(self)
+        d = {k: v for k, v in asdict(self).items() if k not in ("host_samples", "graph_seconds")}
         d.update(seconds=round(self.seconds, 6), samples=[round(s, 6) for s in self.samples],
                  features=dict(zip(FEATURES, features(self, budget))))
-        if self.host_samples:
+        if self.host_samples:  # only where measured: rows of other backends stay as they were
             d["host_samples"] = [round(s, 6) for s in self.host_samples]
-        else:
-            del d["host_samples"]
         if self.graph_seconds is not None:
             d["graph_seconds"] = round(self.graph_seconds, 6)
-        else:
-            del d["graph_seconds"]
         return d
 
 
