@@ -92,8 +92,9 @@ def marked_blocks(docs: Path = DOCS) -> list[Block]:
 def missing_input(key: str) -> str | None:
     """The first path among the flags that does not exist (relative to the repository)."""
     for tok in shlex.split(key):
-        if tok.startswith(("/", "./", "../")) and not (ROOT / tok).exists():
-            return tok
+        path = tok.split(":", 1)[0]  # a cell is PATH:BLOCKS:LOADS
+        if path.startswith(("/", "./", "../")) and not (ROOT / path).exists():
+            return path
     return None
 
 

@@ -140,12 +140,15 @@ def test_redo_checks_a_marked_table_against_its_command_and_skips_what_it_cannot
     page = tmp_path / "results.md"
     page.write_text(f"# R\n\n<!-- closed_loop_table: {key} -->\n\nold\n\n<!-- end closed_loop_table -->\n\n"
                     "<!-- sim_speed: --baseline HEAD --reps 1 -->\n\nx\n\n<!-- end sim_speed -->\n\n"
-                    "<!-- policy_table: --trace /no/such.parquet --programs 5 -->\n\ny\n\n<!-- end policy_table -->\n")
+                    "<!-- policy_table: --trace /no/such.parquet --programs 5 -->\n\ny\n\n<!-- end policy_table -->\n\n"
+                    "<!-- rebuild_priced_ttl_table: --cells /no/cell.parquet:100:0.1 -->\n\nz\n\n"
+                    "<!-- end rebuild_priced_ttl_table -->\n")
     said = []
     assert docs_tables.redo(False, docs=tmp_path, out=said.append) == 0
     body = next(b.body for b in docs_tables.marked_blocks(tmp_path) if b.name == "closed_loop_table")
     assert body != "old" and "| 2 |" in body
     assert any(s.startswith("skipped") and "policy_table: /no/such.parquet is missing" in s for s in said)
+    assert any(s.startswith("skipped") and "rebuild_priced_ttl_table: /no/cell.parquet is missing" in s for s in said)
     assert any(s.startswith("skipped") and "sim_speed: wall-clock timings" in s for s in said)
     said.clear()
     assert docs_tables.redo(True, docs=tmp_path, out=said.append) == 0
