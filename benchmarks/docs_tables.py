@@ -13,7 +13,7 @@ other byte of the page is kept, and the page is replaced atomically.
 Run as a script, it redoes every marked table of docs/ by its marker's command, or with
 --check says which tables that command no longer gives (exit 1), the pages untouched:
 
-    python benchmarks/docs_tables.py [--check] [--only SCRIPT[,SCRIPT]] [--workers 2]
+    python benchmarks/docs_tables.py [--check] [--only SCRIPT[,SCRIPT]]
 
 Not redone: sim_speed (wall-clock timings) and clock_sensitivity (a real vLLM engine);
 a table whose input file is missing (e.g. /tmp/real300.parquet, built as
@@ -98,19 +98,13 @@ def missing_input(key: str) -> str | None:
     return None
 
 
-def command(blocks: list[Block], page: Path, workers: int, scratch: Path) -> list[str]:
+def command(blocks: list[Block], page: Path) -> list[str]:
     """The command that writes these blocks (one script's) into page."""
     script = ROOT / "benchmarks" / f"{blocks[0].script}.py"
-    cmd = [sys.executable, str(script), *[t for b in blocks for t in shlex.split(b.key)], "--write-docs", str(page)]
-    source = script.read_text()
-    if '"--workers"' in source:
-        cmd += ["--workers", str(workers)]
-    if '"--figure"' in source:  # a figure goes beside the scratch page, not into docs/figures
-        cmd += ["--figure", str(scratch / f"{blocks[0].name}.png")]
-    return cmd
+    return [sys.executable, str(script), *[t for b in blocks for t in shlex.split(b.key)], "--write-docs", str(page)]
 
 
-def redo(check: bool, only: set[str] | None = None, workers: int = 2, docs: Path = DOCS, out=print) -> int:
+def redo(check: bool, only: set[str] | None = None, docs: Path = DOCS, out=print) -> int:
     """Redo (or with check, compare) every marked table; 1 when a command fails or check
     finds a table its command no longer gives."""
     groups: dict[tuple, list[Block]] = {}
@@ -129,7 +123,7 @@ def redo(check: bool, only: set[str] | None = None, workers: int = 2, docs: Path
             page = Path(tmp) / blocks[0].page.name if check else blocks[0].page
             if check:
                 page.write_bytes(blocks[0].page.read_bytes())
-            run = subprocess.run(command(blocks, page, workers, Path(tmp)), cwd=ROOT, capture_output=True, text=True)
+            run = subprocess.run(command(blocks, page), cwd=ROOT, capture_output=True, text=True)
             if run.returncode:
                 out(f"failed   {where} {blocks[0].name}: {''.join((run.stderr or run.stdout).strip().splitlines()[-1:])}")
                 failed += 1
@@ -147,9 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Redo the docs' marked tables by their commands (--check: compare only).")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is not what its command gives")
     ap.add_argument("--only", default=None, metavar="SCRIPT[,SCRIPT]", help="only these scripts' tables")
-    ap.add_argument("--workers", type=int, default=2, help="for the scripts that take --workers")
     a = ap.parse_args(argv)
-    return redo(a.check, set(a.only.split(",")) if a.only else None, a.workers)
+    return redo(a.check, set(a.only.split(",")) if a.only else None)
 
 
 if __name__ == "__main__":

@@ -265,6 +265,13 @@ def figure(a, cells, systems, seeds, res):
     return fig
 
 
+def figure_path(a) -> str | None:
+    """Where to draw the figure: --figure, else the docs' figure only when the default tables
+    are written into the docs' page (a diagnostic run, or a page elsewhere, keeps it)."""
+    docs = a.write_docs and Path(a.write_docs).resolve() == PAGE.resolve() and table_key(a) == table_key(parse_args([]))
+    return a.figure or (str(FIGURE) if docs else None)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", nargs="+", default=None, metavar="TRACE:BLOCKS:JPS[,JPS]:PROGRAMS",
@@ -315,8 +322,7 @@ def main(argv: list[str] | None = None) -> str:
                                                      "offload": k[5], "seed": k[6], **v} for k, v in res.items()], indent=1))
     text = render(a, cells, systems, seeds, res, wall)
     print(text)
-    # --write-docs draws the docs' figure only for the default tables (a diagnostic run keeps it)
-    fig_path = a.figure or (str(FIGURE) if a.write_docs and table_key(a) == table_key(parse_args([])) else None)
+    fig_path = figure_path(a)
     if fig_path:
         from sim.plot import save
 

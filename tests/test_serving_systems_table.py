@@ -92,3 +92,13 @@ def test_the_page_holds_the_default_command_s_block():
         check_rows(body, a.systems.split(","), sum(len(loads) for _, _, loads, _ in cells),
                    cols=1 + (7 if "gpu" in a.tiers else 0) + (4 if "cpu" in a.tiers else 0))
         assert body.startswith(f"Profile `{a.profile}`")
+
+
+def test_the_docs_figure_is_drawn_only_for_the_default_tables_written_into_the_docs_page(tmp_path):
+    # benchmarks/docs_tables.py --check writes the default tables into a scratch page: the
+    # docs' figure must stay as it is then
+    assert sst.figure_path(sst.parse_args(["--write-docs"])) == str(sst.FIGURE)
+    assert sst.figure_path(sst.parse_args(["--write-docs", str(tmp_path / "serving_systems.md")])) is None
+    assert sst.figure_path(sst.parse_args(["--quick", "--write-docs"])) is None
+    assert sst.figure_path(sst.parse_args([])) is None
+    assert sst.figure_path(sst.parse_args(["--figure", str(tmp_path / "f.png")])) == str(tmp_path / "f.png")
