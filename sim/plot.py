@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from policies.registry import POLICIES, policy_params
-from sim.sweep import RUN_AXES, load_kv
+from sim.sweep import RUN_AXES, load_kv, router_axes
 from agentsim.errors import InputError
 from agentsim.files import atomic_write
 
@@ -50,7 +50,7 @@ def row_labels(table: pd.DataFrame, exclude=()) -> tuple[list[str], list[str]]:
     are off their default, then the other axes that vary, in brackets) and the bracketed
     context alone (to pair policies run under equal settings)."""
     skip = {"policy", *exclude}
-    run = [c for c in RUN_AXES if c in table and c not in skip and _distinct(table[c]) > 1]
+    run = [c for c in (*RUN_AXES, *router_axes()) if c in table and c not in skip and _distinct(table[c]) > 1]
     par = {pol: [c for c, d in policy_params(pol).items()
                  if c in table and c not in skip and ({_fmt(v) for v in g[c]} != {_fmt(d)})]
            for pol, g in table.groupby("policy")}

@@ -186,12 +186,23 @@ def _router_class(name: str | None) -> type[Router]:
     return _CLASSES[name]
 
 
+def router_names() -> list[str]:
+    """Every router by name, the registered ones (register_router) included."""
+    return list(_CLASSES)
+
+
+def router_params(name: str | None) -> dict[str, object]:
+    """A router's parameters and their defaults: what `cluster.router_args`,
+    `--router-arg` and sweep axes may set. InputError for one that is not a router."""
+    return {k: p.default for k, p in inspect.signature(_router_class(name).__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def router_args(name: str | None, args: dict | None) -> dict:
     """`args` checked against the router's parameters, each as the type of its default (a
     config's number or a flag's string); one InputError line for the first that is not."""
     cls = _router_class(name)
-    params = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-              if p.default is not inspect.Parameter.empty}
+    params = router_params(name)
     out = {}
     for k, v in (args or {}).items():
         if k not in params:

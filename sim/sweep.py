@@ -6,7 +6,7 @@ the sweep goes on; a rerun skips it as any finished point (the simulator is dete
 
 A point is a flat dict of axes: the leaf fields of a run's config (RUN_AXES: `trace`,
 `jps`, `num_blocks`, `router`, ...; sim/config.py) plus the parameters of its policy
-(e.g. `max_ttl` for continuum). `point_config` makes it a SimConfig and `build_run` a
+(e.g. `max_ttl` for continuum) and of its router (e.g. `cache_threshold` for cache_aware). `point_config` makes it a SimConfig and `build_run` a
 simulation, as for `sim run`. Each point has a stable key (a hash of its axes, defaults
 filled in), stored in the table. DIR/results.parquet is rewritten atomically after every
 finished point, so an interrupted sweep keeps everything that finished and a rerun skips
@@ -67,6 +67,7 @@ from policies.registry import POLICIES, policy_params
 from sim.bound import Bound, parse_bound
 from sim.config import Run, SimConfig, build_run as build_config_run, check_limits, execute, from_flat, leaves, parse_config
 from sim.profile import DEFAULT_PROFILE, Profile, load_profile
+from sim.router import router_names, router_params
 from agentsim.errors import InputError, SimulationError
 from agentsim.files import atomic_write, check_output
 
@@ -79,9 +80,26 @@ RESULTS = "results.parquet"
 
 
 def axis_columns() -> list[str]:
-    """Every column of the table that is an axis: run axes, then all policies' parameters."""
-    params = sorted({k for name in POLICIES for k in policy_params(name)} - set(RUN_AXES))
-    return list(RUN_AXES) + params
+    """Every column of the table that is an axis: run axes, then all policies' and routers'
+    parameters."""
+    params = {k for name in POLICIES for k in policy_params(name)} | set(router_axes())
+    return list(RUN_AXES) + sorted(params - set(RUN_AXES))
+
+
+def router_axes() -> list[str]:
+    """The routers' parameters, as axes."""
+    return sorted({k for name in router_names() for k in router_params(name)})
+
+
+def _params(policy: str, router: str | None) -> dict[str, object]:
+    """The parameters (and defaults) a point of this policy and router takes beside the run
+    axes; a name both have would be ambiguous as an axis."""
+    pol, rout = policy_params(policy), router_params(router)  # PolicyError / InputError for an unknown name
+    both = sorted(set(pol) & set(rout))
+    if both:
+        raise InputError(f"policy {policy} and router {router} both have a parameter {both[0]!r}; "
+                         f"an axis cannot tell them apart: sweep them in separate grids")
+    return {**pol, **rout}
 
 
 def parse_value(text: str):
@@ -135,11 +153,12 @@ def _coerce(name: str, value, kind: type | None, default):
 def canonical(point: dict) -> dict:
     """The point with every run axis and every parameter of its policy filled in and typed."""
     policy = _coerce("policy", point.get("policy", "vllm"), str, "vllm")
-    params = policy_params(policy)  # PolicyError for an unknown policy
+    router = _coerce("router", point.get("router"), str, None)
+    params = _params(policy, router)
     unknown = [k for k in point if k not in RUN_AXES and k not in params]
     if unknown:
-        raise InputError(f"unknown axis {unknown[0]!r} for policy {policy!r}; known axes: {', '.join(RUN_AXES)}; "
-                         f"{policy}'s parameters: {', '.join(params) or 'none'}")
+        raise InputError(f"unknown axis {unknown[0]!r} for policy {policy!r} and router {router or 'round_robin'!r}; "
+                         f"known axes: {', '.join(RUN_AXES)}; their parameters: {', '.join(params) or 'none'}")
     out = {name: _coerce(name, point.get(name, default), kind, default) for name, (kind, default) in RUN_AXES.items()}
     out.update({name: _coerce(name, point.get(name, d), None if d is None else type(d), d) for name, d in params.items()})
     return out
@@ -149,7 +168,7 @@ def point_key(point: dict) -> str:
     """Stable across runs and machines; 2 and 2.0 are the same value. Axes at their default
     are left out, so adding an axis later keeps the keys of existing tables."""
     c = canonical(point)
-    defaults = {**{k: d for k, (_, d) in RUN_AXES.items()}, **policy_params(c["policy"])}
+    defaults = {**{k: d for k, (_, d) in RUN_AXES.items()}, **_params(c["policy"], c["router"])}
     norm = {k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
             for k, v in c.items() if v != defaults[k] or k == "policy"}
     return hashlib.sha256(json.dumps(norm, sort_keys=True).encode()).hexdigest()[:16]
@@ -159,7 +178,8 @@ def expand_grid(spec: dict | list[dict]) -> list[dict]:
     """Cross product of each dict's axes (a list or one value each); a list of dicts is a union.
 
     A policy parameter applies to the grid's policies that have it and is dropped for the
-    others (vllm runs once however many TTL caps the grid lists). Duplicates are dropped.
+    others (vllm runs once however many TTL caps the grid lists); a router parameter
+    likewise. Duplicates are dropped.
     """
     specs = spec if isinstance(spec, list) else [spec]
     points, seen = [], set()
@@ -171,14 +191,15 @@ def expand_grid(spec: dict | list[dict]) -> list[dict]:
             if not v:
                 raise InputError(f"axis {k!r} has no values; give at least one")
         pols = [_coerce("policy", p, str, "vllm") for p in axes.get("policy", ["vllm"])]
-        params = {k for p in pols for k in policy_params(p)}
+        routs = [_coerce("router", r, str, None) for r in axes.get("router", [None])]
+        params = {k for p in pols for k in policy_params(p)} | {k for r in routs for k in router_params(r)}
         for k in axes:
             if k not in RUN_AXES and k not in params:
-                raise InputError(f"unknown axis {k!r}; known axes: {', '.join(RUN_AXES)}; "
-                                 f"parameters of {', '.join(pols)}: {', '.join(sorted(params)) or 'none'}")
+                raise InputError(f"unknown axis {k!r}; known axes: {', '.join(RUN_AXES)}; parameters of "
+                                 f"{', '.join(pols + [r for r in routs if r])}: {', '.join(sorted(params)) or 'none'}")
         for combo in itertools.product(*axes.values()):
             p = dict(zip(axes, combo))
-            own = policy_params(_coerce("policy", p.get("policy", "vllm"), str, "vllm"))
+            own = _params(_coerce("policy", p.get("policy", "vllm"), str, "vllm"), _coerce("router", p.get("router"), str, None))
             c = canonical({k: v for k, v in p.items() if k in RUN_AXES or k in own})
             key = point_key(c)
             if key not in seen:
@@ -193,7 +214,8 @@ def point_config(point: dict) -> SimConfig:
     for name, low in (("seed", 0), ("rep", 0), ("replicas", 1)):
         if p[name] < low:
             raise InputError(f"axis {name!r} must be >= {low} (got {p[name]})")
-    data = from_flat({k: p[k] for k in RUN_AXES}, {k: p[k] for k in policy_params(p["policy"])})
+    data = from_flat({k: p[k] for k in RUN_AXES}, {k: p[k] for k in policy_params(p["policy"])},
+                     router_args={k: p[k] for k in router_params(p["router"])})
     return parse_config(data, "sweep point", style="axis")
 
 

@@ -235,6 +235,51 @@ def test_cluster_axes_reach_the_run(files, monkeypatch):
     assert sw.point_key({"jps": 1.0, "replicas": 1, "router": None}) == sw.point_key({"jps": 1.0})
 
 
+
+def test_router_parameters_are_axes_of_the_routers_that_have_them(files, tmp_path, monkeypatch):
+    """A router's parameter (cache_aware's cache_threshold) sweeps as a policy's does: it
+    applies to the grid's routers that have it, reaches the router, is a column of the
+    table, and at its default keeps the key of the point without it."""
+    from sim.router import Router, register_router, _CLASSES
+
+    trace, prof = files
+    base = {"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": 64, "replicas": 2, "programs": 12}
+    pts = sw.expand_grid({**base, "router": ["session", "cache_aware"], "cache_threshold": [0.1, 0.9]})
+    assert sorted((p["router"], p.get("cache_threshold")) for p in pts) == [
+        ("cache_aware", 0.1), ("cache_aware", 0.9), ("session", None)]
+    assert sw.point_key({**base, "router": "cache_aware"}) == sw.point_key({**base, "router": "cache_aware", "cache_threshold": 0.3})
+    assert sw.point_config(pts[0] if pts[0]["router"] == "cache_aware" else pts[1]).cluster.router_args["cache_threshold"] == 0.1
+
+    sw.sweep(pts, tmp_path / "out", progress=False)
+    table = sw.load_results(tmp_path / "out")
+    assert sorted(table["cache_threshold"].dropna()) == [0.1, 0.9]
+    assert "cache_threshold" in sw.axis_columns()
+
+    seen = []
+    monkeypatch.setattr(sw, "execute", lambda run, **_: seen.append(run.router.cache_threshold) or (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        sw.run_point({**base, "router": "cache_aware", "cache_threshold": 0.7})
+    assert seen == [0.7]
+
+    with pytest.raises(InputError, match="unknown axis 'cache_threshold' for policy 'vllm' and router 'session'"):
+        sw.build_run({**base, "router": "session", "cache_threshold": 0.5})
+    with pytest.raises(InputError, match="unknown axis 'balance_abss'.*parameters of vllm, cache_aware: balance_abs"):
+        sw.expand_grid({"router": "cache_aware", "balance_abss": [1]})
+    with pytest.raises(InputError, match="axis 'balance_abs' value 1.5 is not an int"):
+        sw.expand_grid({"router": "cache_aware", "balance_abs": [1.5]})
+
+    @register_router
+    class Clashing(Router):  # a parameter named as one of continuum's: an axis could not tell them apart
+        name = "clashing_test_router"
+
+        def __init__(self, max_ttl: float = 1.0) -> None:
+            self.max_ttl = max_ttl
+    try:
+        with pytest.raises(InputError, match="policy continuum and router clashing_test_router both have a parameter 'max_ttl'"):
+            sw.expand_grid({"policy": "continuum", "router": "clashing_test_router", "max_ttl": [2.0]})
+    finally:
+        del _CLASSES["clashing_test_router"]
+
 # --- sweeps that die cleanly (issue 17 item 4): subprocesses signalled as a terminal would --
 
 LINUX = Path("/proc/self/stat").exists()
