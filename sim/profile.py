@@ -27,11 +27,19 @@ vLLM replays pure-decode batches as one CUDA graph, other batches run piecewise 
 so their launches are a floor under the GPU time. In a decode stretch tokens and seqs do
 not change, so the step time still grows linearly with the contexts (sim/engine.py).
 
+A mixture-of-experts model reads only the routed experts its step's tokens go to (optional
+keys, absent = none): with each token sent to a share f of them (top-k / E), a step of
+`tokens` tokens reads the expected share 1 - (1 - f)^tokens of them (routing taken as
+uniform), so c0 is joined by
+
+    routed * (1 - (1 - routed_share)^tokens)     routed: s to stream every routed expert once
+
 Required keys:
   model:   {name, num_layers, num_kv_heads, head_dim, dtype_bytes}
   engine:  {block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs,
             enable_chunked_prefill, max_model_len}
-  step_time: {c0, c1, c2, c3, c4, c5 (optional, 0), w, launch (optional, 0 s), p (optional, hard max)}
+  step_time: {c0, c1, c2, c3, c4, c5 (optional, 0), w, launch (optional, 0 s), p (optional, hard max),
+              routed (optional, 0 s), routed_share (optional, 1)}
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}.
 """
@@ -80,6 +88,14 @@ class StepModel:
     w: float = 0.0  # s: weights streamed once per step, overlapping the GEMMs (0 = off)
     launch: float = 0.0  # s: kernel-launch floor of a step with a prefill chunk (0 = off)
     p: float = math.inf  # smooth-max exponent of both overlaps (inf = hard max)
+    routed: float = 0.0  # s: every routed expert of an MoE streamed once (0 = a dense model)
+    routed_share: float = 1.0  # the share of routed experts one token is sent to (top-k / E)
+
+    def fixed(self, tokens: int) -> float:
+        """c0 plus the routed experts a step of `tokens` tokens reads."""
+        if self.routed == 0:
+            return self.c0
+        return self.c0 + self.routed * (1.0 - (1.0 - self.routed_share) ** tokens)
 
     @property
     def coefficients(self) -> tuple[float, float, float, float, float, float]:
@@ -87,7 +103,8 @@ class StepModel:
 
     def time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
         gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
-        t = self.c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
+        c0 = self.c0 if self.routed == 0 else self.fixed(tokens)
+        t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         return _smax(self.launch, t, self.p) if self.launch and tokens > seqs else t
 
     def decode_stretch(self, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float,
@@ -98,13 +115,13 @@ class StepModel:
         ending before `reader` (sim/engine.py `_stretch`). Each is the float `time` gives,
         with the terms that do not change from step to step computed once (same operations
         in the same order, so the same bits). The loop: sim/stretch.py."""
-        head = self.c0 + (self.c1 * seqs if self.w == 0 else _smax(self.w, self.c1 * seqs, self.p))
+        head = self.fixed(seqs) + (self.c1 * seqs if self.w == 0 else _smax(self.w, self.c1 * seqs, self.p))
         return stretch.decode_stretch(head, self.c2, self.c3 * seqs, self.c4, self.c5, float(seqs),
                                sum_qk, sum_k, sum_q_cached, t, nxt, reader, room)
 
     def scaled(self, factor: float) -> StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
-        return replace(self, **{k: getattr(self, k) * factor for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch")})
+        return replace(self, **{k: getattr(self, k) * factor for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed")})
 
 
 @dataclass
@@ -130,9 +147,10 @@ class Profile:
 
     def linear_step(self) -> tuple[float, float]:
         """(fixed s, s per token) of a step ~ fixed + per_token*tokens, for policies that
-        price an iteration linearly (InferCept): the weights floor counts as fixed."""
+        price an iteration linearly (InferCept): the weights floor and every routed expert
+        (a step under load reads them all) count as fixed."""
         s = self.step
-        return s.c0 + s.c3 + s.w, s.c1 + s.c4
+        return s.c0 + s.c3 + s.w + s.routed, s.c1 + s.c4
 
     def prefill_time(self, n: int) -> float:
         """An uncached prefill of n tokens running alone, in chunks of the engine's token
@@ -194,6 +212,8 @@ class _Step(Model):
     w: JSONFloat = Field(0.0, ge=0)
     launch: JSONFloat = Field(0.0, ge=0)
     p: JSONFloat | None = Field(None, ge=1)
+    routed: JSONFloat = Field(0.0, ge=0)
+    routed_share: JSONFloat = Field(1.0, gt=0, le=1)
 
 
 class _Link(Model):  # pcie, ssd
@@ -218,7 +238,8 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
             raise InputError(f"profile {name!r}: missing section '{sec}'; add it (see sim/profile.py for the format)")
     m = validated(_ProfileModel, raw, f"profile {name!r}", "fix the value (see sim/profile.py for the format)")
     st = m.step_time
-    step = StepModel(st.c0, st.c1, st.c2, st.c3, st.c4, st.c5, st.w, st.launch, math.inf if st.p is None else st.p)
+    step = StepModel(st.c0, st.c1, st.c2, st.c3, st.c4, st.c5, st.w, st.launch, math.inf if st.p is None else st.p,
+                     st.routed, st.routed_share)
     if step.c0 + step.c1 <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
     kv = m.kv_bytes_per_block

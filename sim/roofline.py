@@ -25,9 +25,10 @@ Layouts of a replica of N GPUs (one node):
       and embeddings replicated, each GPU serving its own sequences (vLLM's data-parallel
       attention with --enable-expert-parallel); per MoE layer one all-to-all dispatch and one
       combine of top-k copies of each token's hidden state.
-MoE: compute counts the active parameters (top-k + shared experts), memory and c0 all of
-them (every expert is read once a batch routes top-k x B >= ~2E tokens: 40 sequences for
-GLM-4.5, 32 for Qwen3-30B-A3B; smaller decode batches are priced as if they read them all).
+MoE: compute counts the active parameters (top-k + shared experts); c0 streams all but the
+routed experts, and `routed` every routed expert, of which a step of T tokens reads the
+share 1 - (1 - k/E)^T (uniform routing: a decode of one sequence reads k of E, a batch of
+40 sequences 87% of GLM-4.5's, a prefill of hundreds of tokens all; sim/profile.py).
 FP8 (dtype_bytes 1): linear layers stored and streamed at 1 byte and multiplied at the GPU's
 FP8 rate (bf16 where it has none); embeddings, norms, router and biases stay bf16;
 kv_dtype_bytes 1 halves the KV. Attention math stays at the bf16 rate.
@@ -222,8 +223,10 @@ def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = 
     # its 1/n of the sequences (ep)
     kv_heads = kv_heads_per_gpu(model, n) if layout == "tp" else model["num_kv_heads"] / n
     kv_tok = 2 * kv_heads * hd * kv_dtype_bytes(model)  # per layer
+    routed = param_counts(model)["routed"] * model["dtype_bytes"] / n  # tp: 1/n of each expert; ep: E/n whole ones
     parts = {
-        "weights_s": _per_gpu(model, weight_bytes_streamed(model), layout, n) / (bw * eff["eff_mem"]),
+        "weights_s": (_per_gpu(model, weight_bytes_streamed(model), layout, n) - routed) / (bw * eff["eff_mem"]),
+        "routed_s": routed / (bw * eff["eff_mem"]),
         "overhead_s": eff["step_overhead_s"],
         "gemm_s_per_token": 2 * layer_params(model) / n / (gpeak * eff["eff_gemm"]),
         "pair_s": 4 * glob * q / n * hd / (peak * eff["eff_attn"]),
@@ -251,6 +254,10 @@ def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = 
         "c4": parts["kv_s_per_token"],
         "c5": parts["pair_s"] / 2,
     }
+    if routed:
+        moe = model["moe"]
+        c["routed"] = parts["routed_s"]
+        c["routed_share"] = moe["experts_per_token"] / moe["num_experts"]
     return {"coef": c, "parts": parts}
 
 
@@ -462,6 +469,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
     host = gpu["host_link"]
     link_bw, ar_lat, link_kind = _link(gpu, eff)
     pc = param_counts(model)
+    routed_gb = pc["routed"] * model["dtype_bytes"] / n / 1e9
     gpeak, gkind = gemm_peak(gpu, model)
     glob, local = attention_layers(model)
     moe = model.get("moe")
@@ -494,7 +502,8 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
                     f"{model['head_dim']}; weights {'FP8' if model['dtype_bytes'] == 1 else 'bf16'}, KV {'FP8' if kvb == 1 else 'bf16'}; {lay}",
         "layout": {"kind": layout, "gpus": n},
         "constants": {**eff, "fit_date": fit["date"], "fit_mape_on_h100": fit["fit_mape"]},
-        "c0": f"weights {_per_gpu(model, weight_bytes_streamed(model), layout, n) / 1e9:.2f} GB per GPU / (BW x eff_mem) = "
+        "c0": f"weights {_per_gpu(model, weight_bytes_streamed(model), layout, n) / 1e9 - routed_gb:.2f} GB per GPU"
+              f"{' but the routed experts' if moe else ''} / (BW x eff_mem) = "
               f"{parts['weights_s'] * 1e3:.3f} ms + step overhead {eff['step_overhead_s'] * 1e3:.3f} ms"
               + (f" + {parts['collective_latency_s'] / ar_lat:.0f} collectives x {ar_lat * 1e6:.0f} us ({link_kind})" if n > 1 else ""),
         "c1": f"2 x {layer_params(model) / 1e9:.2f}e9 {'active ' if moe else ''}layer params {split} per token / "
@@ -519,9 +528,10 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "sources": {"gpu": gpu["sources"], "model": model["source"]},
     }
     if moe:
-        prov["moe"] = ("compute: active parameters per token; memory and c0: all experts (every expert is read once a batch "
-                       f"routes top-{moe['experts_per_token']} x B >= ~2 x {moe['num_experts']} tokens; a smaller decode batch "
-                       "reads fewer, which this linear step model prices as if it read them all)")
+        prov["moe"] = (f"compute: active parameters per token; routed: every routed expert, {routed_gb:.2f} GB per GPU / "
+                       f"(BW x eff_mem) = {parts['routed_s'] * 1e3:.3f} ms, of which a step of T tokens reads the share "
+                       f"1 - (1 - {moe['experts_per_token']}/{moe['num_experts']})^T (routing taken as uniform; a skewed "
+                       "router reads fewer); routed_share = top-k / experts")
     if local:
         charged = kv_layers_charged(model)
         prov["sliding_window"] = (
@@ -549,7 +559,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "engine": engine,
         "kv_bytes_per_block": int(round(kv_block)),
         "step_time": c,
-        "prefill_quadratic": {"a": float(f"{c['c0'] + c['c3']:.5g}"), "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]},
+        "prefill_quadratic": {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"), "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]},
         "pcie": {"measured": False, "bandwidth_GBps": round(host["GBps_per_direction"] * eff["eff_pcie"], 2),
                  "latency_s": float(f"{eff['pcie_latency_s']:.3g}")},
         "provenance": prov,

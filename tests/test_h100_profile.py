@@ -163,18 +163,19 @@ def test_bad_gpu_terms_are_input_errors(st, words):
 def test_a_scaled_step_model_scales_every_step_time():
     from sim.profile import StepModel
 
-    s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0)
+    s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0, routed=9e-3, routed_share=0.05)
     for shape in [(1, 1, 900.0, 900.0, 0.0), (32, 32, 32e4, 32e4, 31e4), (2048, 3, 2e6, 3e6, 1e6), (100, 1, 1e4, 100.0, 0.0)]:
         assert s.scaled(1.7).time(*shape) == pytest.approx(1.7 * s.time(*shape), rel=1e-12)
     assert s.scaled(1.7).p == s.p and s.coefficients[4] == 3e-8
 
 
 @settings(max_examples=300, deadline=None)
-@given(coef=st.lists(st.floats(0, 1e-2, allow_nan=False), min_size=8, max_size=8), p=st.sampled_from([math.inf, 1.5, 4.0, 9.3]),
-       seqs=st.integers(1, 256), base=st.tuples(st.integers(0, 10**9), st.integers(0, 10**7), st.integers(0, 10**9)))
-def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base):
+@given(coef=st.lists(st.floats(0, 1e-2, allow_nan=False), min_size=9, max_size=9), p=st.sampled_from([math.inf, 1.5, 4.0, 9.3]),
+       seqs=st.integers(1, 256), base=st.tuples(st.integers(0, 10**9), st.integers(0, 10**7), st.integers(0, 10**9)),
+       share=st.floats(1e-3, 1.0))
+def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base, share):
     # a decode stretch's inner loop must give the floats step-by-step gets from time()
-    m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p)
+    m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p, routed=coef[8], routed_share=share)
     got = m.decode_stretch(seqs, *map(float, base), 0.0, math.inf, math.inf, 40)
     assert got == [m.time(seqs, seqs, *(float(b + i * seqs) for b in base)) for i in range(40)]
 

@@ -56,8 +56,12 @@ def test_glm_45_fp8_tp8_profile_by_hand():
     parts = R.step_coefficients(g, model("glm-4.5-fp8"), 8, EFF)["parts"]
     # GEMMs at the H100's FP8 rate, 1,979 TFLOP/s dense: 64.16 GFLOP per token / 8 GPUs
     assert parts["gemm_s_per_token"] == pytest.approx(64_160_737_088 / 8 / (1979e12 * EFF["eff_gemm"]))
-    # weights streamed: all but the embedding table (bf16 151552 x 5120), per GPU
-    assert parts["weights_s"] == pytest.approx((354_424_934_208 - 2 * 151552 * 5120) / 8 / (3350e9 * EFF["eff_mem"]))
+    # weights streamed every step: all but the embedding table (bf16 151552 x 5120) and the
+    # routed experts (FP8, 89 layers x 160 x 3 x 5120 x 1536), per GPU; the routed ones apart
+    routed = 89 * 160 * 3 * 5120 * 1536
+    assert parts["weights_s"] == pytest.approx((354_424_934_208 - 2 * 151552 * 5120 - routed) / 8 / (3350e9 * EFF["eff_mem"]))
+    assert parts["routed_s"] == pytest.approx(routed / 8 / (3350e9 * EFF["eff_mem"]))
+    assert raw["step_time"]["routed_share"] == 8 / 160
     # 2 ring all-reduces per layer of 5120 bf16 values: 2 x 92 x 2 x 7/8 x 5120 x 2 B per token at 450 GB/s x 0.8
     assert parts["collective_s_per_token"] == pytest.approx(2 * 92 * 2 * 7 / 8 * 5120 * 2 / (450e9 * 0.8))
     assert parts["collective_latency_s"] == pytest.approx(2 * 92 * 8e-6)
@@ -107,7 +111,9 @@ def test_qwen3_30b_a3b_by_hand():
     assert raw["kv_bytes_per_block"] == 98_304 * 16 and not notes
     parts = R.step_coefficients(gpu("H100"), m, 1, EFF)["parts"]
     assert parts["gemm_s_per_token"] == pytest.approx(5_461_401_600 / (989.4e12 * EFF["eff_gemm"]))  # bf16 rate
-    assert parts["weights_s"] == pytest.approx((61_064_245_248 - 2 * 151936 * 2048) / (3350e9 * EFF["eff_mem"]))
+    routed = 2 * 48 * 128 * expert                                         # bf16: 57,982,058,496 B
+    assert parts["weights_s"] == pytest.approx((61_064_245_248 - 2 * 151936 * 2048 - routed) / (3350e9 * EFF["eff_mem"]))
+    assert parts["routed_s"] == pytest.approx(57_982_058_496 / (3350e9 * EFF["eff_mem"]))
     # tp 4 splits each expert's 768 columns; 4 KV heads -> 1 per GPU
     assert R.roofline_profile("H100", "qwen3-30b-a3b", 4)[0]["kv_bytes_per_block"] == 2 * 48 * 1 * 128 * 2 * 16
 
@@ -142,6 +148,25 @@ def test_gemma_3_12b_by_hand():
     # only the 8 global layers attend and read per context token
     assert parts["pair_s"] == pytest.approx(4 * 8 * 16 * 256 / (peak * EFF["eff_attn"]))
     assert parts["kv_s_per_token"] == pytest.approx(8 * 8192 / (3350e9 * EFF["eff_kv"]))
+
+
+def test_a_step_reads_the_routed_experts_its_tokens_go_to():
+    """Qwen3-30B-A3B sends each token to 8 of 128 experts: a decode of one sequence reads
+    1/16 of the routed experts, a batch of B the expected share 1 - (15/16)^B (uniform
+    routing), a prefill of thousands of tokens all of them; a dense model none of this."""
+    raw, _ = R.roofline_profile("H100", "qwen3-30b-a3b")
+    st = raw["step_time"]
+    assert st["routed_share"] == 8 / 128
+    p = parse_profile(raw, "q")
+    dense = parse_profile({**raw, "step_time": {k: v for k, v in st.items() if not k.startswith("routed")}}, "d")
+    for tokens, share in ((1, 1 / 16), (16, 1 - (15 / 16) ** 16), (64, 1 - (15 / 16) ** 64), (8192, 1.0)):
+        shape = (tokens, tokens, 2048.0 * tokens, 2048.0 * tokens, 0.0)
+        assert p.step_time(*shape) - dense.step_time(*shape) == pytest.approx(st["routed"] * share, rel=1e-9)
+    # one sequence reads 8 of 128 experts: its decode step is far below a step reading them all
+    assert p.step_time(1, 1, 2048.0, 2048.0) < 0.3 * (dense.step_time(1, 1, 2048.0, 2048.0) + st["routed"])
+    assert p.linear_step()[0] == pytest.approx(dense.linear_step()[0] + st["routed"])  # under load every expert is read
+    assert raw["prefill_quadratic"]["a"] == pytest.approx(st["c0"] + st["c3"] + st["routed"], rel=1e-4)
+    assert "routed" not in R.roofline_profile("H100", "llama3.1-8b")[0]["step_time"]
 
 
 def test_fp8_rate_only_where_the_gpu_has_one():
@@ -194,3 +219,13 @@ def test_bad_layouts_one_line_exit_2(capsys, args, says):
     assert main(["profile", "roofline", "--gpu", "H100", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err
+
+
+def test_the_docs_table_of_the_zoo_is_the_scripts():
+    """docs/profiles.md's table of what the MoE, FP8 and sliding-window profiles hold is what
+    benchmarks/roofline_zoo_table.py computes now (its aiconfigurator table needs the extra)."""
+    from benchmarks import roofline_zoo_table as t
+
+    page = (R.REPO_ROOT / "docs" / "profiles.md").read_text()
+    block = page.split("<!-- roofline_zoo_table: holds -->")[1].split("<!-- end roofline_zoo_table -->")[0]
+    assert block.strip() == t.holds().strip()

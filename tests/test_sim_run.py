@@ -51,9 +51,10 @@ def test_deterministic_same_seed_same_summary():
 
 # the GPU step model (sim/profile.py): weights floor, launch floor of prefill steps, smooth max
 GPU_TERMS = {"w": 0.012, "launch": 0.03, "p": 5.7}
+MOE_TERMS = {"routed": 0.02, "routed_share": 0.0625}  # the routed experts a step's tokens go to
 
 
-@pytest.mark.parametrize("gpu", [{}, GPU_TERMS], ids=["linear", "gpu-terms"])
+@pytest.mark.parametrize("gpu", [{}, GPU_TERMS, MOE_TERMS], ids=["linear", "gpu-terms", "moe"])
 def test_decode_stretches_match_step_by_step(gpu):
     tr = random_trace(np.random.default_rng(3), 25)
     arr = np.sort(np.random.default_rng(4).uniform(0, 10, 25))

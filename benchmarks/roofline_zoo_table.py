@@ -1,0 +1,97 @@
+"""The two tables of docs/profiles.md on the roofline zoo's MoE, FP8 and sliding-window
+models: what their H100 profiles hold (weights and KV per GPU, pool, decode and prefill
+step times as the simulator prices them), and Qwen3-30B-A3B's roofline on four GPUs against
+aiconfigurator's kernel database (the one of these models it ships; needs the optional
+extra `pip install -e '.[aiconfigurator]'`).
+
+    python benchmarks/roofline_zoo_table.py [--write-docs [PAGE]]
+
+--write-docs puts each table into docs/profiles.md (or PAGE) in place of its block
+`<!-- roofline_zoo_table: holds -->` / `<!-- roofline_zoo_table: aiconfigurator -->` ...
+`<!-- end roofline_zoo_table -->`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
+
+from agentsim.errors import InputError  # noqa: E402
+from sim import profile_check as pc  # noqa: E402
+from sim import roofline  # noqa: E402
+from sim.profile import parse_profile  # noqa: E402
+
+# (how the table names it, model, tp, ep)
+ZOO = (("glm-4.5-fp8, `--tp 8`", "glm-4.5-fp8", 8, 1), ("glm-4.5-fp8, `--ep 8`", "glm-4.5-fp8", 1, 8),
+       ("qwen3-30b-a3b", "qwen3-30b-a3b", 1, 1), ("gemma-3-12b", "gemma-3-12b", 1, 1))
+AIC_GPUS = ("H100", "H200", "B200", "A100-80GB")
+KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16", "decode B=17-64", "decode B=65-256", "mixed")
+CTX = 8192  # decode steps over 8K contexts
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def holds() -> str:
+    lines = ["What these profiles hold on an H100 (KV pool in tokens; decode steps over 8K contexts; "
+             "`python benchmarks/roofline_zoo_table.py`):", "",
+             "| profile | weights / GPU | KV per token (per GPU) | pool | decode B=1 / 16 / 32 / 128 | 8K prefill |",
+             "|---|---|---|---|---|---|"]
+    for label, model, tp, ep in ZOO:
+        raw, _ = roofline.roofline_profile("H100", model, tp, ep=ep)
+        p = parse_profile(raw, model)
+        m = roofline.find_model(model)[1]
+        layout, n = ("ep", ep) if ep > 1 else ("tp", tp)
+        weights = roofline._per_gpu(m, roofline.weight_bytes_total(m), layout, n)
+        heads = roofline.kv_heads_per_gpu(m, n) if layout == "tp" else m["num_kv_heads"]
+        kv_tok = roofline.kv_bytes_per_token_charged(m, heads)
+        pool = p.engine.num_gpu_blocks * p.block_size
+        dec = " / ".join(f"{p.step_time(b, b, float(b * CTX), float(b * CTX)) * 1e3:.1f}" for b in (1, 16, 32, 128))
+        lines.append(f"| {label} | {weights / 1e9:.1f} GB | {kv_tok:,.0f} B | {_tokens(pool)}"
+                     + (f" ({_tokens(pool / ep)} per GPU)" if ep > 1 else "")
+                     + f" | {dec} ms | {p.prefill_time(8192) * 1e3:.0f} ms |")
+    return "\n".join(lines)
+
+
+def aiconfigurator() -> str:
+    refs = []
+    for g in AIC_GPUS:
+        raw, _ = roofline.roofline_profile(g, "qwen3-30b-a3b")
+        refs.append(pc.aiconfigurator_reference(parse_profile(raw, f"qwen3-30b-a3b-{g}")))
+    lines = [f"Qwen3-30B-A3B's roofline against aiconfigurator ({refs[0]['package']}, vLLM kernels), MAPE "
+             "(signed mean), by `python benchmarks/roofline_zoo_table.py`:", "",
+             "| kind (points) | " + " | ".join(AIC_GPUS) + " |", "|" + "---|" * (len(AIC_GPUS) + 1)]
+    by = [{s["kind"]: s for s in r["summary"]} for r in refs]
+    for k in (*KINDS, "all"):
+        lines.append(f"| {k} ({by[0][k]['points']}) | "
+                     + " | ".join(f"{b[k]['mape_pct']:.1f}% ({b[k]['mean_error_pct']:+.1f}%)" for b in by) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
+                    help="also replace the tables in PAGE (default docs/profiles.md)")
+    a = ap.parse_args(argv)
+    tables = {"holds": holds()}
+    try:
+        pc._aic()
+        tables["aiconfigurator"] = aiconfigurator()
+    except InputError as e:
+        if a.write_docs:
+            raise SystemExit(f"error: the docs have an aiconfigurator table: {e}")
+        print(f"note: no aiconfigurator table ({e})", file=sys.stderr)
+    print("\n\n".join(tables.values()))
+    if a.write_docs:
+        for key, body in tables.items():
+            write_block(a.write_docs, "roofline_zoo_table", key, body)
+        print(f"wrote {a.write_docs}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
