@@ -124,7 +124,7 @@ def _one_line(e: Exception) -> None:
 @SETTINGS
 @given(section=st.sampled_from(["engine", "step_time", "model", "pcie"]), key=st.sampled_from(
     ["block_size", "num_gpu_blocks", "max_num_batched_tokens", "enable_chunked_prefill", "c0", "c1", "c5", "w", "p",
-     "num_layers", "dtype_bytes", "bandwidth_GBps", "latency_s"]), value=junk)
+     "routed", "routed_share", "num_layers", "dtype_bytes", "bandwidth_GBps", "latency_s"]), value=junk)
 def test_profile_fuzz(section, key, value):
     from sim.profile import load_profile, parse_profile
 
