@@ -1,13 +1,15 @@
-"""The two tables of docs/profiles.md on the roofline zoo's MoE, FP8 and sliding-window
-models: what their H100 profiles hold (weights and KV per GPU, pool, decode and prefill
-step times as the simulator prices them), and Qwen3-30B-A3B's roofline on four GPUs against
-aiconfigurator's kernel database (the one of these models it ships; needs the optional
-extra `pip install -e '.[aiconfigurator]'`).
+"""The tables of docs/profiles.md on the roofline zoo: what the H100 profiles of its MoE,
+FP8 and sliding-window models hold (weights and KV per GPU, pool, decode and prefill step
+times as the simulator prices them); Qwen3-30B-A3B's roofline on four GPUs against
+aiconfigurator's kernel database (the one of those models it ships); and the dense models'
+rooflines on five GPUs at one and more GPUs per replica against the same database. The last
+two need the optional extra `pip install -e '.[aiconfigurator]'`.
 
     python benchmarks/roofline_zoo_table.py [--write-docs [PAGE]]
 
 --write-docs puts each table into docs/profiles.md (or PAGE) in place of its block
-`<!-- roofline_zoo_table: holds -->` / `<!-- roofline_zoo_table: aiconfigurator -->` ...
+`<!-- roofline_zoo_table: holds -->` / `<!-- roofline_zoo_table: aiconfigurator -->` /
+`<!-- roofline_zoo_table: dense -->` ...
 `<!-- end roofline_zoo_table -->`.
 """
 from __future__ import annotations
@@ -28,6 +30,8 @@ from sim.profile import parse_profile  # noqa: E402
 ZOO = (("glm-4.5-fp8, `--tp 8`", "glm-4.5-fp8", 8, 1), ("glm-4.5-fp8, `--ep 8`", "glm-4.5-fp8", 1, 8),
        ("qwen3-30b-a3b", "qwen3-30b-a3b", 1, 1), ("gemma-3-12b", "gemma-3-12b", 1, 1))
 AIC_GPUS = ("H100", "H200", "B200", "A100-80GB")
+DENSE_GPUS = (*AIC_GPUS, "L40S")
+DENSE = (("llama3.1-8b", 1), ("llama3.1-8b", 4), ("qwen3-32b", 1), ("qwen3-32b", 4), ("llama3.1-70b", 4), ("llama3.1-70b", 8))
 KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16", "decode B=17-64", "decode B=65-256", "mixed")
 CTX = 8192  # decode steps over 8K contexts
 
@@ -72,6 +76,25 @@ def aiconfigurator() -> str:
     return "\n".join(lines)
 
 
+def dense() -> str:
+    """Per (model, tp) and GPU: MAPE and signed mean over all of aiconfigurator's points."""
+    lines = ["Dense models' rooflines against aiconfigurator (same grid, all points: MAPE (signed mean); "
+             "each at the profile's tp), by `python benchmarks/roofline_zoo_table.py`:", "",
+             "| model, tp | " + " | ".join(DENSE_GPUS) + " |", "|" + "---|" * (len(DENSE_GPUS) + 1)]
+    for model, tp in DENSE:
+        cells = []
+        for g in DENSE_GPUS:
+            try:
+                raw, _ = roofline.roofline_profile(g, model, tp)
+            except InputError:
+                cells.append("does not fit")
+                continue
+            a = {s["kind"]: s for s in pc.aiconfigurator_reference(parse_profile(raw, f"{model}-{g}-tp{tp}"))["summary"]}["all"]
+            cells.append(f"{a['mape_pct']:.0f}% ({a['mean_error_pct']:+.0f}%)")
+        lines.append(f"| {model}, tp {tp} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
@@ -81,6 +104,7 @@ def main(argv=None) -> int:
     try:
         pc._aic()
         tables["aiconfigurator"] = aiconfigurator()
+        tables["dense"] = dense()
     except InputError as e:
         if a.write_docs:
             raise SystemExit(f"error: the docs have an aiconfigurator table: {e}")

@@ -163,7 +163,7 @@ def _names(values, what: str) -> list[str]:
 
 def candidates(gpus, models, tps, policies, offloads, routers, prices: dict[str, float],
                profile_dir: str | Path) -> tuple[list[Candidate], list[str], dict[str, dict]]:
-    """(candidates, notes on what was left out, roofline profiles to write: path -> JSON).
+    """(candidates, notes (what was left out; caveats of a profile), roofline profiles to write: path -> JSON).
     Raises InputError for an unknown name, a GPU without a price, or nothing left."""
     gpu_names = list(dict.fromkeys(roofline.find_gpu(g)[0] for g in _names(gpus, "--gpu")))
     model_names = list(dict.fromkeys(roofline.find_model(m)[0] for m in _names(models, "--model")))
@@ -194,6 +194,9 @@ def candidates(gpus, models, tps, policies, offloads, routers, prices: dict[str,
         except InputError as e:
             notes.append(f"left out {g} x {m} at tp={tp}: {e}")
             continue
+        caveat = roofline.collective_caveat(roofline.find_gpu(g)[1], roofline.load_fit()["constants"], tp)
+        if caveat:
+            notes.append(f"{g} x {m} at tp={tp}: {caveat}")
         path = str((Path(profile_dir) / f"{g}-{m}-tp{tp}.json").resolve())
         to_write[path] = prof
         hardware.append((g, m, tp, path, "roofline"))

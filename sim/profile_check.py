@@ -320,7 +320,8 @@ def aic_model(model: dict, utils) -> str:
 def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[list[Probe], dict]:
     """The points (AIC_GRID by default, those beyond the profile's max_model_len left out),
     their seconds estimated by aiconfigurator for the profile's GPU and model under vLLM, and
-    what was used. prefill: predict_prefill_latency(1, n + k, prefix=k); decode:
+    what was used, on the profile's tensor-parallel size (its model's tensor_parallel_size;
+    experts split the same way). prefill: predict_prefill_latency(1, n + k, prefix=k); decode:
     predict_decode_latency(B, ctx, osl=2), one decode step; mixed: its engine's mixed-step
     parts, the shared GEMMs of n + B tokens and the chunk's attention at (isl n + k, prefix
     k), plus the decode attention of B sequences at isl ctx (its mixed step takes one isl)."""
@@ -335,6 +336,10 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     if profile.model.get("dtype_bytes", 2) != 2:
         raise InputError(f"aiconfigurator reference: profile {profile.name!r} has dtype_bytes="
                          f"{profile.model.get('dtype_bytes')}; only bf16 models (2) are compared")
+    tp, ep = (int(profile.model.get(k) or 1) for k in ("tensor_parallel_size", "expert_parallel_size"))
+    if ep > 1:
+        raise InputError(f"aiconfigurator reference: profile {profile.name!r} is expert-parallel (ep {ep}, data-parallel "
+                         "attention), whose steps are not compared; check the tensor-parallel profile of the model")
     hf_id = aic_model(profile.model, utils)
     limit = profile.engine.max_model_len
     pts = [p for p in (AIC_GRID if points is None else points) if max(p.n + p.k, p.ctx) <= limit]
@@ -343,7 +348,7 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     log.setLevel(logging.ERROR)  # its database warns of fallback rows for ops this model does not use
     try:
         version = perf_database.get_latest_database_version(system, AIC_BACKEND)
-        h = engine.EngineHandle.compile(hf_id, system, AIC_BACKEND, backend_version=version)
+        h = engine.EngineHandle.compile(hf_id, system, AIC_BACKEND, backend_version=version, tp_size=tp, moe_tp_size=tp)
         out = []
         for p in pts:
             if p.kind == "prefill":
@@ -360,7 +365,7 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
                          f"{e}".replace("\n", " ")) from None
     finally:
         log.setLevel(level)
-    return out, {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id,
+    return out, {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
                  "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
 
 
@@ -368,7 +373,8 @@ def aiconfigurator_reference(profile) -> dict:
     pts, used = aiconfigurator_points(profile)
     rows = errors(profile, pts)
     return {"reference": "aiconfigurator", "source": f"{used['package']}: {used['system']}, {used['backend']}, "
-                                                     f"{used['model']}", **used, "stat": "estimate",
+                                                     f"{used['model']}" + (f", tp {used['tp']}" if used["tp"] > 1 else ""),
+            **used, "stat": "estimate",
             "summary": summary(rows), "rows": rows}
 
 

@@ -201,6 +201,21 @@ def _link(gpu: dict, eff: dict) -> tuple[float, float, str]:
     return ic["GBps_per_direction"] * 1e9 * eff["eff_pcie"], lk["pcie_allreduce_latency_s"], "PCIe"
 
 
+# aiconfigurator-core 0.12.0's measured all-reduce of vLLM on 4 L40S (systems/data/l40s/comm/
+# vllm/0.22.0/custom_allreduce_perf.parquet): 134,217,728 bf16 elements in 108.5 ms
+PCIE_ALLREDUCE_MEASURED = "an L40S's all-reduce measured under vLLM (aiconfigurator-core 0.12.0's database) is about 7x slower"
+
+
+def collective_caveat(gpu: dict, eff: dict, n: int) -> str | None:
+    """What a user must know of a replica of n GPUs whose collectives cross PCIe: their cost is
+    assumed, and the one measurement at hand is far slower (docs/profiles.md)."""
+    if n == 1 or not gpu["interconnect"]["kind"].lower().startswith("pcie"):
+        return None
+    bw, lat, _ = _link(gpu, eff)
+    return (f"no NVLink: the all-reduces of {n} GPUs over PCIe are priced at an assumed {bw / 1e9:.0f} GB/s and "
+            f"{lat * 1e6:.0f} us each; {PCIE_ALLREDUCE_MEASURED}, so this profile's steps are optimistic")
+
+
 def gemm_peak(gpu: dict, model: dict) -> tuple[float, str]:
     """(FLOP/s, what) of the linear layers: the FP8 rate for FP8 weights where the GPU has one."""
     if model["dtype_bytes"] == 1 and gpu.get("fp8_dense_TFLOPS"):
@@ -463,6 +478,9 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
 
     fit = load_fit()
     eff = fit["constants"]
+    caveat = collective_caveat(gpu, eff, n)
+    if caveat:
+        notes.append(caveat)
     sc = step_coefficients(gpu, model, n, eff, layout)
     parts = sc["parts"]
     c = {k: float(f"{v:.5g}") for k, v in sc["coef"].items()}

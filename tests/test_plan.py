@@ -163,6 +163,15 @@ def test_profiles_measured_where_they_exist_else_roofline(tmp_path):
     assert all(json.dumps(p) for p in profiles.values()) and len(profiles) == len(src) - 1
 
 
+def test_a_replica_whose_gpus_talk_over_pcie_carries_a_caveat(tmp_path):
+    """An L40S has no NVLink: its tp 2 candidate is kept, with a note that its all-reduce is
+    assumed and the measured one far slower; NVLink GPUs and one-GPU replicas get none."""
+    prices = {**P.load_prices(), "L40S": 1.0}
+    _, notes, _ = P.candidates(["L40S", "H100"], ["llama3.1-8b"], [1, 2], ["vllm"], ["none"], ["round_robin"], prices, tmp_path)
+    assert [n.split(":")[0] for n in notes] == ["L40S x llama3.1-8b at tp=2"]
+    assert "no NVLink" in notes[0] and "about 7x slower" in notes[0]
+
+
 def _cli(args):
     ap = argparse.ArgumentParser()
     P.register(ap.add_subparsers())

@@ -195,8 +195,8 @@ class _FakeEngine:
     calls = []
 
     @classmethod
-    def compile(cls, hf_id, system, backend, backend_version=None):
-        cls.calls.append(("compile", hf_id, system, backend, backend_version))
+    def compile(cls, hf_id, system, backend, backend_version=None, tp_size=1, moe_tp_size=None):
+        cls.calls.append(("compile", hf_id, system, backend, backend_version, tp_size, moe_tp_size))
         return cls()
 
     def predict_prefill_latency(self, bs, isl, prefix):
@@ -222,13 +222,27 @@ def test_aiconfigurator_points_map_the_steps_onto_its_engine(monkeypatch):
     pts = [pc.Probe("prefill", n=100, k=900), pc.Probe("decode", B=8, ctx=1000),
            pc.Probe("mixed", n=100, k=50, B=4, ctx=2000), pc.Probe("prefill", n=4000, k=1000)]  # over max_model_len
     out, used = pc.aiconfigurator_points(_profile(), pts)
-    assert used == {"system": "h100_sxm", "backend": "vllm 0.24.0", "model": "meta-llama/Meta-Llama-3.1-8B",
+    assert used == {"system": "h100_sxm", "backend": "vllm 0.24.0", "model": "meta-llama/Meta-Llama-3.1-8B", "tp": 1,
                     "package": "aiconfigurator-core 0.12.0"}
-    assert _FakeEngine.calls == [("compile", "meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", "0.24.0"),
+    assert _FakeEngine.calls == [("compile", "meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", "0.24.0", 1, 1),
                                  ("prefill", 1, 1000, 900), ("decode", 8, 1000, 2),
                                  ("mixed", 100, 4, 150, 2, 50), ("mixed", 100, 4, 2000, 2, 0)]
     assert [p.seconds["median_s"] for p in out] == pytest.approx([2e-3, 2.8e-3, (3.0 + 1.04 + 0.1 + 0.08) / 1e3])
     assert [p.point() for p in out] == [p.point() for p in pts[:3]]
+
+
+def test_aiconfigurator_is_asked_for_the_profiles_tensor_parallel_size(monkeypatch):
+    """A tp 4 profile is judged against aiconfigurator's tp 4 steps (experts split alike),
+    never its one-GPU ones; an expert-parallel profile is refused in one line."""
+    db = SimpleNamespace(get_supported_databases=lambda: {"h100_sxm": {"vllm": ["0.24.0"]}},
+                         get_latest_database_version=lambda s, b: "0.24.0")
+    monkeypatch.setattr(pc, "_aic", lambda: (SimpleNamespace(EngineHandle=_FakeEngine), db, None))
+    monkeypatch.setattr(pc, "aic_model", lambda model, utils: "meta-llama/Meta-Llama-3.1-8B")
+    _FakeEngine.calls = []
+    _, used = pc.aiconfigurator_points(_profile(model={**LLAMA, "tensor_parallel_size": 4}), [pc.Probe("decode", B=8, ctx=1000)])
+    assert used["tp"] == 4 and _FakeEngine.calls[0][-2:] == (4, 4)
+    with pytest.raises(InputError, match=r"is expert-parallel \(ep 8, data-parallel attention\)"):
+        pc.aiconfigurator_points(_profile(model={**LLAMA, "expert_parallel_size": 8}), [pc.Probe("decode", B=8, ctx=1000)])
 
 
 def test_aiconfigurator_without_data_for_the_gpu_is_one_line(monkeypatch):
