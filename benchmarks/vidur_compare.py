@@ -20,8 +20,8 @@ this simulator's `llama3.1-8b-a100-80gb` profile under `--policy vllm`; Vidur's
 `meta-llama/Meta-Llama-3-8B` on `a100` (its measured profiling data, random-forest
 predictor, its defaults) under its `sarathi` scheduler. Both: chunked prefill with an
 8,192-token step budget (Vidur: chunk size 8192), block size 16, at most `--max-num-seqs`
-running (Vidur: batch_size_cap), the same KV pool (Vidur's num_blocks set to this
-profile's 24,766 blocks of 16 tokens).
+running (Vidur: batch_size_cap), the same KV pool (Vidur's num_blocks set to 24,766 blocks
+of 16 tokens, this project's A100 pool when the comparison was first run, kept so runs compare).
 
 Each simulator runs as a whole process (interpreter start, imports, reading its inputs,
 the run, its per-request results), alternating A/B rep by rep so machine noise hits both
@@ -36,8 +36,8 @@ before the reps, which then find the cache warm.
 Vidur's attention profile: at the pinned commit `data/profiling/compute/a100/meta-llama/
 Meta-Llama-3-8B/attention.csv` is a 9 MB file that some copies lack (a Git LFS pointer, or a
 snapshot that left out its largest files). Where it is missing the script writes a stand-in
-in Vidur's column format from the same roofline terms as this project's A100 profile
-(attention FLOPs per query-key pair and KV bytes read per context token, 60% of peak) and
+in Vidur's column format from naive roofline terms of an A100 (attention FLOPs per
+query-key pair and KV bytes read per context token, 60% of peak) and
 says so in its output and table: the MLP, projection and norm times stay Vidur's measured
 ones, but the outcomes are then not Vidur's own prediction. The speed ratio stands either way
 (the stand-in is smaller than the real file, so Vidur's cold training is shorter than it
@@ -72,7 +72,7 @@ PROFILE = "llama3.1-8b-a100-80gb"
 VIDUR_MODEL = "meta-llama/Meta-Llama-3-8B"
 CHUNK = 8192
 BLOCK = 16
-NUM_BLOCKS = 24766  # the profile's KV pool, given to Vidur too
+NUM_BLOCKS = 24766  # the KV pool of both (see the docstring)
 PROMPT = (5000, 20000)
 OUTPUT = (100, 300)
 OUTCOME_KEYS = ("requests", "mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s", "makespan_s")

@@ -95,7 +95,7 @@ def run_roofline(args) -> int:
     else:
         print(f"MAPE of the same constants on the H100 probes (H100, Llama-3.1-8B shape, tp=1): {_fmt(err['constants'])}; "
               f"no measurement of this GPU/model/tp exists, that is the only anchor", file=report)
-    print(f"  for comparison, the hand-made A100 profile's method on the H100 specs: {_fmt(err['handmade'])}", file=report)
+    print(f"  for comparison, a naive roofline (weights + 2 ms, 60% MFU) on the H100 specs: {_fmt(err['handmade'])}", file=report)
     return 0
 
 
@@ -107,7 +107,7 @@ def run_fit(args) -> int:
     print(f"fit MAPE {_fmt(rep['fit_mape'])}; held-out (every third probe) {_fmt(rep['heldout_mape'])}")
     if rep["at_bound"]:
         print(f"at a bound: {', '.join(rep['at_bound'])}")
-    print(f"hand-made A100 method on the H100 specs: {_fmt(rep['handmade_a100_method_on_h100_mape'])}")
+    print(f"a naive roofline (weights + 2 ms, 60% MFU) on the H100 specs: {_fmt(rep['handmade_a100_method_on_h100_mape'])}")
     return 0
 
 

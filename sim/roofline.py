@@ -277,8 +277,9 @@ def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = 
 
 
 def handmade_coefficients(gpu: dict, model: dict) -> dict:
-    """The method of the hand-made A100 profile (its provenance): weights + 2 ms, 60% MFU for
-    2*params per token and 4*layers*hidden per pair (full square), KV at full bandwidth."""
+    """A naive roofline, the baseline the fitted constants are compared with: weights + 2 ms,
+    60% MFU for 2*params per token and 4*layers*hidden per pair (full square), KV at full
+    bandwidth."""
     bw, peak = gpu["bandwidth_GBps"] * 1e9, gpu["bf16_dense_TFLOPS"] * 1e12 * 0.6
     p = model["num_params"]
     return {"c0": 2 * p / bw + 2e-3, "c1": 2 * p / peak, "c2": 4 * model["num_layers"] * model["hidden_size"] / peak,
@@ -589,7 +590,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
 
 def h100_errors(meas: dict, profile_coef: dict | None) -> dict:
     """MAPE on the H100 probes: of this profile's own c-terms (when it is the H100 / Llama-8B /
-    tp=1 profile), of the committed constants on the H100, and of the hand-made method."""
+    tp=1 profile), of the committed constants on the H100, and of the naive roofline."""
     rows = probe_rows(meas)
     gpu, model = _anchor()
     eff = load_fit()["constants"]
