@@ -1,15 +1,15 @@
 """The tables of docs/profiles.md on the roofline zoo: what the H100 profiles of its MoE,
 FP8 and sliding-window models hold (weights and KV per GPU, pool, decode and prefill step
 times as the simulator prices them); Qwen3-30B-A3B's roofline on four GPUs against
-aiconfigurator's kernel database (the one of those models it ships); and the dense models'
-rooflines on five GPUs at one and more GPUs per replica against the same database. The last
+aiconfigurator's kernel database (the one of those models it ships); and rooflines on five
+GPUs at one and more GPUs per replica against the same database. The last
 two need the optional extra `pip install -e '.[aiconfigurator]'`.
 
     python benchmarks/roofline_zoo_table.py [--write-docs [PAGE]]
 
 --write-docs puts each table into docs/profiles.md (or PAGE) in place of its block
 `<!-- roofline_zoo_table: holds -->` / `<!-- roofline_zoo_table: aiconfigurator -->` /
-`<!-- roofline_zoo_table: dense -->` ...
+`<!-- roofline_zoo_table: tp -->` ...
 `<!-- end roofline_zoo_table -->`.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ ZOO = (("glm-4.5-fp8, `--tp 8`", "glm-4.5-fp8", 8, 1), ("glm-4.5-fp8, `--ep 8`",
        ("qwen3-30b-a3b", "qwen3-30b-a3b", 1, 1), ("gemma-3-12b", "gemma-3-12b", 1, 1))
 AIC_GPUS = ("H100", "H200", "B200", "A100-80GB")
 DENSE_GPUS = (*AIC_GPUS, "L40S")
-DENSE = (("llama3.1-8b", 1), ("llama3.1-8b", 4), ("qwen3-32b", 1), ("qwen3-32b", 4), ("llama3.1-70b", 4), ("llama3.1-70b", 8))
+ALL_AT_TP = (("llama3.1-8b", 1), ("llama3.1-8b", 4), ("qwen3-32b", 1), ("qwen3-32b", 4), ("llama3.1-70b", 4),
+             ("llama3.1-70b", 8), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 4))
 KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16", "decode B=17-64", "decode B=65-256", "mixed")
 CTX = 8192  # decode steps over 8K contexts
 
@@ -76,12 +77,12 @@ def aiconfigurator() -> str:
     return "\n".join(lines)
 
 
-def dense() -> str:
+def at_tp() -> str:
     """Per (model, tp) and GPU: MAPE and signed mean over all of aiconfigurator's points."""
-    lines = ["Dense models' rooflines against aiconfigurator (same grid, all points: MAPE (signed mean); "
-             "each at the profile's tp), by `python benchmarks/roofline_zoo_table.py`:", "",
+    lines = ["Rooflines against aiconfigurator at one and more GPUs per replica (same grid, all points: MAPE "
+             "(signed mean); each at the profile's tp), by `python benchmarks/roofline_zoo_table.py`:", "",
              "| model, tp | " + " | ".join(DENSE_GPUS) + " |", "|" + "---|" * (len(DENSE_GPUS) + 1)]
-    for model, tp in DENSE:
+    for model, tp in ALL_AT_TP:
         cells = []
         for g in DENSE_GPUS:
             try:
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
     try:
         pc._aic()
         tables["aiconfigurator"] = aiconfigurator()
-        tables["dense"] = dense()
+        tables["tp"] = at_tp()
     except InputError as e:
         if a.write_docs:
             raise SystemExit(f"error: the docs have an aiconfigurator table: {e}")
