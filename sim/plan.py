@@ -194,9 +194,8 @@ def candidates(gpus, models, tps, policies, offloads, routers, prices: dict[str,
         except InputError as e:
             notes.append(f"left out {g} x {m} at tp={tp}: {e}")
             continue
-        caveat = roofline.collective_caveat(roofline.find_gpu(g)[1], roofline.load_fit()["constants"], tp)
-        if caveat:
-            notes.append(f"{g} x {m} at tp={tp}: {caveat}")
+        notes += [f"{g} x {m} at tp={tp}: {c}" for c in
+                  roofline.caveats(roofline.find_gpu(g)[1], roofline.find_model(m)[1], roofline.load_fit()["constants"], tp)]
         path = str((Path(profile_dir) / f"{g}-{m}-tp{tp}.json").resolve())
         to_write[path] = prof
         hardware.append((g, m, tp, path, "roofline"))

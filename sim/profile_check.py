@@ -293,10 +293,12 @@ def _aic():
 
 def aic_model(model: dict, utils) -> str:
     """The Hugging Face id of a model config aiconfigurator ships (so nothing is fetched)
-    with the profile model's shape."""
+    with the profile model's shape and weights: a bf16 checkpoint, or for FP8 weights
+    (dtype_bytes 1) an FP8 one."""
     from aiconfigurator_core.sdk import common
 
     want = model_shape(model)
+    quant = "fp8" if model.get("dtype_bytes", 2) == 1 else None
     names = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
              "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size",
              "vocab_size": "vocab_size"}
@@ -311,9 +313,9 @@ def aic_model(model: dict, utils) -> str:
         shape = {ours: cfg[theirs] for theirs, ours in names.items() if isinstance(cfg.get(theirs), int)}
         if "head_dim" not in shape and shape.get("num_attention_heads"):
             shape["head_dim"] = cfg.get("hidden_size", 0) // shape["num_attention_heads"]
-        if not _same_shape(want, shape) and not cfg.get("quantization_config"):
+        if not _same_shape(want, shape) and (cfg.get("quantization_config") or {}).get("quant_method") == quant:
             return hf_id
-    raise InputError(f"aiconfigurator {AIC_VERSION} ships no model config of the profile's shape "
+    raise InputError(f"aiconfigurator {AIC_VERSION} ships no {quant or 'bf16'} model config of the profile's shape "
                      f"({model.get('name')!r}: {_shape_text(want) or 'no shape'}); no reference for it")
 
 
@@ -333,9 +335,12 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
         have = sorted(s for s, b in supported.items() if AIC_BACKEND in b)
         raise InputError(f"aiconfigurator {AIC_VERSION} has no {AIC_BACKEND} kernel data for {system} "
                          f"(the profile's {device!r}); it has: {', '.join(have)}")
-    if profile.model.get("dtype_bytes", 2) != 2:
+    if profile.model.get("dtype_bytes", 2) not in (1, 2):
         raise InputError(f"aiconfigurator reference: profile {profile.name!r} has dtype_bytes="
-                         f"{profile.model.get('dtype_bytes')}; only bf16 models (2) are compared")
+                         f"{profile.model.get('dtype_bytes')}; only bf16 (2) and FP8 (1) models are compared")
+    if profile.model.get("kv_dtype_bytes", 2) != 2:
+        raise InputError(f"aiconfigurator reference: profile {profile.name!r} keeps its KV cache in FP8; "
+                         "only a bf16 KV cache is compared")
     tp, ep = (int(profile.model.get(k) or 1) for k in ("tensor_parallel_size", "expert_parallel_size"))
     if ep > 1:
         raise InputError(f"aiconfigurator reference: profile {profile.name!r} is expert-parallel (ep {ep}, data-parallel "

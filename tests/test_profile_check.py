@@ -265,6 +265,22 @@ def test_aiconfigurator_reference_for_the_bundled_h100_profile(capsys):
 
 
 @needs_aic
+def test_aiconfigurator_judges_fp8_weights_on_its_fp8_checkpoint_and_tp_on_its_tp():
+    """An FP8 roofline is judged against aiconfigurator's FP8 checkpoint of the model, a bf16
+    one against the bf16 checkpoint, each at the profile's tp; an FP8 KV cache is refused."""
+    from sim import roofline
+
+    fp8 = parse_profile(roofline.roofline_profile("H100", "qwen3-30b-a3b-fp8")[0], "q8")
+    bf16 = parse_profile(roofline.roofline_profile("H100", "qwen3-30b-a3b", 4)[0], "q")
+    r8, r = pc.aiconfigurator_reference(fp8), pc.aiconfigurator_reference(bf16)
+    assert (r8["model"], r8["tp"]) == ("Qwen/Qwen3-30B-A3B-FP8", 1) and (r["model"], r["tp"]) == ("Qwen/Qwen3-30B-A3B", 4)
+    assert r["source"].endswith(", tp 4")
+    glm = parse_profile(roofline.roofline_profile("H100", "glm-4.5-fp8", 8)[0], "glm")
+    with pytest.raises(InputError, match="keeps its KV cache in FP8; only a bf16 KV cache is compared"):
+        pc.aiconfigurator_reference(glm)
+
+
+@needs_aic
 def test_aiconfigurator_real_database_lacks_a_gpu(capsys, tmp_path):
     prof = tmp_path / "a30.json"
     _profile(path=prof, device="NVIDIA A30")
@@ -277,7 +293,7 @@ def test_aiconfigurator_real_database_lacks_a_gpu(capsys, tmp_path):
 def test_aiconfigurator_without_the_model_shape_is_one_line(tmp_path):
     tiny = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
             "head_dim": 16, "dtype_bytes": 2}
-    with pytest.raises(InputError, match="ships no model config of the profile's shape"):
+    with pytest.raises(InputError, match="ships no bf16 model config of the profile's shape"):
         pc.aiconfigurator_reference(_profile(model=tiny))
 
 

@@ -242,6 +242,12 @@ def test_collectives_over_pcie_are_flagged_as_assumed():
     assert not any("NVLink" in n for n in R.roofline_profile("H100", "llama3.1-8b", 4)[1])
 
 
+def test_fp8_weights_are_flagged_as_optimistic():
+    for model, tp in (("glm-4.5-fp8", 8), ("qwen3-30b-a3b-fp8", 1)):
+        assert any("FP8 weights" in n and "optimistic" in n for n in R.roofline_profile("H100", model, tp)[1])
+    assert not any("FP8" in n for n in R.roofline_profile("H100", "qwen3-30b-a3b")[1])
+
+
 def test_the_measured_pcie_all_reduce_is_about_7x_the_assumed_one():
     """The caveat's figure, from aiconfigurator's database (skipped without the extra): vLLM's
     all-reduce of 2^27 bf16 elements on 4 L40S against the roofline's ring over PCIe."""
