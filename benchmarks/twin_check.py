@@ -3,7 +3,7 @@
 
     python benchmarks/twin_check.py [--trace swebench] [--programs 100] [--jps 0.5]
         [--num-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
-        [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
+        [--replicas N --router NAME] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
 
 Any difference between the two engines is a scheduling-semantics difference (admission,
 chunking, preemption, prefix hits, eviction, pins), free of timing noise. Per policy:
@@ -12,6 +12,8 @@ prefix-hit tokens, pin outcomes, and the first step whose schedule differs with 
 mechanism (admission, chunk size, preemption, prefix hit, step time). Targets (issue 32):
 mean JCT within 1%, per-program MAPE within 3%, pin outcomes and preemptions within 2%,
 the same policy ranking. Also each engine's speed (simulated s per wall s, whole run).
+With --replicas, a cluster behind --router, each replica's engine of either kind; the first
+differing step is the earliest over the replicas.
 
 --write-docs writes the table into docs/validation.md between the markers
 `<!-- twin-check:SECTION:begin -->` and `... :end -->` (--doc-section, default ci).
@@ -114,9 +116,10 @@ def run_pair(spec: dict, policy: str, log: bool = True) -> dict:
             wall = time.perf_counter() - t0
         s = res.summary
         out[engine] = {"summary": s, "wall_s": wall, "jct": res.programs.set_index("program_id")["jct"]}
-    if log:
+    if log:  # one log per replica, in the order the replicas were built
         per = {e: [v for (eng, _), v in logs.items() if eng == e] for e in ("simpy", "vllm")}
-        out["first_difference"] = first_difference(per["simpy"][0], per["vllm"][0]) if per["simpy"] and per["vllm"] else None
+        diffs = [d for a, b in zip(per["simpy"], per["vllm"]) if (d := first_difference(a, b)) is not None]
+        out["first_difference"] = min(diffs, key=lambda d: (d["t"] is None, d["t"] or 0.0), default=None)
     return out
 
 
@@ -195,6 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default="vllm,continuum")
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--router", default=None, help="with --replicas: the router (sim/router.py)")
     ap.add_argument("--no-log", action="store_true", help="skip the schedule logs (no first differing step; SimPy with stretches)")
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")
     ap.add_argument("--write-docs", action="store_true")
@@ -205,7 +210,8 @@ def main(argv=None) -> int:
                          "the other flags name the spec for its caption")
     args = ap.parse_args(argv)
     spec = {"workload": {"trace": args.trace, "programs": args.programs, "jps": args.jps, "seed": args.seed},
-            "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {})}}
+            "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {})},
+            "cluster": {"replicas": args.replicas, **({"router": args.router} if args.router else {})}}
     rows = {}
     if args.from_json:
         for f in args.from_json.split(","):
@@ -228,7 +234,9 @@ def main(argv=None) -> int:
               f"first difference {r['first_difference']}, targets {r['targets']}", flush=True)
     spec_line = (f"`python benchmarks/twin_check.py --trace {args.trace} --programs {args.programs} --jps {args.jps} "
                  f"--num-blocks {args.num_blocks} --policies {args.policies} --seed {args.seed}"
-                 + (f" --profile {args.profile}" if args.profile else "") + (" --no-log" if args.no_log else "")
+                 + (f" --profile {args.profile}" if args.profile else "")
+                 + (f" --replicas {args.replicas}" if args.replicas > 1 else "") + (f" --router {args.router}" if args.router else "")
+                 + (" --no-log" if args.no_log else "")
                  + (" --speed" if args.speed else "") + "`")
     text = table(spec_line, rows)
     print(text)

@@ -404,7 +404,7 @@ class PolicyScheduler(Scheduler):
             del self.inflight[pid]
         if request.status not in _NORMAL_FINISH:  # aborted or failed: no pin, program ends
             super()._free_request_blocks(request)
-            self._end_program(pid, now)
+            self._end_program(req, now)
             return
         req.output_tokens = request.num_output_tokens
         delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
@@ -420,13 +420,17 @@ class PolicyScheduler(Scheduler):
                 self.policy.pin_released(pid, now, Release.VICTIM)
             super()._free_request_blocks(request)
         if req.is_last_step:
-            self._end_program(pid, now)
+            self._end_program(req, now)
 
-    def _end_program(self, pid: str, now: float) -> None:
+    def _end_program(self, req: Request, now: float) -> None:
+        """The program's last call finished: it ran req.turn + 1 turns (from the request's
+        own record: the calls this engine saw, or a caller's count, e.g. the simulator's
+        cluster, whose other replicas served turns too)."""
+        pid = req.program_id
         if pid in self.pinned:
             self.release_pin(pid, now, Release.LAST)
-        first, turns = self.programs.pop(pid, (now, 1))
-        self.policy.on_program_end(pid, turns, now)
+        self.programs.pop(pid, None)
+        self.policy.on_program_end(pid, req.turn + 1, now)
 
     def _hooks(self) -> None:
         """Per-call hooks the policy does not override are not called (the adapter runs
