@@ -7,7 +7,8 @@
 # does not travel to a device machine) and mixed steps (mixed_reference.py). Writes into
 # $OUT (default ./gpu-out): attention.json, calibrate-torch-cuda-MODEL.json,
 # MODEL-shape-torch-probes.json, MODEL-shape-torch-probes-mixed.json, log.txt (8 files)
-# Then, here: sim profile check OUT/calibrate-torch-cuda-MODEL.json --probes OUT/MODEL-shape-torch-probes.json
+# Each calibrated profile is then checked there against the same run's reference probes
+# (`sim profile check`, into log.txt); redo it here with the files that come back.
 # Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 5 minutes on an H100.
 set -u
 cd "$(dirname "$0")/../.."
@@ -32,4 +33,8 @@ for m in llama3.1-8b qwen3-8b; do
   timeout 100 python3 benchmarks/gpu/mixed_reference.py benchmarks/gpu/models/$m > "$OUT/$m-shape-torch-probes-mixed.json" \
     || rm -f "$OUT/$m-shape-torch-probes-mixed.json"
   echo "mixed reference $m wall $(( $(date +%s) - t0 )) s"
+  probes=$(ls "$OUT/$m-shape-torch-probes.json" "$OUT/$m-shape-torch-probes-mixed.json" 2>/dev/null | sed 's/^/--probes /')
+  [ -f "$OUT/calibrate-torch-cuda-$m.json" ] && [ -n "$probes" ] && \
+    python3 -c "import sys; from agentsim.cli import main; sys.exit(main(sys.argv[1:]))" profile check \
+      "$OUT/calibrate-torch-cuda-$m.json" $probes
 done
