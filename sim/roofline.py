@@ -203,7 +203,7 @@ def _link(gpu: dict, eff: dict) -> tuple[float, float, str]:
 
 # aiconfigurator-core 0.12.0's measured all-reduce of vLLM on 4 L40S (systems/data/l40s/comm/
 # vllm/0.22.0/custom_allreduce_perf.parquet): 134,217,728 bf16 elements in 108.5 ms
-PCIE_ALLREDUCE_MEASURED = "an L40S's all-reduce measured under vLLM (aiconfigurator-core 0.12.0's database) is about 7x slower"
+PCIE_ALLREDUCE_MEASURED = "vLLM's all-reduce measured on 4 L40S (aiconfigurator-core 0.12.0's database) is about 7x slower"
 
 
 def caveats(gpu: dict, model: dict, eff: dict, n: int) -> list[str]:

@@ -124,3 +124,9 @@ def test_cli_prints_json_and_errors(capsys):
     assert main(["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--gpu-memory-utilization", "1.5"]) == 2
     assert main(["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--measurements", "/nonexistent/x.json"]) == 0
     assert "not available" in capsys.readouterr().err
+
+
+def test_a_written_roofline_names_its_independent_check(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    assert main(["profile", "roofline", "--gpu", "A100-80GB", "--model", "llama3.1-8b", "--out", str(out)]) == 0
+    assert f"independent check: sim profile check {out} --aiconfigurator" in capsys.readouterr().out
