@@ -94,11 +94,10 @@ def run_roofline(args) -> int:
         print(f"MAPE of this profile on the H100 probes: {_fmt(err['profile'])}", file=report)
     else:
         print(f"MAPE of the same constants on the H100 probes (H100, Llama-3.1-8B shape, tp=1): {_fmt(err['constants'])}; "
-              f"no measurement of this GPU/model/tp exists, that is the only anchor", file=report)
+              f"the only probes at hand (aiconfigurator below)", file=report)
     print(f"  for comparison, a naive roofline (weights + 2 ms, 60% MFU) on the H100 specs: {_fmt(err['handmade'])}", file=report)
-    if args.out:
-        print(f"independent check: sim profile check {args.out} --aiconfigurator (vLLM's kernels measured on the GPU, "
-              "where its database has them; docs/profiles.md)", file=report)
+    print(f"independent check: sim profile check {args.out or 'FILE'} --aiconfigurator (vLLM's kernels measured on the "
+          "GPU, where its database has them; docs/profiles.md)", file=report)
     return 0
 
 
