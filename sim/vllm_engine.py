@@ -32,8 +32,10 @@ How:
   takes requests between steps), as in the SimPy engine.
 
 Not supported here (refused by `check_supported`, one line): offload tiers (vLLM's
-offloading connector needs a worker), the radix cache (SGLang's), disaggregation (a KV
-connector between engines) and ThunderAgent's proxy (acts across replicas outside vLLM).
+offloading connector needs a worker), the radix cache (SGLang's) and disaggregation (a KV
+connector between engines). ThunderAgent's proxy runs in front of these replicas as in
+front of SimPy ones (sim/cluster.py): it routes and holds programs, the engines run vLLM's
+defaults.
 """
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def vllm_available() -> str | None:
     return None
 
 
-def check_supported(policy: Policy, cfg, tiers, disagg, replicas: int) -> None:
+def check_supported(cfg, tiers, disagg) -> None:
     """One InputError line for what `--engine vllm` cannot run here (checked before vLLM
     is imported, which takes seconds)."""
     if tiers:
@@ -83,9 +85,6 @@ def check_supported(policy: Policy, cfg, tiers, disagg, replicas: int) -> None:
     if disagg is not None:
         raise InputError("--engine vllm cannot run --disagg: prefill/decode replicas need a KV connector between "
                          "engines; use --engine simpy")
-    if policy.make_controller(replicas, cfg.num_gpu_blocks * cfg.block_size) is not None:
-        raise InputError(f"--engine vllm cannot run policy {policy.name!r}: its proxy acts across replicas outside "
-                         "vLLM's scheduler; use --engine simpy")
     why = vllm_available()
     if why is not None:
         raise InputError(f"--engine vllm needs vLLM 0.32 installed (`make engine`; on a GPU machine pip install "

@@ -167,6 +167,20 @@ def test_programs_moving_between_replicas_twin_is_exact(router):
     assert a["mean_jct"] == b["mean_jct"] and a["pins_moved"] == b["pins_moved"] > 50
 
 
+def test_thunderagents_proxy_in_front_of_vllm_replicas_twin_is_exact():
+    """ThunderAgent is a proxy in front of engines that run vLLM's defaults: in front of
+    vLLM's own schedulers it pauses, holds and places programs as in front of SimPy ones."""
+    from sim.config import SimConfig, build_run, execute
+
+    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.2, "seed": 0}, "engine": {"num_blocks": 1200},
+            "cluster": {"replicas": 2}, "policy": {"name": "thunderagent"}}
+    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
+           for e in ("simpy", "vllm")}
+    cols = ["program_id", "turn", "replica", "scheduled", "finish", "cached_tokens"]
+    assert res["simpy"].turns[cols].equals(res["vllm"].turns[cols])
+    assert res["vllm"].summary["proxy"]["paused"] > 0  # the proxy did pause programs
+
+
 def test_content_shared_across_programs_twin_is_exact():
     """Programs sharing a system prompt, task texts and tool results by content (the golden
     runs' segments fixture) on a pressured pool: vLLM's prefix cache over the token ids
