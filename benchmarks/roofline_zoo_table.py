@@ -32,7 +32,8 @@ ZOO = (("glm-4.5-fp8, `--tp 8`", "glm-4.5-fp8", 8, 1), ("glm-4.5-fp8, `--ep 8`",
 AIC_GPUS = ("H100", "H200", "B200", "A100-80GB")
 DENSE_GPUS = (*AIC_GPUS, "L40S")
 ALL_AT_TP = (("llama3.1-8b", 1), ("llama3.1-8b", 4), ("qwen3-32b", 1), ("qwen3-32b", 4), ("llama3.1-70b", 4),
-             ("llama3.1-70b", 8), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 4), ("qwen3-30b-a3b-fp8", 1))
+             ("llama3.1-70b", 8), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 4), ("qwen3-32b-fp8", 1),
+             ("qwen3-30b-a3b-fp8", 1))
 KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16", "decode B=17-64", "decode B=65-256", "mixed")
 CTX = 8192  # decode steps over 8K contexts
 
