@@ -3,7 +3,7 @@
 
     python benchmarks/twin_check.py [--trace swebench] [--programs 100] [--jps 0.5]
         [--num-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
-        [--replicas N --router NAME] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
+        [--replicas N --router NAME] [--disagg xPyD] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
 
 Any difference between the two engines is a scheduling-semantics difference (admission,
 chunking, preemption, prefix hits, eviction, pins), free of timing noise. Per policy:
@@ -12,8 +12,9 @@ prefix-hit tokens, pin outcomes, and the first step whose schedule differs with 
 mechanism (admission, chunk size, preemption, prefix hit, step time). Targets (issue 32):
 mean JCT within 1%, per-program MAPE within 3%, pin outcomes and preemptions within 2%,
 the same policy ranking. Also each engine's speed (simulated s per wall s, whole run).
-With --replicas, a cluster behind --router, each replica's engine of either kind; the first
-differing step is the earliest over the replicas.
+With --replicas, a cluster behind --router, each replica's engine of either kind (with
+--disagg, prefill and decode replicas); the first differing step is the earliest over the
+replicas.
 
 --write-docs writes the table into docs/validation.md between the markers
 `<!-- twin-check:SECTION:begin -->` and `... :end -->` (--doc-section, default ci).
@@ -200,6 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="vllm,continuum")
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--router", default=None, help="with --replicas: the router (sim/router.py)")
+    ap.add_argument("--disagg", default=None, metavar="xPyD", help="prefill/decode replicas (sim/disagg.py)")
     ap.add_argument("--no-log", action="store_true", help="skip the schedule logs (no first differing step; SimPy with stretches)")
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")
     ap.add_argument("--write-docs", action="store_true")
@@ -211,7 +213,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     spec = {"workload": {"trace": args.trace, "programs": args.programs, "jps": args.jps, "seed": args.seed},
             "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {})},
-            "cluster": {"replicas": args.replicas, **({"router": args.router} if args.router else {})}}
+            "cluster": {"replicas": args.replicas, **({"router": args.router} if args.router else {}),
+                        **({"disagg": args.disagg} if args.disagg else {})}}
     rows = {}
     if args.from_json:
         for f in args.from_json.split(","):
@@ -236,6 +239,7 @@ def main(argv=None) -> int:
                  f"--num-blocks {args.num_blocks} --policies {args.policies} --seed {args.seed}"
                  + (f" --profile {args.profile}" if args.profile else "")
                  + (f" --replicas {args.replicas}" if args.replicas > 1 else "") + (f" --router {args.router}" if args.router else "")
+                 + (f" --disagg {args.disagg}" if args.disagg else "")
                  + (" --no-log" if args.no_log else "")
                  + (" --speed" if args.speed else "") + "`")
     text = table(spec_line, rows)

@@ -42,7 +42,7 @@ import math
 from policies.base import Release
 from sim.call import Call
 from sim.cpu_tier import TierSpec, build_tiers
-from sim.disagg import Disagg, Inbox, PrefillOnly, check_replicas
+from sim.disagg import Disagg, PrefillOnly, check_replicas
 from sim.engine import Engine
 from sim.router import Router, least_loaded, make_router
 from agentsim.errors import InputError
@@ -77,7 +77,7 @@ class Cluster:
         self.engines = self.prefill + self.decode
         if disagg is not None:
             for e in self.decode:
-                e.sched.tier = Inbox(e.tier)  # admits handed-over calls with their KV present
+                e.accept_handoffs()  # admits handed-over calls with their KV present
             self.kv_bytes_per_block = profile.kv_bytes_per_block
             self._handoffs: dict[int, tuple[Call, Engine]] = {}  # id(prefill call) -> (call, its decode replica)
             self._prefilled_by: dict[int, Call] = {}  # id(call) -> its prefill call, until the call finishes
@@ -210,7 +210,7 @@ class Cluster:
                 "max_local_prefill": d.max_local_prefill, "max_prefill_queue": d.max_prefill_queue,
                 "remote_prefills": s["remote_prefills"], "local_prefills": s["local_prefills"],
                 "transfer_blocks": s["transfer_blocks"], "transfer_bytes": s["transfer_blocks"] * self.kv_bytes_per_block,
-                "transfer_s": s["transfer_s"], "received_tokens": sum(e.sched.tier.received_tokens for e in self.decode)}
+                "transfer_s": s["transfer_s"], "received_tokens": sum(e.received_tokens for e in self.decode)}
 
     def _finished(self, call, now: float) -> None:
         pre = self._prefilled_by.pop(id(call), None) if self.disagg is not None else None

@@ -29,6 +29,7 @@ from agentsim.errors import SimulationError
 from sim.call import Call
 from sim.replica import Replica
 from sim.cpu_tier import NO_TIER, KVOffload, Tier
+from sim.disagg import Inbox
 from sim.profile import Profile
 from sim.engine_config import EngineConfig
 from sim.scheduler import Scheduler
@@ -127,6 +128,16 @@ class Engine(Replica):
 
     def queue_delay(self) -> float:
         return self.stats.queue_delay()
+
+    def accept_handoffs(self) -> None:
+        """Be a disaggregated decode replica: admit calls with the KV a prefill replica
+        handed over (sim/disagg.py Inbox)."""
+        self.sched.tier = Inbox(self.tier)
+
+    @property
+    def received_tokens(self) -> int:
+        """Tokens admitted from handoffs (0 unless accept_handoffs)."""
+        return getattr(self.sched.tier, "received_tokens", 0)
 
     # --- requests -------------------------------------------------------------------------
     def submit(self, call: Call) -> None:

@@ -32,8 +32,9 @@ How:
   takes requests between steps), as in the SimPy engine.
 
 Not supported here (refused by `check_supported`, one line): offload tiers (vLLM's
-offloading connector needs a worker), the radix cache (SGLang's) and disaggregation (a KV
-connector between engines). ThunderAgent's proxy runs in front of these replicas as in
+offloading connector needs a worker) and the radix cache (SGLang's). Disaggregation: a
+decode replica admits a handed-over call through a KV connector (sim/vllm_handoff.py), as
+vLLM's P/D connectors do. ThunderAgent's proxy runs in front of these replicas as in
 front of SimPy ones (sim/cluster.py): it routes and holds programs, the engines run vLLM's
 defaults.
 """
@@ -74,7 +75,7 @@ def vllm_available() -> str | None:
     return None
 
 
-def check_supported(cfg, tiers, disagg) -> None:
+def check_supported(cfg, tiers) -> None:
     """One InputError line for what `--engine vllm` cannot run here (checked before vLLM
     is imported, which takes seconds)."""
     if tiers:
@@ -82,9 +83,6 @@ def check_supported(cfg, tiers, disagg) -> None:
                          "use --engine simpy for offload tiers")
     if getattr(cfg, "cache", "vllm") != "vllm":
         raise InputError("--engine vllm cannot run --cache radix (SGLang's radix cache is not vLLM's); use --engine simpy")
-    if disagg is not None:
-        raise InputError("--engine vllm cannot run --disagg: prefill/decode replicas need a KV connector between "
-                         "engines; use --engine simpy")
     why = vllm_available()
     if why is not None:
         raise InputError(f"--engine vllm needs vLLM 0.32 installed (`make engine`; on a GPU machine pip install "
@@ -136,9 +134,10 @@ class ProgramTokens:
 
 @functools.lru_cache(maxsize=4)
 def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunked: bool, max_model_len: int,
-                 reserve_full: bool):
+                 reserve_full: bool, handoff: bool = False):
     """vLLM's own config for the run's limits, made by vLLM's EngineArgs (its checks
-    included) without loading a model or starting an engine."""
+    included) without loading a model or starting an engine; with `handoff`, the KV
+    connector of a disaggregated decode replica (sim/vllm_handoff.py)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -150,6 +149,11 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
                       enable_prefix_caching=True, block_size=block_size, num_gpu_blocks_override=num_blocks,
                       max_num_batched_tokens=budget, max_num_seqs=seqs, enable_chunked_prefill=chunked,
                       max_model_len=max_model_len, hf_overrides={"max_position_embeddings": max_model_len})
+    if handoff:
+        from vllm.config import KVTransferConfig
+
+        args.kv_transfer_config = KVTransferConfig(kv_connector="HandoffConnector", kv_role="kv_both",
+                                                   kv_connector_module_path="sim.vllm_handoff")
     try:
         config = args.create_engine_config()
     except (ValueError, TypeError) as err:
@@ -160,9 +164,10 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
     return config
 
 
-def build_scheduler(cfg, policy: Policy, profile: Profile, clock):
+def build_scheduler(cfg, policy: Policy, profile: Profile, clock, handoff: bool = False):
     """A PolicyScheduler for the run's limits (`cfg`: sim.engine_config.EngineConfig) and its
-    block hasher's hash function."""
+    block hasher's hash function; `handoff`: with the KV connector that admits calls a
+    prefill replica handed over (sim/vllm_handoff.py)."""
     import torch
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -172,7 +177,7 @@ def build_scheduler(cfg, policy: Policy, profile: Profile, clock):
     from sim.vllm_scheduler import PolicyScheduler
 
     config = _vllm_config(cfg.block_size, cfg.num_gpu_blocks, cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt))
+                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt), handoff)
     spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(layer_names=["layer.0"], kv_cache_spec=spec)])
@@ -292,6 +297,19 @@ class VllmReplica(Replica):
         self._start_accounting()
         self.process = env.process(self._loop())
 
+    def accept_handoffs(self) -> None:
+        """Be a disaggregated decode replica: admit calls with the KV a prefill replica
+        handed over (sim/vllm_handoff.py); called before anything runs."""
+        self.core, self._hash_fn = build_scheduler(self.cfg, self.policy, self.profile, clock=lambda: self.env.now,
+                                                   handoff=True)
+        self.stats = self.core.stats
+
+    @property
+    def received_tokens(self) -> int:
+        """Tokens admitted from handoffs (0 unless accept_handoffs)."""
+        connector = self.core.connector
+        return connector.received_tokens if connector is not None else 0
+
     # --- what the cluster reads ---------------------------------------------------------
     def used_blocks(self) -> int:
         return self.sched.pool.num_used
@@ -327,6 +345,10 @@ class VllmReplica(Replica):
                                 block_hasher=prog)
         self._calls[rid], self._requests[rid] = call, request
         self.core.records[rid] = call.req
+        if call.received_blocks:  # a prefill replica handed its prompt over (sim/disagg.py)
+            self.core.connector.expect(rid, call.received_blocks * self.cfg.block_size)
+            self.core.arrived[rid] = call.req.arrival
+            call.received_blocks = 0
         self.core.add_request(request)
         if not self._wakeup.triggered:
             self._wakeup.succeed()

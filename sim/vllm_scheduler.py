@@ -135,6 +135,9 @@ class PolicyScheduler(Scheduler):
         # request id -> the policy's record of the call, given by a caller that keeps its own
         # (the simulator's vLLM engine); without one it is built from the request's metadata
         self.records: dict[str, Request] = {}
+        # request id -> when the policy is told it arrived, where that is not now: a call a
+        # prefill replica handed over came to its decode replica at its arrival (sim/disagg.py)
+        self.arrived: dict[str, float] = {}
         self._kv_sum = self._kv_steps = 0
         self._hooks()
         # steps are timed only for a policy that reads exec_time or while validation logs them
@@ -310,7 +313,7 @@ class PolicyScheduler(Scheduler):
                               true_tool_duration=None if meta.is_last_step else meta.tool_duration_s)
             if now >= self._next_expiry:  # pins that ran out while the engine idled go before this arrival
                 self._expire(now)
-            self.policy.on_arrival(req, now)
+            self.policy.on_arrival(req, self.arrived.pop(rid, now))
             self._seq += 1
             self.calls[rid] = _Call(req, self._seq)
             self.inflight[pid] = rid

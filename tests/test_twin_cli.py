@@ -17,7 +17,6 @@ _RUN = ["run", "--trace", "swebench", "--programs", "3", "--no-progress"]
 @pytest.mark.parametrize("flags, why", [
     (["--offload", "cpu:1GiB"], "cannot run --offload"),
     (["--cache", "radix"], "cannot run --cache radix"),
-    (["--disagg", "1P1D"], "cannot run --disagg"),
 ])
 def test_unsupported_features_are_one_line_exit_2(flags, why, capsys, tmp_path):
     rc = main([*_RUN, "--engine", "vllm", *flags, "--out", str(tmp_path / "o")])

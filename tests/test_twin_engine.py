@@ -181,6 +181,23 @@ def test_thunderagents_proxy_in_front_of_vllm_replicas_twin_is_exact():
     assert res["vllm"].summary["proxy"]["paused"] > 0  # the proxy did pause programs
 
 
+@pytest.mark.parametrize("policy", ["vllm", "continuum"])
+def test_prefill_decode_disaggregation_twin_is_exact(policy):
+    """1 prefill + 2 decode replicas: a remote prefill's KV reaches a vLLM decode replica
+    through a KV connector (sim/vllm_handoff.py), as external tokens at admission; the
+    same calls, prefills, handoffs and received tokens as the SimPy replicas' Inbox."""
+    from sim.config import SimConfig, build_run, execute
+
+    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_blocks": 1500},
+            "cluster": {"disagg": "1P2D"}, "policy": {"name": policy}}
+    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
+           for e in ("simpy", "vllm")}
+    cols = ["program_id", "turn", "replica", "scheduled", "first_token", "finish", "cached_tokens", "computed_prompt_tokens"]
+    assert res["simpy"].turns[cols].equals(res["vllm"].turns[cols])
+    a, b = res["simpy"].summary["disaggregation"], res["vllm"].summary["disaggregation"]
+    assert a == b and a["remote_prefills"] > 100 and a["received_tokens"] > 0
+
+
 def test_content_shared_across_programs_twin_is_exact():
     """Programs sharing a system prompt, task texts and tool results by content (the golden
     runs' segments fixture) on a pressured pool: vLLM's prefix cache over the token ids
