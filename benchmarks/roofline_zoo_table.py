@@ -53,8 +53,7 @@ def holds() -> str:
         m = roofline.find_model(model)[1]
         layout, n = ("ep", ep) if ep > 1 else ("tp", tp)
         weights = roofline._per_gpu(m, roofline.weight_bytes_total(m), layout, n)
-        heads = roofline.kv_heads_per_gpu(m, n) if layout == "tp" else m["num_kv_heads"]
-        kv_tok = roofline.kv_bytes_per_token_charged(m, heads)
+        kv_tok = raw["kv_bytes_per_block"] / p.block_size
         pool = p.engine.num_gpu_blocks * p.block_size
         dec = " / ".join(f"{p.step_time(b, b, float(b * CTX), float(b * CTX)) * 1e3:.1f}" for b in (1, 16, 32, 128))
         lines.append(f"| {label} | {weights / 1e9:.1f} GB | {kv_tok:,.0f} B | {_tokens(pool)}"
