@@ -5,12 +5,11 @@ aiconfigurator's kernel database (the one of those models it ships); and rooflin
 GPUs at one and more GPUs per replica against the same database. The last
 two need the optional extra `pip install -e '.[aiconfigurator]'`.
 
-    python benchmarks/roofline_zoo_table.py [--write-docs [PAGE]]
+    python benchmarks/roofline_zoo_table.py [--table holds|aiconfigurator|tp] [--write-docs [PAGE]]
 
---write-docs puts each table into docs/profiles.md (or PAGE) in place of its block
-`<!-- roofline_zoo_table: holds -->` / `<!-- roofline_zoo_table: aiconfigurator -->` /
-`<!-- roofline_zoo_table: tp -->` ...
-`<!-- end roofline_zoo_table -->`.
+--table picks one table (default all); --write-docs puts each table printed into
+docs/profiles.md (or PAGE) in place of its block `<!-- roofline_zoo_table: --table NAME -->`
+... `<!-- end roofline_zoo_table -->` (benchmarks/docs_tables.py redoes each by its marker).
 """
 from __future__ import annotations
 
@@ -103,22 +102,25 @@ def at_tp() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--table", choices=("holds", "aiconfigurator", "tp"), default=None, help="one table (default all)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
                     help="also replace the tables in PAGE (default docs/profiles.md)")
     a = ap.parse_args(argv)
-    tables = {"holds": holds()}
-    try:
-        pc._aic()
-        tables["aiconfigurator"] = aiconfigurator()
-        tables["tp"] = at_tp()
-    except InputError as e:
-        if a.write_docs:
-            raise SystemExit(f"error: the docs have an aiconfigurator table: {e}")
-        print(f"note: no aiconfigurator table ({e})", file=sys.stderr)
+    names = [a.table] if a.table else ["holds", "aiconfigurator", "tp"]
+    tables = {"holds": holds()} if "holds" in names else {}
+    if set(names) - {"holds"}:
+        try:
+            pc._aic()
+        except InputError as e:
+            if a.write_docs or a.table:
+                raise SystemExit(f"error: the aiconfigurator tables need the optional extra: {e}")
+            print(f"note: no aiconfigurator tables ({e})", file=sys.stderr)
+        else:
+            tables.update({n: {"aiconfigurator": aiconfigurator, "tp": at_tp}[n]() for n in names if n != "holds"})
     print("\n\n".join(tables.values()))
     if a.write_docs:
         for key, body in tables.items():
-            write_block(a.write_docs, "roofline_zoo_table", key, body)
+            write_block(a.write_docs, "roofline_zoo_table", f"--table {key}", body)
         print(f"wrote {a.write_docs}", file=sys.stderr)
     return 0
 

@@ -182,3 +182,12 @@ def test_the_docs_tables_that_are_quick_to_redo_are_what_their_commands_give(mon
     assert len(ran) == 2 + len(with_aic), said
     assert all(s.startswith("current") or "../shared/measurements is missing" in s for s in ran), said
     assert sum(s.startswith("current") for s in ran) >= 2, said
+
+
+def test_every_marked_table_is_keyed_by_the_flags_that_redo_it():
+    """A marker's key is the command line docs_tables.py runs the script with: flags, each
+    `--name`, never a bare word the script would not parse."""
+    blocks = docs_tables.marked_blocks()
+    assert len(blocks) > 10
+    for b in blocks:
+        assert b.key.startswith("--"), (b.page.name, b.line, b.key)
