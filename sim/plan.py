@@ -43,7 +43,7 @@ from tqdm import tqdm
 from policies.registry import policy_params
 from sim import roofline
 from sim.cpu_tier import parse_offload
-from sim.router import ROUTERS, make_router
+from sim.router import make_router, router_names
 from sim.bound import BOUNDABLE, Bound, parse_limit
 from sim.sweep import RESULTS, Workers, build_run, point_key, stopped_early, sweep
 from agentsim.errors import InputError
@@ -194,8 +194,7 @@ def candidates(gpus, models, tps, policies, offloads, routers, prices: dict[str,
         except InputError as e:
             notes.append(f"left out {g} x {m} at tp={tp}: {e}")
             continue
-        notes += [f"{g} x {m} at tp={tp}: {c}" for c in
-                  roofline.caveats(roofline.find_gpu(g)[1], roofline.find_model(m)[1], roofline.load_fit()["constants"], tp)]
+        notes += [f"{g} x {m} at tp={tp}: {c}" for c in prof["provenance"].get("caveats", [])]
         path = str((Path(profile_dir) / f"{g}-{m}-tp{tp}.json").resolve())
         to_write[path] = prof
         hardware.append((g, m, tp, path, "roofline"))
@@ -483,7 +482,7 @@ def register(sub) -> None:
     p.add_argument("--policy", default="vllm,continuum", help="comma-separated policies")
     p.add_argument("--offload", default="none", help="semicolon-separated offload options, e.g. 'none;cpu:200GiB'")
     p.add_argument("--router", default="round_robin,session",
-                   help=f"comma-separated routers ({', '.join(ROUTERS)}); default round_robin and session (a "
+                   help=f"comma-separated routers ({', '.join(router_names())}); default round_robin and session (a "
                         "program's turns on one replica, where its prefix cache is)")
     p.add_argument("--prices", default=None, help=f"price table JSON (default sim/specs/{PRICES_FILE.name})")
     p.add_argument("--max-replicas", type=int, default=16)

@@ -486,7 +486,8 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
 
     fit = load_fit()
     eff = fit["constants"]
-    notes += caveats(gpu, model, eff, n)
+    warned = caveats(gpu, model, eff, n)
+    notes += warned
     sc = step_coefficients(gpu, model, n, eff, layout)
     parts = sc["parts"]
     c = {k: float(f"{v:.5g}") for k, v in sc["coef"].items()}
@@ -567,6 +568,8 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
             f"({kv_layers_charged(model, 131072) / charged - 1:+.0%}); all {model['num_layers']} layers would be "
             f"{model['num_layers'] / charged:.1f}x this. Step time: local layers' attention and KV read at the window bound "
             "(c1, c3), exact for contexts of at least the window")
+    if warned:
+        prov["caveats"] = warned  # also in notes; `sim plan` repeats them per candidate
     if notes:
         prov["notes"] = notes
     mfields = {k: model[k] for k in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",

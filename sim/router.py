@@ -31,8 +31,6 @@ import math
 from agentsim.errors import InputError
 from sim.content import held_prefix
 
-ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "cache_aware")
-
 
 def least_loaded(engines) -> int:
     return min(range(len(engines)), key=lambda i: (*engines[i].load(), i))

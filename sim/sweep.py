@@ -6,8 +6,8 @@ the sweep goes on; a rerun skips it as any finished point (the simulator is dete
 
 A point is a flat dict of axes: the leaf fields of a run's config (RUN_AXES: `trace`,
 `jps`, `num_blocks`, `router`, ...; sim/config.py) plus the parameters of its policy
-(e.g. `max_ttl` for continuum) and of its router (e.g. `cache_threshold` for cache_aware). `point_config` makes it a SimConfig and `build_run` a
-simulation, as for `sim run`. Each point has a stable key (a hash of its axes, defaults
+(e.g. `max_ttl` for continuum) and of its router (e.g. `cache_threshold` for cache_aware).
+`point_config` makes it a SimConfig and `build_run` a simulation, as for `sim run`. Each point has a stable key (a hash of its axes, defaults
 filled in), stored in the table. DIR/results.parquet is rewritten atomically after every
 finished point, so an interrupted sweep keeps everything that finished and a rerun skips
 those keys. Points run serially, on local processes, or on an existing Dask cluster

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import linear_profile, make_trace, simulate
 from policies.registry import POLICIES
-from sim.router import ROUTERS
+from sim.router import router_names
 from sim.disagg import Disagg, Link, find_link, parse_disagg
 from agentsim.errors import InputError
 
@@ -45,7 +45,7 @@ def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.in
                                                                min_size=len(progs), max_size=len(progs))))),
         policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(blocks),
         budget=draw(st.sampled_from([16, 64, 256, 8192])), seqs=draw(st.integers(1, 16)),
-        chunked=draw(st.booleans()), replicas=draw(replicas), router=draw(st.sampled_from(ROUTERS)),
+        chunked=draw(st.booleans()), replicas=draw(replicas), router=draw(st.sampled_from(router_names())),
         offload=draw(st.sampled_from([None, "cpu:1MiB@0.05", "cpu:1MiB@0.05,ssd:2MiB@0.01"])),
         cache=draw(st.sampled_from(["vllm", "radix"])),
         disagg=draw(st.sampled_from([None, None, "1P1D", "2P1D", "1P2D"])), local_prefill=draw(st.sampled_from([0, 64, 1000])),
