@@ -3,7 +3,7 @@
 
     python benchmarks/twin_check.py [--trace swebench] [--programs 100] [--jps 0.5]
         [--num-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
-        [--replicas N --router NAME] [--disagg xPyD] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
+        [--replicas N --router NAME] [--disagg xPyD] [--offload TIERS] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
 
 Any difference between the two engines is a scheduling-semantics difference (admission,
 chunking, preemption, prefix hits, eviction, pins), free of timing noise. Per policy:
@@ -14,7 +14,8 @@ mean JCT within 1%, per-program MAPE within 3%, pin outcomes and preemptions wit
 the same policy ranking. Also each engine's speed (simulated s per wall s, whole run).
 With --replicas, a cluster behind --router, each replica's engine of either kind (with
 --disagg, prefill and decode replicas); the first differing step is the earliest over the
-replicas.
+replicas. With --offload (e.g. cpu:20GiB), each replica's offload tiers: on vLLM's side
+through the simulator's KV connector (sim/vllm_connector.py).
 
 --write-docs writes the table into docs/validation.md between the markers
 `<!-- twin-check:SECTION:begin -->` and `... :end -->` (--doc-section, default ci).
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "validation.md"
 MARK = "<!-- twin-check:{}:{} -->"  # a table's markers in the doc: MARK.format(section, "begin"/"end")
 PIN_KEYS = ("pins_hit", "pins_expired", "pins_victim", "pins_discarded")
+OFFLOAD_KEYS = ("offload_loaded_tokens", "offload_loads", "writethrough_bytes", "offload_bytes")
 TARGETS = {"mean_jct": 0.01, "mape": 0.03, "pins": 0.02, "preemptions": 0.02}
 
 
@@ -144,6 +146,8 @@ def compare(pair: dict) -> dict:
         "speed": (sa["makespan_s"] / a["wall_s"], sb["makespan_s"] / b["wall_s"]),
         "first_difference": pair.get("first_difference"),
     }
+    if sa.get("offload"):  # what went through the offload tiers
+        row["offload"] = {k: (sa[k], sb[k]) for k in OFFLOAD_KEYS}
     pins_a, pins_b = sum(sa[k] for k in PIN_KEYS), sum(sb[k] for k in PIN_KEYS)
     row["targets"] = {
         "mean_jct": abs(row["mean_jct"][2]) <= TARGETS["mean_jct"],
@@ -177,6 +181,10 @@ def table(spec_line: str, rows: dict) -> str:
     lines += ["", f"Ranking by mean JCT: SimPy {' < '.join(ranking(rows, 0))}; vLLM {' < '.join(ranking(rows, 1))} "
                   f"({'the same' if same else 'DIFFERENT'}). Pins as SimPy:vLLM."
                   + (f" Speed (simulated s per wall s, whole run with the schedule logs off): {speeds}." if speeds else "")]
+    moved = "; ".join(f"{p} " + ", ".join(f"{k.replace('_', ' ')} {a}:{b}" for k, (a, b) in r["offload"].items())
+                      for p, r in rows.items() if r.get("offload"))
+    if moved:
+        lines.append(f"Offload tiers (SimPy:vLLM): {moved}.")
     return "\n".join(lines)
 
 
@@ -202,6 +210,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--router", default=None, help="with --replicas: the router (sim/router.py)")
     ap.add_argument("--disagg", default=None, metavar="xPyD", help="prefill/decode replicas (sim/disagg.py)")
+    ap.add_argument("--offload", default=None, metavar="TIERS", help="offload tiers per replica, e.g. cpu:20GiB (sim/cpu_tier.py)")
     ap.add_argument("--no-log", action="store_true", help="skip the schedule logs (no first differing step; SimPy with stretches)")
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")
     ap.add_argument("--write-docs", action="store_true")
@@ -214,7 +223,8 @@ def main(argv=None) -> int:
     spec = {"workload": {"trace": args.trace, "programs": args.programs, "jps": args.jps, "seed": args.seed},
             "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {})},
             "cluster": {"replicas": args.replicas, **({"router": args.router} if args.router else {}),
-                        **({"disagg": args.disagg} if args.disagg else {})}}
+                        **({"disagg": args.disagg} if args.disagg else {}),
+                        **({"offload": args.offload} if args.offload else {})}}
     rows = {}
     if args.from_json:
         for f in args.from_json.split(","):
@@ -240,6 +250,7 @@ def main(argv=None) -> int:
                  + (f" --profile {args.profile}" if args.profile else "")
                  + (f" --replicas {args.replicas}" if args.replicas > 1 else "") + (f" --router {args.router}" if args.router else "")
                  + (f" --disagg {args.disagg}" if args.disagg else "")
+                 + (f" --offload {args.offload}" if args.offload else "")
                  + (" --no-log" if args.no_log else "")
                  + (" --speed" if args.speed else "") + "`")
     text = table(spec_line, rows)

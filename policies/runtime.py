@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container
 
-from policies.base import EngineView, Policy
+from policies.base import Action, EngineView, Policy, Release
 
 
 def no_deadlock_victims(policy: Policy, view: EngineView, pins: Container[str], head: str | None, short: int,
@@ -29,3 +29,10 @@ def no_deadlock_victims(policy: Policy, view: EngineView, pins: Container[str], 
     if not victims and not running and head in pins:
         victims = [head]
     return victims
+
+
+def offloads_dropped_pin(policy: Policy, program_id: str, reason: Release) -> bool:
+    """With an offload tier: is a pin dropped for `reason` written to it before its blocks
+    are freed? The policy's `release_action` decides, except that a pin its own program's
+    next call consumed (a hit) or whose program ended is never written."""
+    return reason not in (Release.HIT, Release.LAST) and policy.release_action(program_id, reason) == Action.OFFLOAD

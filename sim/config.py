@@ -322,7 +322,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs
         from sim.vllm_engine import check_supported
 
-        check_supported(cfg, tiers)
+        check_supported(cfg)
     if arrivals is None and w.mode == "closed":
         arrivals = closed_loop_arrivals(len(np.unique(np.asarray(trace["program_id"]))), w.concurrency)
     elif arrivals is None:

@@ -45,7 +45,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable
 
-from policies.base import Action, Release
 from agentsim.errors import InputError
 
 CHUNK_TOKENS = 256  # LMCache's default chunk size
@@ -199,11 +198,8 @@ class NoTier:
     def write_through(self, call) -> None:
         pass
 
-    def offload(self, blocks: list[int], now: float) -> int:
+    def offload(self, keys: list, now: float) -> int:
         return 0
-
-    def release(self, program_id: str, blocks: list[int], reason: str, now: float) -> None:
-        pass
 
     def take_step_costs(self, now: float) -> tuple[float, float]:
         return 0.0, 0.0
@@ -218,12 +214,13 @@ NO_TIER = NoTier()
 class KVOffload:
     """The offload tiers of one replica and the scheduler's three uses of them:
     `loadable`/`load` at admission, `write_through` after prefill steps, `offload`
-    (a retention or a dropped pin). Keeps the step's transfer time for the engine."""
+    (a retention or a dropped pin, named by content keys, so that either engine's
+    scheduler can use it). Keeps the step's transfer time for the engine."""
 
     enabled = True
 
-    def __init__(self, tiers: list[Tier], pool, block_size: int, policy=None, chunk_tokens: int = CHUNK_TOKENS) -> None:
-        self.tiers, self.pool, self.block_size, self.policy = tiers, pool, block_size, policy
+    def __init__(self, tiers: list[Tier], block_size: int, chunk_tokens: int = CHUNK_TOKENS) -> None:
+        self.tiers, self.block_size = tiers, block_size
         self.chunk_blocks = max(1, -(-chunk_tokens // block_size))
         self.block_bytes = tiers[0].chunk_bytes // self.chunk_blocks
         self.step_load_s = 0.0  # reloads of calls admitted in the step being formed
@@ -285,7 +282,9 @@ class KVOffload:
         for b in range(gpu_hit, gpu_hit + n_blocks):
             per_tier[where[b // cb]] += 1
         for j, w in enumerate(where):
-            self.tiers[w].touch(call.block_key((j + 1) * cb - 1))
+            key = call.block_key((j + 1) * cb - 1)
+            if key in self.tiers[w]:  # vLLM loads what its lookup found; an offload between may have evicted it
+                self.tiers[w].touch(key)
         t = 0.0
         for tier, nb in zip(self.tiers, per_tier):
             if nb:
@@ -336,15 +335,16 @@ class KVOffload:
                 self.writethrough_bytes += self.tiers[0].chunk_bytes
         call.saved_chunks = max(call.saved_chunks, full)
 
-    def offload(self, blocks: list[int], now: float) -> int:
-        """Write the full chunks held in `blocks` (a context's blocks in order, keys from
-        the pool) that the CPU tier lacks; the copy queues on the PCIe link from `now`."""
-        cb, key = self.chunk_blocks, self.pool.key
+    def offload(self, keys: list, now: float) -> int:
+        """Write the full chunks of a context that the CPU tier lacks; `keys`: the content
+        key of each of its blocks in order, None for a block the prefix cache does not
+        hold (a partial last one). The copy queues on the PCIe link from `now`."""
+        cb = self.chunk_blocks
         n = 0
-        for j in range(len(blocks) // cb):
-            ks = [key[b] for b in blocks[j * cb:(j + 1) * cb]]
-            if any(k is None for k in ks):
-                continue  # a partial last block, or a duplicate whose key another block holds
+        for j in range(len(keys) // cb):
+            ks = keys[j * cb:(j + 1) * cb]
+            if None in ks:
+                continue
             c = ks[-1]
             if c not in self.tiers[0] and self._put(c):
                 n += 1
@@ -355,13 +355,6 @@ class KVOffload:
             self.offload_write_s += dt
             self.write_free_at = max(self.write_free_at, now) + dt
         return n
-
-    def release(self, program_id: str, blocks: list[int], reason: str, now: float) -> None:
-        """A pin is being dropped: offload it first if the policy says so."""
-        if reason in (Release.HIT, Release.LAST) or self.policy is None:
-            return
-        if self.policy.release_action(program_id, reason) == Action.OFFLOAD:
-            self.offload(blocks, now)
 
     # --- engine side -------------------------------------------------------------------------
     def take_step_costs(self, now: float) -> tuple[float, float]:

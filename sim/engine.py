@@ -67,7 +67,7 @@ class Engine(Replica):
         self.policy = policy
         self.sched = Scheduler(cfg, policy)
         self.sched.view = self
-        self.tier = KVOffload(tiers, self.sched.pool, cfg.block_size, policy) if tiers else NO_TIER
+        self.tier = KVOffload(tiers, cfg.block_size) if tiers else NO_TIER
         self.sched.tier = self.tier
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from policies.base import Action, Policy, Release, Retention
 from policies.pins import PinTable
-from policies.runtime import no_deadlock_victims
+from policies.runtime import no_deadlock_victims, offloads_dropped_pin
 from sim.block_pool import BlockPool
 from sim.radix_cache import RadixCache
 from sim.call import Call
@@ -40,6 +40,7 @@ class Scheduler:
         self._custom_victim = type(policy).preemption_victim is not Policy.preemption_victim
         self.order_moved = False  # this step's victim ordering moved a running call (Engine._steady)
         self.preempted_now = False  # the last step preempted (it admitted nothing then)
+        self._tier_hit = 0  # the offload tier's answer to the last admission's lookup (_admit)
         # vLLM's allocate_slots caches the full blocks of the tokens it schedules at once, so
         # a call admitted later in the same step hits a prefix another call is computing in
         # it (kv_cache_manager.py: cache_blocks(request, computed + new)); the radix model
@@ -62,9 +63,16 @@ class Scheduler:
         blocks = self.pins.pop(pid, now)
         if blocks is None:
             return
-        self.tier.release(pid, blocks, reason, now)  # offload first if the policy says so
+        if self.tier.enabled and offloads_dropped_pin(self.policy, pid, reason):
+            self.tier.offload(self._keys(blocks), now)
         self.pool.free(blocks)
         self.policy.pin_released(pid, now, reason)
+
+    def _keys(self, blocks: list[int]) -> list:
+        """The content key each block caches (None: not a full cached block), as an
+        offload tier names a context's chunks."""
+        key = self.pool.key
+        return [key[b] for b in blocks]
 
     @property
     def pinned_blocks(self) -> int:
@@ -176,7 +184,10 @@ class Scheduler:
                 call = self.waiting[0]
                 num_new, short = self._admit(call, budget)
                 if num_new is None and short > 0 and self._unpin_for(call, short, now):
-                    num_new, short = self._admit(call, budget)
+                    # vLLM retries the allocation with the lookups it made before dropping
+                    # the pins (sim/vllm_scheduler.py allocate_slots): the offload tier's
+                    # answer stands, though a dropped pin's offload may have changed the tier
+                    num_new, short = self._admit(call, budget, self._tier_hit)
                     # the dropped pins' programs wait further back now (an order key may read
                     # the pins): the adapter re-places their calls at once (_pins_changed),
                     # within this step's admissions (the twin check)
@@ -204,12 +215,13 @@ class Scheduler:
                 self.release_pin(pid, now, Release.HIT)
         return scheduled
 
-    def _admit(self, call: Call, budget: int) -> tuple[int | None, int]:
-        """Try to start a waiting call: (tokens scheduled, 0) or (None, blocks short)."""
+    def _admit(self, call: Call, budget: int, tier_hit: int | None = None) -> tuple[int | None, int]:
+        """Try to start a waiting call: (tokens scheduled, 0) or (None, blocks short);
+        `tier_hit`: the offload tier's answer of the last try, kept on a retry."""
         bs = self.cfg.block_size
         hit = self.prefix_hit(call)
         # blocks past the GPU hit that an offload tier can reload instead of recomputing
-        load = self.tier.loadable(call, len(hit))
+        load = self._tier_hit = self.tier.loadable(call, len(hit)) if tier_hit is None else tier_hit
         start = (len(hit) + load) * bs
         num_new = call.num_tokens - start
         if not self.cfg.enable_chunked_prefill and num_new > budget:
@@ -316,6 +328,6 @@ class Scheduler:
             self.pin(call.req.program_id, call.blocks, now)
             call.blocks = []
         else:
-            if retention.action == Action.OFFLOAD:
-                self.tier.offload(call.blocks, now)  # write its full chunks to the CPU tier, then free
+            if retention.action == Action.OFFLOAD and self.tier.enabled:
+                self.tier.offload(self._keys(call.blocks), now)  # its full chunks to the CPU tier, then free
             self._free_call(call)

@@ -31,10 +31,14 @@ How:
 - Calls that reach a replica mid-step are added when the step ends (vLLM's engine core
   takes requests between steps), as in the SimPy engine.
 
-Not supported here (refused by `check_supported`, one line): offload tiers (vLLM's
-offloading connector needs a worker) and the radix cache (SGLang's). Disaggregation: a
-decode replica admits a handed-over call through a KV connector (sim/vllm_handoff.py), as
-vLLM's P/D connectors do. ThunderAgent's proxy runs in front of these replicas as in
+- KV the replica did not compute comes in through a KV connector (sim/vllm_connector.py),
+  as vLLM admits external KV: offload tiers (`--offload`, LMCache's connector over the
+  same tiers as the SimPy replica's, sim/cpu_tier.py: loads at admission charged to the
+  step, write-through after prefill steps, the policy's offloads of finished calls and
+  dropped pins) and a disaggregated decode replica's handed-over prompts.
+
+Not supported here (refused by `check_supported`, one line): the radix cache (SGLang's).
+ThunderAgent's proxy runs in front of these replicas as in
 front of SimPy ones (sim/cluster.py): it routes and holds programs, the engines run vLLM's
 defaults.
 """
@@ -49,7 +53,7 @@ from agentsim.errors import InputError
 from policies.base import Policy
 from sim import stretch
 from sim.call import Call
-from sim.cpu_tier import NO_TIER
+from sim.cpu_tier import NO_TIER, KVOffload
 from sim.replica import Replica
 from sim.profile import Profile
 
@@ -75,12 +79,9 @@ def vllm_available() -> str | None:
     return None
 
 
-def check_supported(cfg, tiers) -> None:
+def check_supported(cfg) -> None:
     """One InputError line for what `--engine vllm` cannot run here (checked before vLLM
     is imported, which takes seconds)."""
-    if tiers:
-        raise InputError("--engine vllm cannot run --offload: vLLM's offloading connector needs a model worker; "
-                         "use --engine simpy for offload tiers")
     if getattr(cfg, "cache", "vllm") != "vllm":
         raise InputError("--engine vllm cannot run --cache radix (SGLang's radix cache is not vLLM's); use --engine simpy")
     why = vllm_available()
@@ -134,10 +135,10 @@ class ProgramTokens:
 
 @functools.lru_cache(maxsize=4)
 def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunked: bool, max_model_len: int,
-                 reserve_full: bool, handoff: bool = False):
+                 reserve_full: bool, connector: bool = False):
     """vLLM's own config for the run's limits, made by vLLM's EngineArgs (its checks
-    included) without loading a model or starting an engine; with `handoff`, the KV
-    connector of a disaggregated decode replica (sim/vllm_handoff.py)."""
+    included) without loading a model or starting an engine; with `connector`, the
+    simulator's KV connector (sim/vllm_connector.py: handoffs, offload tiers)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -149,11 +150,11 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
                       enable_prefix_caching=True, block_size=block_size, num_gpu_blocks_override=num_blocks,
                       max_num_batched_tokens=budget, max_num_seqs=seqs, enable_chunked_prefill=chunked,
                       max_model_len=max_model_len, hf_overrides={"max_position_embeddings": max_model_len})
-    if handoff:
+    if connector:
         from vllm.config import KVTransferConfig
 
-        args.kv_transfer_config = KVTransferConfig(kv_connector="HandoffConnector", kv_role="kv_both",
-                                                   kv_connector_module_path="sim.vllm_handoff")
+        args.kv_transfer_config = KVTransferConfig(kv_connector="SimConnector", kv_role="kv_both",
+                                                   kv_connector_module_path="sim.vllm_connector")
     try:
         config = args.create_engine_config()
     except (ValueError, TypeError) as err:
@@ -164,10 +165,10 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
     return config
 
 
-def build_scheduler(cfg, policy: Policy, profile: Profile, clock, handoff: bool = False):
+def build_scheduler(cfg, policy: Policy, profile: Profile, clock, connector: bool = False):
     """A PolicyScheduler for the run's limits (`cfg`: sim.engine_config.EngineConfig) and its
-    block hasher's hash function; `handoff`: with the KV connector that admits calls a
-    prefill replica handed over (sim/vllm_handoff.py)."""
+    block hasher's hash function; `connector`: with the KV connector that admits KV the
+    replica did not compute (sim/vllm_connector.py)."""
     import torch
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -177,7 +178,7 @@ def build_scheduler(cfg, policy: Policy, profile: Profile, clock, handoff: bool 
     from sim.vllm_scheduler import PolicyScheduler
 
     config = _vllm_config(cfg.block_size, cfg.num_gpu_blocks, cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt), handoff)
+                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt), connector)
     spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(layer_names=["layer.0"], kv_cache_spec=spec)])
@@ -272,8 +273,6 @@ class VllmReplica(Replica):
     """One replica whose scheduling is vLLM's own (see the module's docstring); the
     interface sim/cluster.py and sim/simulate.py use of sim.engine.Engine."""
 
-    tier = NO_TIER  # no offload tiers here (check_supported)
-
     def __init__(self, env, cfg, profile: Profile, policy: Policy, on_finish=None, fast_forward: bool = True,
                  tiers=None, index: int = 0) -> None:
         from vllm import SamplingParams
@@ -283,26 +282,39 @@ class VllmReplica(Replica):
         self._Request, self._MRO, self._Sampling = Request, ModelRunnerOutput, SamplingParams
         self.env, self.cfg, self.profile, self.policy, self.index = env, cfg, profile, policy, index
         self.on_finish = on_finish
-        self.core, self._hash_fn = build_scheduler(cfg, policy, profile, clock=lambda: env.now)
-        self.stats = self.core.stats
+        self._calls: dict[str, Call] = {}  # request id -> the simulator's record of the call
+        self._requests: dict[str, object] = {}  # request id -> vLLM's Request
+        self._programs: dict[str, ProgramTokens] = {}
+        self.tier = KVOffload(tiers, cfg.block_size) if tiers else NO_TIER
+        self._build(connector=bool(tiers))
         self.sched = _SchedView(self)
         self.arrived_mid_step: list[Call] = []  # calls that arrived mid-step, added at its end
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
         self._in_step = False
-        self._calls: dict[str, Call] = {}  # request id -> the simulator's record of the call
-        self._requests: dict[str, object] = {}  # request id -> vLLM's Request
-        self._programs: dict[str, ProgramTokens] = {}
         self.horizon = self.read_horizon = env.peek  # set by the cluster; unused (no stretches)
         self._wakeup = env.event()
         self._start_accounting()
         self.process = env.process(self._loop())
 
+    def _build(self, connector: bool) -> None:
+        self.core, self._hash_fn = build_scheduler(self.cfg, self.policy, self.profile, clock=lambda: self.env.now,
+                                                   connector=connector)
+        self.stats = self.core.stats
+        self.core.tier, self.core.block_keys = self.tier, self._block_keys
+        if connector:
+            self.core.connector.bind(self.tier, self._calls)
+
     def accept_handoffs(self) -> None:
         """Be a disaggregated decode replica: admit calls with the KV a prefill replica
-        handed over (sim/vllm_handoff.py); called before anything runs."""
-        self.core, self._hash_fn = build_scheduler(self.cfg, self.policy, self.profile, clock=lambda: self.env.now,
-                                                   handoff=True)
-        self.stats = self.core.stats
+        handed over (sim/vllm_connector.py); called before anything runs."""
+        self._build(connector=True)
+
+    def _block_keys(self, pid: str, blocks: list) -> list:
+        """The content key of each of a program's context blocks (None where vLLM's prefix
+        cache does not hold the block: a partial last one), as an offload tier names chunks."""
+        full = sum(1 for b in blocks if b.block_hash is not None)
+        keys = self._programs[pid].content.prefix(full) if full else []
+        return [keys[i] if b.block_hash is not None else None for i, b in enumerate(blocks)]
 
     @property
     def received_tokens(self) -> int:
@@ -404,15 +416,18 @@ class VllmReplica(Replica):
             requests, calls = self._requests, self._calls
             for new in out.scheduled_new_reqs:
                 call = calls[new.req_id]
-                if call.scheduled_at is None:  # first admission: the prefix hit is what it did not compute
+                if call.scheduled_at is None:  # first admission: the GPU prefix hit is what it did not compute or load
                     call.scheduled_at = now
-                    call.cached_tokens = requests[new.req_id].num_computed_tokens - scheduled[new.req_id]
+                    call.cached_tokens = requests[new.req_id].num_computed_tokens - scheduled[new.req_id] - call.loaded_tokens
             for rid, q in scheduled.items():  # prompt tokens computed (a recompute counts again)
                 r = requests[rid]
                 before = r.num_computed_tokens - q
                 if before < r.num_prompt_tokens:
                     calls[rid].computed_prompt_tokens += min(r.num_computed_tokens, r.num_prompt_tokens) - before
             dt = profile.step_time(*core.features(out))
+            load_s, write_s = self.tier.take_step_costs(now)
+            if load_s or write_s:  # as sim/engine.py: copies in flight bound the step, loads lengthen it
+                dt = max(dt, write_s) + load_s
             used = self.sched.pool.num_used
             _, self._used_area, self.busy_time, end = stretch.account_steps(
                 [dt], [0], used, self._used_area, self.busy_time, now,
@@ -423,6 +438,13 @@ class VllmReplica(Replica):
             self._in_step = False
             self.steps += 1
             ids = list(scheduled)
+            if self.tier.enabled:  # LMCache stores the new full chunks of prefill steps (as sim/scheduler.py complete)
+                for rid in ids:
+                    r = requests[rid]
+                    if r.num_computed_tokens - scheduled[rid] < r.num_prompt_tokens:
+                        call = calls[rid]
+                        call.num_computed = r.num_computed_tokens
+                        self.tier.write_through(call)
             sampled = []
             for rid in ids:
                 r = requests[rid]

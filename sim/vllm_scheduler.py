@@ -42,8 +42,9 @@ from vllm.v1.request import RequestStatus
 
 from policies.base import Action, FinishStats, Policy, PolicyError, Release, Request
 from policies.pins import PinTable, pin_counts
-from policies.runtime import no_deadlock_victims
+from policies.runtime import no_deadlock_victims, offloads_dropped_pin
 from policies.registry import make_policy
+from sim.cpu_tier import NO_TIER
 from sim.job_meta import parse_job_meta
 from sim.profile import Profile, load_profile, step_features
 from sim.shipped_models import bundled_profile_name
@@ -139,6 +140,11 @@ class PolicyScheduler(Scheduler):
         # prefill replica handed over came to its decode replica at its arrival (sim/disagg.py)
         self.arrived: dict[str, float] = {}
         self._kv_sum = self._kv_steps = 0
+        # offload tiers (the simulator's --offload; none inside a real engine): `tier` answers
+        # the view's reload questions and stores what the policy offloads, `block_keys(pid,
+        # blocks)` names a context's blocks for it (sim/vllm_engine.py sets both)
+        self.tier = NO_TIER
+        self.block_keys = None
         self._hooks()
         # steps are timed only for a policy that reads exec_time or while validation logs them
         self.timed_steps = False
@@ -195,7 +201,15 @@ class PolicyScheduler(Scheduler):
                 sum(len(ids(r.request_id)[0]) for r in self.running) * self.block_size)
 
     def prefill_reload_time(self, tokens: int) -> float:
-        return self.profile.prefill_time(tokens)
+        """Prefill, or with an offload tier the reload from it (as sim/engine.py)."""
+        return self.tier.reload_time(tokens) if self.tier.enabled else self.profile.prefill_time(tokens)
+
+    # optional view facts (policies.base.OffloadView)
+    def offload_enabled(self) -> bool:
+        return self.tier.enabled
+
+    def reload_time(self, tokens: int) -> float:
+        return self.tier.reload_time(tokens)
 
     def queue_delay(self) -> float:
         return self.stats.queue_delay()
@@ -209,6 +223,8 @@ class PolicyScheduler(Scheduler):
         blocks = self.pinned.pop(pid, now)
         if blocks is None:
             return
+        if self.tier.enabled and offloads_dropped_pin(self.policy, pid, reason):
+            self.tier.offload(self.block_keys(pid, blocks), now)
         self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))  # tail block evicted first
         self.policy.pin_released(pid, now, reason)
         self._pins_changed(pid, now)
@@ -412,7 +428,10 @@ class PolicyScheduler(Scheduler):
         req.output_tokens = request.num_output_tokens
         delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
         self.stats.record(req, delay, _cdiv(request.num_computed_tokens, self.block_size))
-        pin = self.policy.on_finish(req, now, self).action is Action.PIN
+        action = self.policy.on_finish(req, now, self).action
+        pin = action is Action.PIN
+        if action == Action.OFFLOAD and self.tier.enabled:  # its full chunks to the tier, then free
+            self.tier.offload(self.block_keys(pid, self.kv_cache_manager.get_blocks(request.request_id).blocks[0]), now)
         if pin and self._request_blocks_can_be_freed(request):
             if pid in self.pinned:  # never two pins for one program
                 self.release_pin(pid, now, Release.EXPIRED)

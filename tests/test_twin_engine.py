@@ -184,7 +184,7 @@ def test_thunderagents_proxy_in_front_of_vllm_replicas_twin_is_exact():
 @pytest.mark.parametrize("policy", ["vllm", "continuum"])
 def test_prefill_decode_disaggregation_twin_is_exact(policy):
     """1 prefill + 2 decode replicas: a remote prefill's KV reaches a vLLM decode replica
-    through a KV connector (sim/vllm_handoff.py), as external tokens at admission; the
+    through a KV connector (sim/vllm_connector.py), as external tokens at admission; the
     same calls, prefills, handoffs and received tokens as the SimPy replicas' Inbox."""
     from sim.config import SimConfig, build_run, execute
 
@@ -239,3 +239,28 @@ def test_pins_are_reviewed_once_more_after_the_last_call_finishes():
     (reviews, finish), (vllm_reviews, _) = runs["simpy"], runs["vllm"]
     assert (finish, ("p000",)) in reviews  # the pass after the first call's last step: its pin is reviewed
     assert reviews == vllm_reviews
+
+
+@pytest.mark.parametrize("policy, disagg", [("infercept", None), ("continuum-offload", None), ("vllm", "1P2D")])
+def test_offload_tiers_twin_is_exact(policy, disagg):
+    """Offload tiers (a small CPU tier before an SSD one, so chunks are evicted): vLLM's
+    scheduler admits the tiers' hits through the simulator's KV connector
+    (sim/vllm_connector.py), the engine writes prefill chunks through and the adapter
+    writes what the policy offloads (finished calls, dropped pins). The same calls, steps,
+    loads and bytes as the SimPy replica. InferCept here failed while the SimPy replica
+    looked the tier up again when it retried an admission after dropping pins (their
+    swap-out had evicted chunks): vLLM retries with the lookups it made before."""
+    from sim.config import SimConfig, build_run, execute
+
+    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_blocks": 1500},
+            "cluster": {"offload": "cpu:512MiB,ssd:4GiB", **({"disagg": disagg} if disagg else {})},
+            "policy": {"name": policy}}
+    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
+           for e in ("simpy", "vllm")}
+    cols = ["program_id", "turn", "replica", "scheduled", "first_token", "finish", "cached_tokens", "computed_prompt_tokens"]
+    assert res["simpy"].turns[cols].equals(res["vllm"].turns[cols])
+    a, b = res["simpy"].summary, res["vllm"].summary
+    keys = ("offload_loaded_tokens", "offload_loads", "reload_s", "writethrough_bytes", "offload_bytes", "tiers")
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+    assert a["offload_loads"] > 20 and a["tiers"]["cpu"]["evicted"] > 0
+    assert (a["offload_bytes"] > 0) == (policy != "vllm")  # the policy's own offloads, beside write-through
