@@ -21,5 +21,6 @@ test: engine        ## everything, real-engine tests included
 test-fast: install  ## skip the tests that start a real vLLM
 	$(PY) -m pytest -q -m "not engine"
 
-fuzz: install       ## the property and input-fuzz tests with 10,000 examples each (tests/test_properties.py)
+fuzz: engine        ## the property, input-fuzz and random twin tests with 10,000 examples each
 	AGENTSIM_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q tests/test_properties.py
+	AGENTSIM_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q tests/test_twin_engine.py -k "random_configurations or busy_runs"

@@ -281,6 +281,8 @@ class Engine(Replica):
             pins = len(sched.pins)
             scheduled = sched.schedule(now)
             if not scheduled:
+                if sched.preempted_now:
+                    continue  # it preempted every running call: schedule again at once, as vLLM
                 if not sched.running and (len(sched.pins) < pins or not sched.waiting):
                     # Pins were dropped for the blocked head but it still does not fit
                     # (a victim's blocks shared with other holders free less than the

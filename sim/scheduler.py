@@ -174,10 +174,11 @@ class Scheduler:
                 budget -= num_new
                 i += 1
 
-        # vLLM admits no waiting call in a step that preempted; but when every running
-        # call was preempted that step is empty and vLLM's next step, at the same instant,
-        # admits them: do it now (else the engine would idle, or report a deadlock).
-        if (not preempted or not scheduled) and self.waiting:
+        # vLLM admits no waiting call in a step that preempted. When every running call
+        # was preempted that step is empty and vLLM's engine core schedules again at the
+        # same instant (the engine's loop does: a policy that reviews pins reviews them
+        # again there, now with nothing running; the twin check).
+        if not preempted and self.waiting:
             self.waiting.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
             hits = []  # programs whose pin the admitted call consumes: released after the loop
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
