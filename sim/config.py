@@ -91,6 +91,9 @@ class EngineLimits(_Section):
     reserve_full_prompt: JSONBool | None = Field(
         None, description="admit a waiting call only when blocks for its whole prompt are free, not just its first chunk (vLLM's scheduler_reserve_full_isl)")
     fast_forward: JSONBool = Field(True, description="run decode-only stretches in one event (same results; off: step by step)")
+    async_scheduling: JSONBool = Field(
+        False, description="with --engine vllm: schedule asynchronously, as vLLM 0.32 does by default on a GPU (the next "
+                           "step is scheduled while one runs); both engines schedule synchronously otherwise")
     kind: str = Field(
         "simpy", description="the replica's scheduler: simpy (the simulator's model of vLLM, fast) or vllm (the installed "
                              "vLLM 0.32's own Scheduler and KV cache manager, no model, same step times; docs/validation.md)")
@@ -316,7 +319,10 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
-                        enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache)
+                        enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache,
+                        async_scheduling=e.async_scheduling)
+    if e.async_scheduling and e.kind != "vllm":
+        raise InputError("--async-scheduling needs --engine vllm (the SimPy replica schedules synchronously)")
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
     if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs

@@ -20,6 +20,8 @@ class EngineConfig:
     reserve_full_prompt: bool = True
     # the replica's KV cache model: "vllm" (vLLM's block pool) or "radix" (SGLang's radix tree)
     cache: str = "vllm"
+    # vLLM's asynchronous scheduling (the next step scheduled while one runs): --engine vllm only
+    async_scheduling: bool = False
 
     def profile_section(self) -> dict:
         """The limits under a profile's `engine` keys (vLLM's names), as sim/profile.py reads them."""

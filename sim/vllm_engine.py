@@ -45,6 +45,7 @@ defaults.
 from __future__ import annotations
 
 import functools
+from collections import deque
 import math
 
 import numpy as np
@@ -135,7 +136,7 @@ class ProgramTokens:
 
 @functools.lru_cache(maxsize=4)
 def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunked: bool, max_model_len: int,
-                 reserve_full: bool, connector: bool = False):
+                 reserve_full: bool, connector: bool = False, async_scheduling: bool = False):
     """vLLM's own config for the run's limits, made by vLLM's EngineArgs (its checks
     included) without loading a model or starting an engine; with `connector`, the
     simulator's KV connector (sim/vllm_connector.py: handoffs, offload tiers)."""
@@ -161,7 +162,7 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
         raise InputError(f"--engine vllm: vLLM refused the engine limits: {' '.join(str(err).split())[:300]}") from None
     config.cache_config.num_gpu_blocks = num_blocks
     config.scheduler_config.scheduler_reserve_full_isl = reserve_full
-    config.scheduler_config.async_scheduling = False  # one step in flight, as the simulated engine runs
+    config.scheduler_config.async_scheduling = async_scheduling  # off: one step in flight, as the SimPy replica
     return config
 
 
@@ -175,16 +176,17 @@ def build_scheduler(cfg, policy: Policy, profile: Profile, clock, connector: boo
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from sim.vllm_scheduler import PolicyScheduler
+    from sim.vllm_scheduler import AsyncPolicyScheduler, PolicyScheduler
 
     config = _vllm_config(cfg.block_size, cfg.num_gpu_blocks, cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt), connector)
+                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt), connector,
+                          cfg.async_scheduling)
     spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(layer_names=["layer.0"], kv_cache_spec=spec)])
     hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
-    sched = PolicyScheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+    sched = (AsyncPolicyScheduler if cfg.async_scheduling else PolicyScheduler)(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
                             block_size=cfg.block_size, hash_block_size=cfg.block_size, log_stats=False,
                             policy=policy, profile=profile, clock=clock)
     return sched, hash_fn
@@ -378,8 +380,12 @@ class VllmReplica(Replica):
 
     # --- the step loop ------------------------------------------------------------------
     def _loop(self):
-        env, core, profile = self.env, self.core, self.profile
-        empty = self._MRO(req_ids=[], req_id_to_index={})
+        """vLLM's engine core: schedule a step, run it, apply its output; with async
+        scheduling (EngineCore.step_with_batch_queue, two batches) the next step is scheduled
+        while one runs, from the state before that one's output, and runs right after it."""
+        env, core = self.env, self.core
+        depth = 2 if self.cfg.async_scheduling else 1
+        in_flight: deque = deque()  # batches scheduled and not yet applied, oldest first
         spin_t, spins = -1.0, 0  # a watchdog, as Engine's: passes at one simulated instant
         while True:
             if env.now != spin_t:
@@ -394,82 +400,99 @@ class VllmReplica(Replica):
             for pid, reason in self._deferred:
                 core.release_pin(pid, env.now, reason)
             self._deferred.clear()
-            if not core.has_requests():
-                self._wakeup = env.event()
-                yield self._wakeup
-                continue
-            now = env.now
-            before = (core.preemptions, len(core.pinned), core.free_blocks())
-            out = core.schedule()
-            if not out.total_num_scheduled_tokens:
-                core.update_from_output(out, empty)
-                if (core.preemptions, len(core.pinned), core.free_blocks()) != before:
+            if len(in_flight) < depth and core.has_requests():
+                now = env.now
+                before = (core.preemptions, len(core.pinned), core.free_blocks())
+                batch = self._schedule(now, in_flight[-1][2] if in_flight else now)
+                if batch is not None:
+                    in_flight.append(batch)
+                    if len(in_flight) < depth:
+                        continue  # schedule the next one at once
+                elif (core.preemptions, len(core.pinned), core.free_blocks()) != before:
                     # it preempted every running call, or dropped pins: vLLM's engine core
                     # schedules again at once (an empty step costs no model time)
                     continue
-                # blocked with nothing running: only an arrival, a release or a pin expiry changes that
+            if not in_flight:
+                # nothing runs: only an arrival, a release or a pin expiry changes that
+                now = env.now
                 expiry = min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf)
                 self._wakeup = env.event()
-                yield self._wakeup if math.isinf(expiry) else (self._wakeup | env.timeout(expiry - now))
+                yield self._wakeup if math.isinf(expiry) or not core.has_requests() else (
+                    self._wakeup | env.timeout(expiry - now))
                 continue
-            scheduled = out.num_scheduled_tokens
-            requests, calls = self._requests, self._calls
-            for new in out.scheduled_new_reqs:
-                call = calls[new.req_id]
-                if call.scheduled_at is None:  # first admission: the GPU prefix hit is what it did not compute or load
-                    call.scheduled_at = now
-                    call.cached_tokens = requests[new.req_id].num_computed_tokens - scheduled[new.req_id] - call.loaded_tokens
-            for rid, q in scheduled.items():  # prompt tokens computed (a recompute counts again)
-                r = requests[rid]
-                before = r.num_computed_tokens - q
-                if before < r.num_prompt_tokens:
-                    calls[rid].computed_prompt_tokens += min(r.num_computed_tokens, r.num_prompt_tokens) - before
-            dt = profile.step_time(*core.features(out))
-            load_s, write_s = self.tier.take_step_costs(now)
-            if load_s or write_s:  # as sim/engine.py: copies in flight bound the step, loads lengthen it
-                dt = max(dt, write_s) + load_s
-            used = self.sched.pool.num_used
-            _, self._used_area, self.busy_time, end = stretch.account_steps(
-                [dt], [0], used, self._used_area, self.busy_time, now,
-                self.kv_samples[-1][0] if self.kv_samples else -math.inf, self.kv_samples, core.pinned.distinct)
-            self.peak_used = max(self.peak_used, used)
             self._in_step = True
-            yield env.timeout(dt)
+            yield env.timeout(in_flight[0][2] - env.now)
             self._in_step = False
-            self.steps += 1
-            ids = list(scheduled)
-            if self.tier.enabled:  # LMCache stores the new full chunks of prefill steps (as sim/scheduler.py complete)
-                for rid in ids:
-                    r = requests[rid]
-                    if r.num_computed_tokens - scheduled[rid] < r.num_prompt_tokens:
-                        call = calls[rid]
-                        call.num_computed = r.num_computed_tokens
-                        self.tier.write_through(call)
-            sampled = []
-            for rid in ids:
-                r = requests[rid]
-                sampled.append([self._programs[calls[rid].req.program_id].tokens[r.num_tokens]]
-                               if r.num_computed_tokens >= r.num_tokens else [])
-            core.update_from_output(out, self._MRO(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                   sampled_token_ids=sampled))
-            t = env.now
-            timed = core.timed_steps  # the adapter adds each step's time itself (a policy that reads it)
-            for rid in ids:
-                r, call = requests[rid], calls[rid]
-                if not timed:
-                    call.req.exec_time += dt
-                call.num_output = r.num_output_tokens
-                if call.first_token_at is None and call.num_output:
-                    call.first_token_at = t
-                if r.is_finished():
-                    call.finished_at = t
-                    call.preemptions = r.num_preemptions
-                    del requests[rid], calls[rid]
-                    if call.req.is_last_step:
-                        self._programs.pop(call.req.program_id, None)
-                    if self.on_finish is not None:
-                        self.on_finish(call, t)
+            self._apply(*in_flight.popleft())
             if self.arrived_mid_step:
                 for call in self.arrived_mid_step:
                     self._deliver(call)
                 self.arrived_mid_step.clear()
+
+    def _schedule(self, now: float, start: float):
+        """One schedule() at `now` of a step that runs from `start` (a step scheduled ahead
+        waits for the one before it): (output, its time, its end, per request (computed
+        tokens after the step, samples a token)), or None when it scheduled nothing
+        (applied at once)."""
+        core, requests, calls = self.core, self._requests, self._calls
+        out = core.schedule()
+        if not out.total_num_scheduled_tokens:
+            core.update_from_output(out, self._MRO(req_ids=[], req_id_to_index={}))
+            return None
+        scheduled = out.num_scheduled_tokens
+        for new in out.scheduled_new_reqs:
+            call = calls[new.req_id]
+            if call.scheduled_at is None:  # first admission: the GPU prefix hit is what it did not compute or load
+                call.scheduled_at = now
+                call.cached_tokens = requests[new.req_id].num_computed_tokens - scheduled[new.req_id] - call.loaded_tokens
+        rows = {}
+        for rid, q in scheduled.items():
+            r = requests[rid]
+            after = r.num_computed_tokens
+            if after - q < r.num_prompt_tokens:  # prompt tokens computed (a recompute counts again)
+                calls[rid].computed_prompt_tokens += min(after, r.num_prompt_tokens) - (after - q)
+            rows[rid] = (after, not r.is_prefill_chunk)
+        dt = self.profile.step_time(*core.features(out))
+        load_s, write_s = self.tier.take_step_costs(start)
+        if load_s or write_s:  # as sim/engine.py: copies in flight bound the step, loads lengthen it
+            dt = max(dt, write_s) + load_s
+        used = self.sched.pool.num_used
+        _, self._used_area, self.busy_time, end = stretch.account_steps(
+            [dt], [0], used, self._used_area, self.busy_time, start,
+            self.kv_samples[-1][0] if self.kv_samples else -math.inf, self.kv_samples, core.pinned.distinct)
+        self.peak_used = max(self.peak_used, used)
+        return out, dt, start + dt, rows
+
+    def _apply(self, out, dt: float, end: float, rows: dict) -> None:
+        """The step's output at its end: prefill chunks written through, one token sampled
+        per request that finished its known tokens, finished calls handed on."""
+        core, requests, calls, env = self.core, self._requests, self._calls, self.env
+        self.steps += 1
+        ids = list(rows)
+        if self.tier.enabled:  # LMCache stores the new full chunks of prefill steps (as sim/scheduler.py complete)
+            for rid in ids:
+                after = rows[rid][0]
+                if after - out.num_scheduled_tokens[rid] < requests[rid].num_prompt_tokens:
+                    call = calls[rid]
+                    call.num_computed = after
+                    self.tier.write_through(call)
+        sampled = [[self._programs[calls[rid].req.program_id].tokens[rows[rid][0]]] if rows[rid][1] else [] for rid in ids]
+        core.update_from_output(out, self._MRO(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                               sampled_token_ids=sampled))
+        t = env.now
+        timed = core.timed_steps  # the adapter adds each step's time itself (a policy that reads it)
+        for rid in ids:
+            r, call = requests[rid], calls[rid]
+            if not timed:
+                call.req.exec_time += dt
+            call.num_output = r.num_output_tokens
+            if call.first_token_at is None and call.num_output:
+                call.first_token_at = t
+            if r.is_finished():
+                call.finished_at = t
+                call.preemptions = r.num_preemptions
+                del requests[rid], calls[rid]
+                if call.req.is_last_step:
+                    self._programs.pop(call.req.program_id, None)
+                if self.on_finish is not None:
+                    self.on_finish(call, t)

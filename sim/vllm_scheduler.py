@@ -35,8 +35,10 @@ import bisect
 import logging
 import operator
 import time
+from collections import deque
 from dataclasses import dataclass
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
@@ -124,8 +126,10 @@ class PolicyScheduler(Scheduler):
         self._seq = 0
         self._warned: set[str] = set()
         self.stats = FinishStats()
-        self._step_start = 0.0
-        self._step_feat: tuple = ()
+        # (when it was scheduled, its step-model features) of each timed step not yet updated:
+        # with async scheduling the next step is scheduled before this one's output arrives
+        self._timed: deque[tuple[float, tuple]] = deque()
+        self._last_update = 0.0
         # (start, seconds, tokens, seqs, sum q*k, sum k, sum q*(k-q)) per step, kept only
         # when a caller sets it to a list (validation compares it with the step model)
         self.step_log: list[tuple] | None = None
@@ -363,14 +367,15 @@ class PolicyScheduler(Scheduler):
                     on_schedule(call.req, now)  # before the pin is consumed (protocol)
                 if call.req.program_id in pinned:
                     self.release_pin(call.req.program_id, now, Release.HIT)
+        feat = ()
         if self.step_log is not None:  # validation statistics, off by default (cost per step)
-            self._step_feat = self.features(out)
+            feat = self.features(out)
             used = self.num_blocks - self.free_blocks()
             self.kv_peak = max(self.kv_peak, used)
             self._kv_sum += used
             self._kv_steps += 1
         if self.timed_steps:
-            self._step_start = self.clock()
+            self._timed.append((self.clock(), feat))
         return out
 
     def features(self, out) -> tuple:
@@ -390,9 +395,11 @@ class PolicyScheduler(Scheduler):
     def _timed_update_from_output(self, scheduler_output, model_runner_output):
         """update_from_output, installed on the instance only when steps are timed (an
         override would cost every step)."""
-        scheduled, dt = scheduler_output.num_scheduled_tokens, self.clock() - self._step_start
+        now, (start, feat) = self.clock(), self._timed.popleft() if self._timed else (self._last_update, ())
+        start = max(start, self._last_update)  # a step scheduled ahead runs once the one before it ended
+        scheduled, dt, self._last_update = scheduler_output.num_scheduled_tokens, now - start, now
         if self.step_log is not None and scheduled:
-            self.step_log.append((self._step_start, dt, *self._step_feat))
+            self.step_log.append((start, dt, *feat))
         if self.policy.reads_exec_time:
             calls = self.calls
             for rid in scheduled:
@@ -482,6 +489,8 @@ class PolicyScheduler(Scheduler):
         self.programs.clear()
         self._next_expiry = float("inf")
         self.step_log = []
+        self._timed.clear()
+        self._last_update = self.clock()
         self._time_steps()
         self.kv_peak = self._kv_sum = self._kv_steps = self.preemptions = 0
         self.arrival_log = {}
@@ -493,3 +502,14 @@ class PolicyScheduler(Scheduler):
                 "pinned_blocks_now": self.pinned.distinct,
                 "peak_kv_usage": self.kv_peak / self.num_blocks,
                 "mean_kv_usage_per_step": self._kv_sum / max(self._kv_steps, 1) / self.num_blocks}
+
+
+class AsyncPolicyScheduler(PolicyScheduler, AsyncScheduler):
+    """PolicyScheduler over vLLM's AsyncScheduler, for an engine that schedules
+    asynchronously (vLLM 0.32's default on GPU: the next step is scheduled while the
+    current one runs, its decode tokens as placeholders):
+
+        LLM(..., scheduler_cls="sim.vllm_scheduler.AsyncPolicyScheduler", additional_config=...)
+
+    The plain PolicyScheduler there would run with async scheduling half off (vLLM warns).
+    The simulator's vLLM engine runs it with `engine.async_scheduling` (sim/vllm_engine.py)."""

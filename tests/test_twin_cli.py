@@ -22,6 +22,13 @@ def test_the_radix_cache_is_one_line_exit_2(capsys, tmp_path):
     assert not (tmp_path / "o").exists()  # nothing written
 
 
+def test_async_scheduling_needs_the_vllm_engine(capsys, tmp_path):
+    rc = main([*_RUN, "--async-scheduling", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "--async-scheduling needs --engine vllm" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_without_vllm_one_line_exit_2(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     rc = main([*_RUN, "--engine", "vllm"])
