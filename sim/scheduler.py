@@ -159,10 +159,11 @@ class Scheduler:
             call = self.running[i]
             num_new = min(call.num_tokens - call.num_computed, budget)
             while not self._try_allocate(call, num_new):
-                # Only calls not yet scheduled this step are candidates (vLLM FCFS pops the tail).
-                candidates = self.running[i:]
-                chosen = policy.preemption_victim([c.req for c in candidates], self.view)
-                victim = next(c for c in candidates if c.req is chosen)
+                # vLLM pops the tail of its running list (never a call scheduled before this
+                # one), which a policy with its own victims had put in its victim order at
+                # the step's start (victim_ordered). Asking preemption_victim of what is left
+                # would break its ties the other way (the twin fuzz found it).
+                victim = self.running[-1]
                 self._preempt(victim)
                 preempted = self.preempted_now = True
                 if victim is call:

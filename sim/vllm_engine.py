@@ -186,9 +186,10 @@ def build_scheduler(cfg, policy: Policy, profile: Profile, clock, connector: boo
                        kv_cache_groups=[KVCacheGroupSpec(layer_names=["layer.0"], kv_cache_spec=spec)])
     hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
-    sched = (AsyncPolicyScheduler if cfg.async_scheduling else PolicyScheduler)(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-                            block_size=cfg.block_size, hash_block_size=cfg.block_size, log_stats=False,
-                            policy=policy, profile=profile, clock=clock)
+    cls = AsyncPolicyScheduler if cfg.async_scheduling else PolicyScheduler
+    sched = cls(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                block_size=cfg.block_size, hash_block_size=cfg.block_size, log_stats=False,
+                policy=policy, profile=profile, clock=clock)
     return sched, hash_fn
 
 
