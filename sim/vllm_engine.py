@@ -424,7 +424,8 @@ class VllmReplica(Replica):
             self._in_step = True
             yield env.timeout(in_flight[0][2] - env.now)
             self._in_step = False
-            self._apply(*in_flight.popleft())
+            out, dt, _, rows = in_flight.popleft()
+            self._apply(out, dt, rows)
             if self.arrived_mid_step:
                 for call in self.arrived_mid_step:
                     self._deliver(call)
@@ -464,7 +465,7 @@ class VllmReplica(Replica):
         self.peak_used = max(self.peak_used, used)
         return out, dt, start + dt, rows
 
-    def _apply(self, out, dt: float, end: float, rows: dict) -> None:
+    def _apply(self, out, dt: float, rows: dict) -> None:
         """The step's output at its end: prefill chunks written through, one token sampled
         per request that finished its known tokens, finished calls handed on."""
         core, requests, calls, env = self.core, self._requests, self._calls, self.env
