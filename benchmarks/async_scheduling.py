@@ -1,14 +1,15 @@
-"""What vLLM's asynchronous scheduling changes: one run spec on vLLM's own scheduler
-(`--engine vllm`, sim/vllm_engine.py), synchronous against asynchronous.
+"""What vLLM's asynchronous scheduling changes: one run spec, synchronous against
+asynchronous.
 
     python benchmarks/async_scheduling.py [--trace swebench] [--programs 300] [--jps 0.5]
-        [--num-blocks 6000] [--policies vllm,continuum] [--seeds 0] [--profile NAME] [--write-docs [PAGE]]
+        [--num-blocks 6000] [--policies vllm,continuum] [--seeds 0] [--profile NAME]
+        [--engine simpy|vllm] [--write-docs [PAGE]]
 
 vLLM 0.32 schedules asynchronously by default on a GPU (a batch queue of two: the next
 step is scheduled while one runs, from the state before that one's output, its decodes
-as placeholders); the SimPy replica and the twin check schedule synchronously. Both runs
-here use vLLM's scheduler and the same step model, so the difference is the scheduling
-mode alone: a call that arrives during a step is admitted a step later, and a finished
+as placeholders). Both runs use the same engine (the SimPy replica by default; `--engine
+vllm`: vLLM's own scheduler, the same figures, as the twin check's async tests assert)
+and the same step model, so the difference is the scheduling mode alone: a call that arrives during a step is admitted a step later, and a finished
 call's blocks return a step later. Per policy, means over the seeds: mean and p95 JCT,
 mean TTFT and TPOT, steps, preemptions, pins hit, synchronous / asynchronous; and the
 range over seeds of the mean-JCT difference.
@@ -29,11 +30,11 @@ from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 KEYS = ("mean_jct", "p95_jct", "mean_ttft_ms", "mean_tpot_ms", "steps", "preemptions", "pins_hit")
 
 
-def run(spec: dict, policy: str, asynchronous: bool, seed: int) -> dict:
+def run(spec: dict, policy: str, asynchronous: bool, seed: int, engine: str = "simpy") -> dict:
     from sim.config import SimConfig, build_run, execute
 
     cfg = {**spec, "workload": {**spec["workload"], "seed": seed}, "policy": {"name": policy},
-           "engine": {**spec["engine"], "kind": "vllm", "async_scheduling": asynchronous}}
+           "engine": {**spec["engine"], "kind": engine, "async_scheduling": asynchronous}}
     s = execute(build_run(SimConfig.model_validate(cfg))).summary
     return {k: s[k] for k in KEYS}
 
@@ -63,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="vllm,continuum")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--engine", choices=("simpy", "vllm"), default="simpy")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "validation.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     spec = {"workload": {"trace": a.trace, "programs": a.programs, "jps": a.jps},
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
     for pol in a.policies.split(","):
         rows[pol] = []
         for seed in map(int, a.seeds.split(",")):
-            rows[pol].append((run(spec, pol, False, seed), run(spec, pol, True, seed)))
+            rows[pol].append((run(spec, pol, False, seed, a.engine), run(spec, pol, True, seed, a.engine)))
             s, y = rows[pol][-1]
             print(f"{pol} seed {seed}: mean JCT {s['mean_jct']:.3f} / {y['mean_jct']:.3f} s", file=sys.stderr, flush=True)
     text = table(rows)

@@ -3,7 +3,7 @@
 
     python benchmarks/twin_check.py [--trace swebench] [--programs 100] [--jps 0.5]
         [--num-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
-        [--replicas N --router NAME] [--disagg xPyD] [--offload TIERS] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
+        [--replicas N --router NAME] [--disagg xPyD] [--offload TIERS] [--async-scheduling] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
 
 Any difference between the two engines is a scheduling-semantics difference (admission,
 chunking, preemption, prefix hits, eviction, pins), free of timing noise. Per policy:
@@ -47,15 +47,17 @@ def schedule_logs(logs: dict):
     from sim.scheduler import Scheduler
 
     sim_schedule, vllm_schedule = Scheduler.schedule, PolicyScheduler.schedule
+    pending: dict[int, int] = {}  # preemptions in empty steps count toward the next step (either engine)
 
     def sim_logged(self, now):
         pre = self.preemptions
         out = sim_schedule(self, now)
+        n = pending.pop(id(self), 0) + self.preemptions - pre
         if out:
-            logs.setdefault(("simpy", id(self)), []).append((now, {c.req.req_id: q for c, q in out}, self.preemptions - pre))
+            logs.setdefault(("simpy", id(self)), []).append((now, {c.req.req_id: q for c, q in out}, n))
+        elif n:
+            pending[id(self)] = n
         return out
-
-    pending: dict[int, int] = {}  # preemptions in vLLM's empty steps count toward the next step
 
     def vllm_logged(self, *a, **kw):
         pre, now = self.preemptions, self.clock()
@@ -211,6 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--router", default=None, help="with --replicas: the router (sim/router.py)")
     ap.add_argument("--disagg", default=None, metavar="xPyD", help="prefill/decode replicas (sim/disagg.py)")
     ap.add_argument("--offload", default=None, metavar="TIERS", help="offload tiers per replica, e.g. cpu:20GiB (sim/cpu_tier.py)")
+    ap.add_argument("--async-scheduling", action="store_true", help="both engines schedule asynchronously (vLLM's GPU default)")
     ap.add_argument("--no-log", action="store_true", help="skip the schedule logs (no first differing step; SimPy with stretches)")
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")
     ap.add_argument("--write-docs", action="store_true")
@@ -221,7 +224,8 @@ def main(argv=None) -> int:
                          "the other flags name the spec for its caption")
     args = ap.parse_args(argv)
     spec = {"workload": {"trace": args.trace, "programs": args.programs, "jps": args.jps, "seed": args.seed},
-            "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {})},
+            "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {}),
+                       **({"async_scheduling": True} if args.async_scheduling else {})},
             "cluster": {"replicas": args.replicas, **({"router": args.router} if args.router else {}),
                         **({"disagg": args.disagg} if args.disagg else {}),
                         **({"offload": args.offload} if args.offload else {})}}
@@ -251,6 +255,7 @@ def main(argv=None) -> int:
                  + (f" --replicas {args.replicas}" if args.replicas > 1 else "") + (f" --router {args.router}" if args.router else "")
                  + (f" --disagg {args.disagg}" if args.disagg else "")
                  + (f" --offload {args.offload}" if args.offload else "")
+                 + (" --async-scheduling" if args.async_scheduling else "")
                  + (" --no-log" if args.no_log else "")
                  + (" --speed" if args.speed else "") + "`")
     text = table(spec_line, rows)

@@ -20,6 +20,11 @@ class Call:
     num_computed: int = 0  # tokens whose KV is in `blocks`
     blocks: list[int] = field(default_factory=list)
     num_keyed: int = 0  # leading blocks already registered in the prefix cache
+    # asynchronous scheduling (vLLM's AsyncScheduler; sim/engine.py _loop_async): steps
+    # scheduled and not yet applied
+    in_flight: int = 0  # tokens of this call in steps in flight (vLLM counts them computed)
+    placeholders: int = 0  # tokens those steps will sample (vLLM's num_output_placeholders)
+    stale: int = 0  # tokens in flight from before a preemption: their output still arrives
     # metrics
     scheduled_at: float | None = None
     first_token_at: float | None = None

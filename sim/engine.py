@@ -15,11 +15,17 @@ still in flight when it starts overlap it (step = max(compute, copies) + loads) 
 no transfer outlives its step. A step that carries transfer time is never the start of
 a stretch (fast-forward is skipped for it), so stretches stay exact. Policies that
 review pins every step (`reviews_pins`, InferCept) get no stretches while pins exist.
+
+Asynchronous scheduling (`cfg.async_scheduling`, vLLM 0.32's default on a GPU) runs
+`_loop_async`, vLLM's EngineCore.step_with_batch_queue: two steps in flight, the next
+scheduled as soon as the queue has room, from the state before the running step's output;
+step by step (no stretches), no offload tiers (config refuses them).
 """
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 
 import simpy
 
@@ -46,7 +52,7 @@ def _listed(items: list[str], most: int = 6) -> str:
     return ", ".join(items[:most]) + (f", ... ({len(items)} in all)" if len(items) > most else "") if items else "none"
 
 
-def _timeout_at(env: simpy.Environment, at: float) -> simpy.Event:
+def timeout_at(env: simpy.Environment, at: float) -> simpy.Event:
     """An event that fires at exactly `at`. A stretch ends where step-by-step gets by
     adding its step times one by one; SimPy's timeouts land on now + delay, and no
     delay may give that float (when the sum rounds to even across a power of two), so
@@ -91,7 +97,7 @@ class Engine(Replica):
         self._wakeup = env.event()
         self.stats = FinishStats()
         self._start_accounting()
-        self.process = env.process(self._loop())
+        self.process = env.process(self._loop_async() if cfg.async_scheduling else self._loop())
 
     # --- EngineView ---------------------------------------------------------------------
     def free_blocks(self) -> int:
@@ -120,7 +126,7 @@ class Engine(Replica):
     def running_tokens(self) -> tuple[int, int]:
         """(tokens the running calls put in a step, KV tokens they hold)."""
         bs = self.cfg.block_size
-        return (sum(max(1, c.num_tokens - c.num_computed) for c in self.sched.running),
+        return (sum(max(1, c.num_tokens - c.num_computed - c.in_flight) for c in self.sched.running),
                 sum(len(c.blocks) for c in self.sched.running) * bs)
 
     def linear_step(self) -> tuple[float, float]:
@@ -218,7 +224,7 @@ class Engine(Replica):
             self._dts = self._dts[:k]
             self._used_area, self.busy_time, self.peak_used, counted = self._kept
             del self.kv_samples[counted:]  # counted again for the steps that stay
-            end = _timeout_at(self.env, self._account(self._start, self._dts, self._batch))
+            end = timeout_at(self.env, self._account(self._start, self._dts, self._batch))
             end.callbacks, self._end.callbacks = self._end.callbacks, []
             self.process._target = self._end = end
 
@@ -315,7 +321,7 @@ class Engine(Replica):
                 dts = self._stretch(scheduled, dt, now, sum_qk, sum_k, sum_qc)
             self._start, self._dts, self._batch = now, dts, scheduled
             self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))
-            self._end = _timeout_at(env, self._account(now, dts, scheduled))
+            self._end = timeout_at(env, self._account(now, dts, scheduled))
             self._in_step = True
             yield self._end
             self._in_step = False
@@ -325,6 +331,77 @@ class Engine(Replica):
             for call, _ in scheduled:
                 call.req.exec_time = stretch.add_in_order(call.req.exec_time, dts)  # one by one, as step-by-step
             for call in sched.complete(scheduled, env.now, steps=n):
+                self._finish(call)
+                finished = True
+            if self.arrived_mid_step:
+                sched.expire_pins(env.now)
+                for call in self.arrived_mid_step:
+                    self._deliver(call)
+                self.arrived_mid_step.clear()
+
+    def _loop_async(self):
+        """vLLM's engine core with a batch queue of two (EngineCore.step_with_batch_queue):
+        schedule while the queue has room (the next step from the state before the running
+        one's output, to start when it ends), else wait for the oldest step and apply it.
+        Arrivals and releases during a step are taken after it is applied."""
+        env, sched, policy = self.env, self.sched, self.policy
+        in_flight: deque = deque()  # (batch, which of it samples, step time, end), oldest first
+        spin_t, spins = -1.0, 0
+        finished = False  # calls finished since the last schedule (vLLM's has_requests counts them)
+        while True:
+            now = env.now
+            if now != spin_t:
+                spin_t, spins = now, 0
+            else:
+                spins += 1
+                if spins >= STALL_PASSES:
+                    raise self._error(f"no progress ({spins} passes of the event loop without the simulated clock advancing)")
+            for pid, reason in self._deferred:
+                sched.release_pin(pid, now, reason)
+            self._deferred.clear()
+            if len(in_flight) < 2 and (sched.running or sched.waiting or finished):
+                finished = False
+                if policy.reviews_pins and sched.pins:
+                    for pid in policy.review_pins(now, self):
+                        sched.release_pin(pid, now, Release.DISCARD)
+                before = (sched.preemptions, len(sched.pins), sched.pool.num_free)
+                scheduled = sched.schedule(now)
+                if scheduled:
+                    start = in_flight[-1][3] if in_flight else now
+                    tokens = seqs = 0
+                    sum_qk = sum_k = sum_qc = 0.0
+                    for call, q in scheduled:
+                        k = call.num_computed + call.in_flight  # vLLM's computed tokens, this step's included
+                        tokens += q
+                        seqs += 1
+                        sum_qk += q * k
+                        sum_k += k
+                        sum_qc += q * (k - q)
+                    dt = self.profile.step_time(tokens, seqs, sum_qk, sum_k, sum_qc)
+                    in_flight.append((scheduled, sched.samples, dt, self._account(start, [dt], scheduled)))
+                    if len(in_flight) < 2:
+                        continue  # the queue has room: schedule the next step at once
+                elif (sched.preemptions, len(sched.pins), sched.pool.num_free) != before:
+                    continue  # it preempted every running call or dropped pins: schedule again at once
+            if not in_flight:
+                if not sched.running and not sched.waiting:
+                    self._wakeup = env.event()
+                    yield self._wakeup
+                    continue
+                nxt = self._wake_at(now)  # blocked: only an arrival or a pin expiry changes that
+                if math.isinf(nxt):
+                    raise self._error("deadlock (nothing can run and nothing will change)")
+                self._wakeup = env.event()
+                yield self._wakeup | env.timeout(max(nxt - now, 0.0))
+                continue
+            self._in_step = True
+            yield timeout_at(env, in_flight[0][3])
+            self._in_step = False
+            scheduled, samples, dt, _ = in_flight.popleft()
+            self.steps += 1
+            for call, _ in scheduled:
+                call.req.exec_time += dt
+            for call in sched.complete_async(scheduled, samples, env.now):
                 self._finish(call)
                 finished = True
             if self.arrived_mid_step:

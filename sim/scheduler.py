@@ -7,6 +7,12 @@ grow; then, if nothing was preempted, waiting calls in policy order until the bu
 (head-of-line). Before that, expired pins are dropped; when the head does not fit, the
 policy may unpin victims (Continuum's no-deadlock rule). `complete(...)` applies a
 step's results. Timing lives in the engine, not here.
+
+With asynchronous scheduling (`cfg.async_scheduling`, vLLM's AsyncScheduler) a step is
+scheduled while the one before it runs: a call's tokens in flight count as computed
+(`Call.in_flight`) and the tokens they will sample as placeholders, a call preempted with
+output in flight gets that output still (`Call.stale`) and waits for it before it is
+admitted again, and `complete_async` applies one step.
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ class Scheduler:
         # it (kv_cache_manager.py: cache_blocks(request, computed + new)); the radix model
         # keeps SGLang's insert at the chunk's end (complete)
         self._key_at_schedule = cfg.cache != "radix"
+        self.async_ = cfg.async_scheduling
+        self.samples: list[bool] = []  # async: whether each call of the last schedule() samples a token
 
     def victim_ordered(self) -> list[Call]:
         """The running list in the policy's victim order, last victim first. Calls the
@@ -87,7 +95,7 @@ class Scheduler:
     def _try_allocate(self, call: Call, num_new: int, hit: list[int] | tuple = (), evictable_hits: int = 0) -> bool:
         """vLLM's allocate_slots: take the prefix-hit blocks and enough new ones, or nothing.
         `evictable_hits`: how many hit blocks sit in the free queue (pool.evictable(hit))."""
-        start = call.num_computed + len(hit) * self.cfg.block_size
+        start = call.num_computed + call.in_flight + len(hit) * self.cfg.block_size
         need = cdiv(start + num_new, self.cfg.block_size) - len(call.blocks) - len(hit)
         # Hit blocks sitting in the free queue stop being allocatable once touched.
         if need > self.pool.num_free - evictable_hits:
@@ -123,6 +131,8 @@ class Scheduler:
         self.running.remove(victim)
         self._free_call(victim)
         victim.num_computed = 0
+        if self.async_:  # its steps in flight still deliver their tokens (vLLM: stale output)
+            victim.stale, victim.in_flight, victim.placeholders = victim.in_flight, 0, 0
         victim.req.preempted = True
         victim.preemptions += 1
         self.preemptions += 1
@@ -155,9 +165,17 @@ class Scheduler:
         scheduled: list[tuple[Call, int]] = []
         preempted = self.preempted_now = False
         i = 0
+        async_ = self.async_
         while i < len(self.running) and budget > 0:
             call = self.running[i]
-            num_new = min(call.num_tokens - call.num_computed, budget)
+            if async_:
+                ahead = call.num_computed + call.in_flight
+                if call.placeholders and ahead + 2 - call.placeholders >= call.prompt_len + call.max_output:
+                    i += 1  # its steps in flight reach its last token: no further step (vLLM)
+                    continue
+                num_new = min(call.num_tokens + call.placeholders - ahead, budget)
+            else:
+                num_new = min(call.num_tokens - call.num_computed, budget)
             while not self._try_allocate(call, num_new):
                 # vLLM pops the tail of its running list (never a call scheduled before this
                 # one), which a policy with its own victims had put in its victim order at
@@ -170,8 +188,8 @@ class Scheduler:
                     break
             else:
                 scheduled.append((call, num_new))
-                if self._key_at_schedule:
-                    self._key_blocks(call, call.num_computed + num_new)
+                if self._key_at_schedule:  # known tokens only (async: not the placeholders)
+                    self._key_blocks(call, min(call.num_computed + call.in_flight + num_new, call.num_tokens))
                 budget -= num_new
                 i += 1
 
@@ -182,8 +200,12 @@ class Scheduler:
         if not preempted and self.waiting:
             self.waiting.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
             hits = []  # programs whose pin the admitted call consumes: released after the loop
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-                call = self.waiting[0]
+            j = 0  # async: calls before j wait for their stale output (vLLM skips them)
+            while j < len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                call = self.waiting[j]
+                if call.stale:
+                    j += 1
+                    continue
                 num_new, short = self._admit(call, budget)
                 if num_new is None and short > 0 and self._unpin_for(call, short, now):
                     # vLLM retries the allocation with the lookups it made before dropping
@@ -193,12 +215,12 @@ class Scheduler:
                     # the dropped pins' programs wait further back now (an order key may read
                     # the pins): the adapter re-places their calls at once (_pins_changed),
                     # within this step's admissions (the twin check)
-                    rest = self.waiting[1:]
+                    rest = self.waiting[j + 1:]
                     rest.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
-                    self.waiting[1:] = rest
+                    self.waiting[j + 1:] = rest
                 if num_new is None:
                     break  # head-of-line blocking
-                self.waiting.pop(0)
+                self.waiting.pop(j)
                 if call.scheduled_at is None:
                     call.scheduled_at = now
                     call.cached_tokens = call.num_computed - call.loaded_tokens  # GPU hit only
@@ -215,7 +237,25 @@ class Scheduler:
             # the same step (the twin check, benchmarks/twin_check.py)
             for pid in hits:
                 self.release_pin(pid, now, Release.HIT)
+        if async_:
+            self._after_schedule_async(scheduled)
         return scheduled
+
+    def _after_schedule_async(self, scheduled: list[tuple[Call, int]]) -> None:
+        """vLLM's AsyncScheduler._update_after_schedule: the scheduled tokens count as
+        computed at once; a step that reaches past the known tokens samples one (a
+        placeholder until its output arrives). Prompt tokens are counted as computed here,
+        as the GPU computes them even for a call preempted before the step's end."""
+        samples = self.samples = []
+        for call, q in scheduled:
+            ahead = call.num_computed + call.in_flight
+            if ahead < call.prompt_len:
+                call.computed_prompt_tokens += min(ahead + q, call.prompt_len) - ahead
+            call.in_flight += q
+            sample = ahead + q >= call.num_tokens + call.placeholders
+            if sample:
+                call.placeholders += 1
+            samples.append(sample)
 
     def _admit(self, call: Call, budget: int, tier_hit: int | None = None) -> tuple[int | None, int]:
         """Try to start a waiting call: (tokens scheduled, 0) or (None, blocks short);
@@ -322,6 +362,49 @@ class Scheduler:
         if finished:
             done = set(map(id, finished))
             self.running = [c for c in self.running if id(c) not in done]
+        return finished
+
+    def complete_async(self, scheduled: list[tuple[Call, int]], samples: list[bool], now: float) -> list[Call]:
+        """Apply one step scheduled asynchronously that ended at `now` (vLLM's
+        update_from_output): KV computed, full blocks cached, the tokens it sampled
+        appended; a call preempted since it was scheduled gets only its token (stale output,
+        and it may finish in the waiting queue). Returns the finished calls."""
+        bs = self.cfg.block_size
+        finished, from_waiting = [], []
+        for (call, q), sample in zip(scheduled, samples):
+            if call.finished_at is not None:
+                continue  # finished in an earlier step (vLLM drops the output)
+            if call.stale:
+                call.stale -= q
+                running = False
+            else:
+                call.in_flight -= q
+                call.num_computed += q
+                running = True
+            if not sample:
+                continue
+            if running:
+                call.placeholders -= 1
+            call.num_output += 1
+            if running:  # vLLM caches a running call's blocks as its tokens arrive
+                full = call.num_computed // bs
+                if full > call.num_keyed:
+                    call.block_key(full - 1)
+                    parent = call.content.keys[call.num_keyed - 1] if call.num_keyed else None
+                    self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full], parent)
+                    call.num_keyed = full
+            if call.first_token_at is None:
+                call.first_token_at = now
+            if call.done:
+                call.finished_at = now
+                finished.append(call)
+                if not running:
+                    from_waiting.append(call)
+        if finished:
+            done = set(map(id, finished))
+            self.running = [c for c in self.running if id(c) not in done]
+            if from_waiting:
+                self.waiting = [c for c in self.waiting if id(c) not in done]
         return finished
 
     def retire(self, call: Call, retention: Retention, now: float) -> None:

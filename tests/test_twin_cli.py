@@ -22,11 +22,22 @@ def test_the_radix_cache_is_one_line_exit_2(capsys, tmp_path):
     assert not (tmp_path / "o").exists()  # nothing written
 
 
-def test_async_scheduling_needs_the_vllm_engine(capsys, tmp_path):
-    rc = main([*_RUN, "--async-scheduling", "--out", str(tmp_path / "o")])
+@pytest.mark.parametrize("flags, named", [(["--offload", "cpu:8GiB"], "--offload"),
+                                          (["--disagg", "1P1D", "--replicas", "2"], "--disagg"),
+                                          (["--cache", "radix"], "--cache radix")])
+def test_async_scheduling_on_simpy_refuses_what_it_does_not_model(capsys, tmp_path, flags, named):
+    rc = main([*_RUN, "--async-scheduling", *flags, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.count("\n") == 0 and "--async-scheduling needs --engine vllm" in err
+    assert rc == 2 and err.count("\n") == 0 and f"--async-scheduling with {named} runs only with --engine vllm" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_async_scheduling_on_simpy_runs(capsys, tmp_path):
+    """The SimPy replica schedules asynchronously (sim/engine.py _loop_async); the twin
+    tests compare it with vLLM's AsyncScheduler (tests/test_twin_engine.py)."""
+    rc = main([*_RUN, "--async-scheduling", "--out", str(tmp_path / "o")])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "o").exists()
 
 
 def test_without_vllm_one_line_exit_2(monkeypatch, capsys):
