@@ -25,6 +25,7 @@ class Call:
     in_flight: int = 0  # tokens of this call in steps in flight (vLLM counts them computed)
     placeholders: int = 0  # tokens those steps will sample (vLLM's num_output_placeholders)
     stale: int = 0  # tokens in flight from before a preemption: their output still arrives
+    last_step: int = 0  # the last step that scheduled it (Scheduler's step numbers)
     # metrics
     scheduled_at: float | None = None
     first_token_at: float | None = None

@@ -93,7 +93,7 @@ class EngineLimits(_Section):
     fast_forward: JSONBool = Field(True, description="run decode-only stretches in one event (same results; off: step by step)")
     async_scheduling: JSONBool = Field(
         False, description="schedule asynchronously, as vLLM 0.32 does by default on a GPU (the next step is scheduled "
-                           "while one runs); the SimPy engine without --offload, --disagg or --cache radix")
+                           "while one runs); not with --cache radix")
     kind: str = Field(
         "simpy", description="the replica's scheduler: simpy (the simulator's model of vLLM, fast) or vllm (the installed "
                              "vLLM 0.32's own Scheduler and KV cache manager, no model, same step times; docs/validation.md)")
@@ -321,12 +321,8 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
                         enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache,
                         async_scheduling=e.async_scheduling)
-    if e.async_scheduling and e.kind != "vllm":  # what the SimPy replica's async loop does not model
-        lacks = [flag for flag, on in (("--offload", tiers), ("--disagg", disagg is not None),
-                                       ("--cache radix", c.cache == "radix")) if on]
-        if lacks:
-            raise InputError(f"--async-scheduling with {' and '.join(lacks)} runs only with --engine vllm "
-                             "(the SimPy replica schedules asynchronously without them)")
+    if e.async_scheduling and c.cache == "radix":
+        raise InputError("--async-scheduling models vLLM's engine core, not SGLang's: it cannot run with --cache radix")
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
     if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs

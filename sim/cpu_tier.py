@@ -195,7 +195,7 @@ class NoTier:
     def reload_time(self, tokens: int) -> float:
         return math.inf
 
-    def write_through(self, call) -> None:
+    def write_through(self, call, computed: int) -> None:
         pass
 
     def offload(self, keys: list, now: float) -> int:
@@ -326,10 +326,11 @@ class KVOffload:
             new |= t.put(key)
         return new
 
-    def write_through(self, call) -> None:
-        """After a prefill step: store the prompt's new full chunks (async, not charged)."""
+    def write_through(self, call, computed: int) -> None:
+        """After a prefill step that left `computed` tokens of the call computed: store the
+        prompt's new full chunks (async, not charged)."""
         cb, bs = self.chunk_blocks, self.block_size
-        full = min(call.num_computed, call.prompt_len) // (cb * bs)
+        full = min(computed, call.prompt_len) // (cb * bs)
         for j in range(call.saved_chunks, full):
             if self._put(call.block_key((j + 1) * cb - 1)):
                 self.writethrough_bytes += self.tiers[0].chunk_bytes

@@ -19,7 +19,7 @@ review pins every step (`reviews_pins`, InferCept) get no stretches while pins e
 Asynchronous scheduling (`cfg.async_scheduling`, vLLM 0.32's default on a GPU) runs
 `_loop_async`, vLLM's EngineCore.step_with_batch_queue: two steps in flight, the next
 scheduled as soon as the queue has room, from the state before the running step's output;
-step by step (no stretches), no offload tiers (config refuses them).
+step by step (no stretches).
 """
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ class Engine(Replica):
         self.sched.view = self
         self.tier = KVOffload(tiers, cfg.block_size) if tiers else NO_TIER
         self.sched.tier = self.tier
+        self.sched.connector = bool(tiers)  # vLLM admits tiers' KV through a KV connector (sim/vllm_connector.py)
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # pin releases asked for mid-step
         self.arrived_mid_step: list[Call] = []  # calls that arrived mid-step, delivered at its end
@@ -139,6 +140,7 @@ class Engine(Replica):
         """Be a disaggregated decode replica: admit calls with the KV a prefill replica
         handed over (sim/disagg.py Inbox)."""
         self.sched.tier = Inbox(self.tier)
+        self.sched.connector = True  # the handed-over KV comes through vLLM's KV connector
 
     @property
     def received_tokens(self) -> int:
@@ -345,7 +347,8 @@ class Engine(Replica):
         one's output, to start when it ends), else wait for the oldest step and apply it.
         Arrivals and releases during a step are taken after it is applied."""
         env, sched, policy = self.env, self.sched, self.policy
-        in_flight: deque = deque()  # (batch, which of it samples, step time, end), oldest first
+        in_flight: deque = deque()  # (batch, schedule()'s rows, step time, end), oldest first
+        empty_behind = False  # an empty pass queued behind the step in flight (vLLM queues empty outputs too)
         spin_t, spins = -1.0, 0
         finished = False  # calls finished since the last schedule (vLLM's has_requests counts them)
         while True:
@@ -359,7 +362,7 @@ class Engine(Replica):
             for pid, reason in self._deferred:
                 sched.release_pin(pid, now, reason)
             self._deferred.clear()
-            if len(in_flight) < 2 and (sched.running or sched.waiting or finished):
+            if len(in_flight) + empty_behind < 2 and (sched.running or sched.waiting or finished):
                 finished = False
                 if policy.reviews_pins and sched.pins:
                     for pid in policy.review_pins(now, self):
@@ -378,9 +381,14 @@ class Engine(Replica):
                         sum_k += k
                         sum_qc += q * (k - q)
                     dt = self.profile.step_time(tokens, seqs, sum_qk, sum_k, sum_qc)
-                    in_flight.append((scheduled, sched.samples, dt, self._account(start, [dt], scheduled)))
+                    load_s, write_s = self.tier.take_step_costs(start)
+                    if load_s or write_s:  # as a synchronous step: copies in flight bound it, loads lengthen it
+                        dt = max(dt, write_s) + load_s
+                    in_flight.append((scheduled, sched.rows, dt, self._account(start, [dt], scheduled)))
                     if len(in_flight) < 2:
                         continue  # the queue has room: schedule the next step at once
+                elif in_flight:
+                    empty_behind = True  # it takes the queue's last place: nothing is scheduled before that step ends
                 elif (sched.preemptions, len(sched.pins), sched.pool.num_free) != before:
                     continue  # it preempted every running call or dropped pins: schedule again at once
             if not in_flight:
@@ -397,11 +405,12 @@ class Engine(Replica):
             self._in_step = True
             yield timeout_at(env, in_flight[0][3])
             self._in_step = False
-            scheduled, samples, dt, _ = in_flight.popleft()
+            scheduled, rows, dt, _ = in_flight.popleft()
+            empty_behind = False
             self.steps += 1
             for call, _ in scheduled:
                 call.req.exec_time += dt
-            for call in sched.complete_async(scheduled, samples, env.now):
+            for call in sched.complete_async(scheduled, rows, env.now):
                 self._finish(call)
                 finished = True
             if self.arrived_mid_step:

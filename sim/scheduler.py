@@ -12,7 +12,11 @@ With asynchronous scheduling (`cfg.async_scheduling`, vLLM's AsyncScheduler) a s
 scheduled while the one before it runs: a call's tokens in flight count as computed
 (`Call.in_flight`) and the tokens they will sample as placeholders, a call preempted with
 output in flight gets that output still (`Call.stale`) and waits for it before it is
-admitted again, and `complete_async` applies one step.
+admitted again, and `complete_async` applies one step. With a KV connector (offload
+tiers, a disaggregated decode replica's handoffs: `connector`) vLLM instead drops a
+preempted call's output in flight, and does not preempt a call whose blocks a step in
+flight may still write (their free would wait for that step): it stops scheduling the
+running calls for the step there.
 """
 from __future__ import annotations
 
@@ -53,7 +57,11 @@ class Scheduler:
         # keeps SGLang's insert at the chunk's end (complete)
         self._key_at_schedule = cfg.cache != "radix"
         self.async_ = cfg.async_scheduling
-        self.samples: list[bool] = []  # async: whether each call of the last schedule() samples a token
+        self.rows: list[tuple[int, bool]] = []  # async: per call of the last schedule(), (tokens computed after it, samples)
+        # async with a KV connector (the engine sets it): vLLM drops stale output and will not
+        # preempt a call whose blocks a step in flight may still write (its defer_block_free)
+        self.connector = False
+        self._scheduled_steps = self._applied_steps = 0  # non-empty steps scheduled, applied
 
     def victim_ordered(self) -> list[Call]:
         """The running list in the policy's victim order, last victim first. Calls the
@@ -127,16 +135,26 @@ class Scheduler:
         call.blocks = []
         call.num_keyed = 0
 
-    def _preempt(self, victim: Call) -> None:
+    def _frees_later(self, call: Call) -> bool:
+        """Async with a KV connector: a step in flight may still write the call's blocks, so
+        vLLM would free them only once the steps now in flight have ended (defer_block_free)."""
+        return self.async_ and self.connector and call.last_step > self._applied_steps
+
+    def _preempt(self, victim: Call, now: float) -> None:
         self.running.remove(victim)
         self._free_call(victim)
         victim.num_computed = 0
         if self.async_:  # its steps in flight still deliver their tokens (vLLM: stale output)
-            victim.stale, victim.in_flight, victim.placeholders = victim.in_flight, 0, 0
+            victim.stale += victim.in_flight
+            victim.in_flight = victim.placeholders = 0
         victim.req.preempted = True
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.append(victim)
+        # the adapter places a preempted call by its order key at once (_place), and a key
+        # may keep state (Autellix promotes a call it finds starving then); with steps in
+        # flight the call's service grows before the next pass asks again (the twin check)
+        self.policy.order_key(victim.req, now, self.view)
 
     # --- one step ---------------------------------------------------------------------
     def expire_pins(self, now: float) -> None:
@@ -182,7 +200,9 @@ class Scheduler:
                 # the step's start (victim_ordered). Asking preemption_victim of what is left
                 # would break its ties the other way (the twin fuzz found it).
                 victim = self.running[-1]
-                self._preempt(victim)
+                if self._frees_later(victim):
+                    break  # vLLM: a deferred free will not help now; no more running calls this step
+                self._preempt(victim, now)
                 preempted = self.preempted_now = True
                 if victim is call:
                     break
@@ -192,6 +212,9 @@ class Scheduler:
                     self._key_blocks(call, min(call.num_computed + call.in_flight + num_new, call.num_tokens))
                 budget -= num_new
                 i += 1
+                continue
+            if call in self.running:
+                break  # not scheduled and not preempted (vLLM stops at it)
 
         # vLLM admits no waiting call in a step that preempted. When every running call
         # was preempted that step is empty and vLLM's engine core schedules again at the
@@ -203,7 +226,7 @@ class Scheduler:
             j = 0  # async: calls before j wait for their stale output (vLLM skips them)
             while j < len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 call = self.waiting[j]
-                if call.stale:
+                if call.stale and not self.connector:
                     j += 1
                     continue
                 num_new, short = self._admit(call, budget)
@@ -246,16 +269,19 @@ class Scheduler:
         computed at once; a step that reaches past the known tokens samples one (a
         placeholder until its output arrives). Prompt tokens are counted as computed here,
         as the GPU computes them even for a call preempted before the step's end."""
-        samples = self.samples = []
+        rows = self.rows = []
+        if scheduled:
+            self._scheduled_steps += 1
         for call, q in scheduled:
             ahead = call.num_computed + call.in_flight
             if ahead < call.prompt_len:
                 call.computed_prompt_tokens += min(ahead + q, call.prompt_len) - ahead
             call.in_flight += q
+            call.last_step = self._scheduled_steps
             sample = ahead + q >= call.num_tokens + call.placeholders
             if sample:
                 call.placeholders += 1
-            samples.append(sample)
+            rows.append((ahead + q, sample))
 
     def _admit(self, call: Call, budget: int, tier_hit: int | None = None) -> tuple[int | None, int]:
         """Try to start a waiting call: (tokens scheduled, 0) or (None, blocks short);
@@ -351,7 +377,7 @@ class Scheduler:
                 self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full], parent)
                 call.num_keyed = full
             if prefill:
-                self.tier.write_through(call)  # LMCache stores new full chunks on prefill steps
+                self.tier.write_through(call, call.num_computed)  # LMCache stores new full chunks on prefill steps
             if call.num_computed == call.num_tokens or steps > 1:
                 call.num_output += 1 if steps == 1 else steps
                 if call.first_token_at is None:
@@ -364,18 +390,27 @@ class Scheduler:
             self.running = [c for c in self.running if id(c) not in done]
         return finished
 
-    def complete_async(self, scheduled: list[tuple[Call, int]], samples: list[bool], now: float) -> list[Call]:
+    def complete_async(self, scheduled: list[tuple[Call, int]], rows: list[tuple[int, bool]], now: float) -> list[Call]:
         """Apply one step scheduled asynchronously that ended at `now` (vLLM's
-        update_from_output): KV computed, full blocks cached, the tokens it sampled
-        appended; a call preempted since it was scheduled gets only its token (stale output,
-        and it may finish in the waiting queue). Returns the finished calls."""
+        update_from_output; `rows`: schedule()'s, that step's): prefill chunks written
+        through, KV computed, full blocks cached, the tokens
+        it sampled appended; a call preempted since it was scheduled gets only its token
+        (stale output, and it may finish in the waiting queue; with a connector, nothing).
+        Returns the finished calls."""
         bs = self.cfg.block_size
+        if self.tier.enabled:  # the GPU computed these chunks, preempted since or not (as sim/vllm_engine.py)
+            for (call, q), (after, _) in zip(scheduled, rows):
+                if after - q < call.prompt_len:
+                    self.tier.write_through(call, after)
+        self._applied_steps += 1
         finished, from_waiting = [], []
-        for (call, q), sample in zip(scheduled, samples):
+        for (call, q), (_, sample) in zip(scheduled, rows):
             if call.finished_at is not None:
                 continue  # finished in an earlier step (vLLM drops the output)
             if call.stale:
                 call.stale -= q
+                if self.connector:
+                    continue  # dropped: vLLM's drop_stale_output with a connector that must deliver KV
                 running = False
             else:
                 call.in_flight -= q

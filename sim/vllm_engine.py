@@ -388,6 +388,7 @@ class VllmReplica(Replica):
         env, core = self.env, self.core
         depth = 2 if self.cfg.async_scheduling else 1
         in_flight: deque = deque()  # batches scheduled and not yet applied, oldest first
+        empty_behind = None  # async: an empty output queued behind the step in flight (applied after it)
         spin_t, spins = -1.0, 0  # a watchdog, as Engine's: passes at one simulated instant
         while True:
             if env.now != spin_t:
@@ -402,18 +403,24 @@ class VllmReplica(Replica):
             for pid, reason in self._deferred:
                 core.release_pin(pid, env.now, reason)
             self._deferred.clear()
-            if len(in_flight) < depth and core.has_requests():
+            if len(in_flight) + (empty_behind is not None) < depth and core.has_requests():
                 now = env.now
                 before = (core.preemptions, len(core.pinned), core.free_blocks())
                 batch = self._schedule(now, in_flight[-1][2] if in_flight else now)
-                if batch is not None:
+                if batch[3] is not None:
                     in_flight.append(batch)
                     if len(in_flight) < depth:
                         continue  # schedule the next one at once
-                elif (core.preemptions, len(core.pinned), core.free_blocks()) != before:
-                    # it preempted every running call, or dropped pins: vLLM's engine core
-                    # schedules again at once (an empty step costs no model time)
-                    continue
+                elif in_flight:
+                    # async: vLLM queues the empty output behind the step in flight, where it
+                    # takes the queue's last place: nothing is scheduled before that step ends
+                    empty_behind = batch[0]
+                else:
+                    self._apply_empty(batch[0])
+                    if (core.preemptions, len(core.pinned), core.free_blocks()) != before:
+                        # it preempted every running call, or dropped pins: vLLM's engine core
+                        # schedules again at once (an empty step costs no model time)
+                        continue
             if not in_flight:
                 # nothing runs: only an arrival, a release or a pin expiry changes that
                 now = env.now
@@ -427,6 +434,9 @@ class VllmReplica(Replica):
             self._in_step = False
             out, dt, _, rows = in_flight.popleft()
             self._apply(out, dt, rows)
+            if empty_behind is not None:
+                self._apply_empty(empty_behind)
+                empty_behind = None
             if self.arrived_mid_step:
                 for call in self.arrived_mid_step:
                     self._deliver(call)
@@ -435,13 +445,12 @@ class VllmReplica(Replica):
     def _schedule(self, now: float, start: float):
         """One schedule() at `now` of a step that runs from `start` (a step scheduled ahead
         waits for the one before it): (output, its time, its end, per request (computed
-        tokens after the step, samples a token)), or None when it scheduled nothing
-        (applied at once)."""
+        tokens after the step, samples a token)); (output, 0, start, None) when it scheduled
+        nothing (for _apply_empty)."""
         core, requests, calls = self.core, self._requests, self._calls
         out = core.schedule()
         if not out.total_num_scheduled_tokens:
-            core.update_from_output(out, self._MRO(req_ids=[], req_id_to_index={}))
-            return None
+            return out, 0.0, start, None
         scheduled = out.num_scheduled_tokens
         for new in out.scheduled_new_reqs:
             call = calls[new.req_id]
@@ -466,6 +475,11 @@ class VllmReplica(Replica):
         self.peak_used = max(self.peak_used, used)
         return out, dt, start + dt, rows
 
+    def _apply_empty(self, out) -> None:
+        """An output that scheduled nothing: no model time, applied when it leaves vLLM's
+        batch queue (the adapter times its steps in that order)."""
+        self.core.update_from_output(out, self._MRO(req_ids=[], req_id_to_index={}))
+
     def _apply(self, out, dt: float, rows: dict) -> None:
         """The step's output at its end: prefill chunks written through, one token sampled
         per request that finished its known tokens, finished calls handed on."""
@@ -476,9 +490,7 @@ class VllmReplica(Replica):
             for rid in ids:
                 after = rows[rid][0]
                 if after - out.num_scheduled_tokens[rid] < requests[rid].num_prompt_tokens:
-                    call = calls[rid]
-                    call.num_computed = after
-                    self.tier.write_through(call)
+                    self.tier.write_through(calls[rid], after)
         sampled = [[self._programs[calls[rid].req.program_id].tokens[rows[rid][0]]] if rows[rid][1] else [] for rid in ids]
         core.update_from_output(out, self._MRO(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                                sampled_token_ids=sampled))

@@ -346,18 +346,17 @@ def test_twin_on_random_busy_runs(c):
 
 
 @SETTINGS
-@given(configs(), st.booleans())
-def test_async_twin_under_random_configurations(c, fast_forward):
-    """The same random configurations, both engines scheduling asynchronously (vLLM's
-    AsyncScheduler on one side, sim/engine.py _loop_async on the other), without what the
-    SimPy replica's async loop refuses (offload tiers, disaggregation, the radix cache):
-    every call's times, hits, preemptions and output agree."""
-    prof = linear_profile(blocks=c["blocks"], budget=c["budget"], seqs=c["seqs"], c2=1e-6, c4=1e-5)
+@given(configs())
+def test_async_twin_under_random_configurations(c):
+    """The same random configurations (offload tiers and disaggregation included), both
+    engines scheduling asynchronously (vLLM's AsyncScheduler on one side, sim/engine.py
+    _loop_async on the other): every call's times, hits, preemptions, reloads and output
+    agree."""
+    c = {**c, "cache": "vllm"}
     rows = []
     for kind in ("simpy", "vllm"):
         try:
-            res = simulate(c["trace"], c["policy"], prof, c["arrivals"], chunked_prefill=c["chunked"], replicas=c["replicas"],
-                           router=c["router"], kind=kind, async_scheduling=True, fast_forward=fast_forward)
+            res = _simulate(c, c["policy"], kind=kind, async_scheduling=True)
         except InputError:
             assume(False)  # a context the pool or budget cannot hold: refused alike
         rows.append(res.turns[TWIN_COLUMNS])
@@ -367,15 +366,15 @@ def test_async_twin_under_random_configurations(c, fast_forward):
 @SETTINGS
 @given(busy_runs())
 def test_async_twin_on_random_busy_runs(c):
-    """Busy random runs (preemptions with steps in flight: their output arrives stale; pin
-    victims; calls ending in the step already scheduled past them), asynchronously on both
-    engines."""
+    """Busy random runs (preemptions with steps in flight: their output arrives stale, or
+    with offload tiers is dropped and their blocks freed late; pin victims; calls ending
+    in the step already scheduled past them), asynchronously on both engines."""
     prof = linear_profile(c2=1e-7, blocks=c["blocks"], seqs=c["seqs"])
     rows = []
     for kind in ("simpy", "vllm"):
         try:
-            res = simulate(c["trace"], c["policy"], prof, c["arrivals"], kind=kind, replicas=c["replicas"],
-                           router=c["router"], async_scheduling=True)
+            res = simulate(c["trace"], c["policy"], prof, c["arrivals"], kind=kind, offload=c["offload"],
+                           replicas=c["replicas"], router=c["router"], async_scheduling=True)
         except InputError:
             assume(False)  # a context the pool cannot hold
         rows.append(res.turns[TWIN_COLUMNS])
@@ -433,3 +432,126 @@ def test_tied_preemption_victims_go_in_vllms_order():
     rows = [simulate(trace, "continuum-static", prof, [0, 0, 0, 3, 3.5, 3.5], kind=k).turns[cols] for k in ("simpy", "vllm")]
     assert rows[0].equals(rows[1])
     assert rows[0]["preemptions"].sum() == 1
+
+
+def _queue_events(monkeypatch) -> list:
+    """Log both engines' schedule passes and applied steps: ("S", nonempty, changed the
+    pool or pins or preempted) and ("A",) in order."""
+    from sim.scheduler import Scheduler
+    from sim.vllm_engine import VllmReplica
+
+    events: list = []
+
+    def state(core):
+        return (core.preemptions, len(core.pinned), core.free_blocks())
+
+    def v_schedule(self, now, start, _orig=VllmReplica._schedule):
+        before = state(self.core)
+        batch = _orig(self, now, start)
+        events.append(("S", batch[3] is not None, state(self.core) != before))
+        return batch
+
+    def v_apply(self, *a, _orig=VllmReplica._apply):
+        events.append(("A",))
+        return _orig(self, *a)
+
+    def s_schedule(self, now, _orig=Scheduler.schedule):
+        before = (self.preemptions, len(self.pins), self.pool.num_free)
+        out = _orig(self, now)
+        events.append(("S", bool(out), (self.preemptions, len(self.pins), self.pool.num_free) != before))
+        return out
+
+    def s_complete(self, *a, _orig=Scheduler.complete_async):
+        events.append(("A",))
+        return _orig(self, *a)
+
+    monkeypatch.setattr(VllmReplica, "_schedule", v_schedule)
+    monkeypatch.setattr(VllmReplica, "_apply", v_apply)
+    monkeypatch.setattr(Scheduler, "schedule", s_schedule)
+    monkeypatch.setattr(Scheduler, "complete_async", s_complete)
+    return events
+
+
+def test_async_empty_pass_waits_for_the_step_in_flight(monkeypatch):
+    """vLLM's engine core queues an empty scheduler output in its batch queue like any
+    other (EngineCore.step_with_batch_queue): with a step in flight the queue is then full,
+    so the next schedule comes only after that step's output, even when the empty pass
+    preempted or dropped pins. Both engines had scheduled again at once (and the adapter's
+    step timing took the empty output's update for the step in flight's)."""
+    rng = np.random.default_rng(4)
+    n = int(rng.integers(8, 40))
+    trace = random_trace(rng, n, max_turns=int(rng.integers(2, 8)))
+    arrivals = np.cumsum(rng.exponential(0.3, n))
+    prof = linear_profile(c2=1e-7, blocks=int(rng.integers(80, 300)), seqs=16)
+    events = _queue_events(monkeypatch)
+    rows = []
+    for kind in ("simpy", "vllm"):
+        events.clear()
+        rows.append(simulate(trace, "continuum", prof, arrivals, kind=kind, async_scheduling=True).turns[TWIN_COLUMNS])
+        in_flight, waiting_for_step, found = 0, False, 0
+        for e in events:
+            if e[0] == "A":
+                in_flight, waiting_for_step = in_flight - 1, False
+                continue
+            assert not waiting_for_step, f"{kind}: scheduled again before the step in flight ended"
+            if e[1]:
+                in_flight += 1
+            elif in_flight:
+                waiting_for_step = True
+                found += e[2]
+        assert found, kind  # the case arises: an empty pass that changed something with a step in flight
+    assert rows[0].equals(rows[1])
+
+
+def test_async_a_preempted_calls_order_key_is_asked_at_once():
+    """The adapter places a preempted request by its order key at once (PolicyScheduler
+    _place), and Autellix's key keeps state: a call it finds starving then is promoted to
+    its first queue for good. Asynchronously the call's service still grows by the step
+    in flight before the next pass asks, and the starvation test can turn: the SimPy
+    replica, which asked only at that pass, ordered its queue otherwise (found at 500
+    SWE-bench programs: mean JCT +0.24%, 270 preemptions against 235)."""
+    rng = np.random.default_rng(22)
+    n = int(rng.integers(8, 40))
+    trace = random_trace(rng, n, max_turns=int(rng.integers(2, 8)))
+    arrivals = np.cumsum(rng.exponential(0.3, n))
+    prof = linear_profile(c2=1e-7, blocks=int(rng.integers(80, 300)), seqs=16)
+    rows = [simulate(trace, "autellix", prof, arrivals, kind=k, async_scheduling=True).turns[TWIN_COLUMNS]
+            for k in ("simpy", "vllm")]
+    assert rows[0].equals(rows[1])
+    assert rows[0]["preemptions"].sum() > 0
+
+
+def test_async_with_a_connector_never_preempts_a_call_a_step_in_flight_still_writes():
+    """With a KV connector (here the offload tier's) and two steps in flight, vLLM frees a
+    preempted request's blocks only once the step in flight that may write them has
+    ended (defer_block_free), so it does not preempt such a request: it stops scheduling
+    running requests for that step (the one that needs a block waits). The SimPy replica
+    preempted them one after another, freeing nothing, down to the call itself: every
+    running call preempted and readmitted each step, for ever (found by the async fuzz;
+    a 60 s guard stands for the hang)."""
+    import signal
+
+    from policies.registry import POLICIES
+    from sim.router import router_names
+
+    seed = 21
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(8, 40))
+    trace = random_trace(rng, n, max_turns=int(rng.integers(2, 8)))
+    arrivals = np.cumsum(rng.exponential(0.05, n))
+    prof = linear_profile(c2=1e-7, blocks=int(rng.integers(80, 300)), seqs=4)
+    policy, router = sorted(POLICIES)[seed % len(POLICIES)], router_names()[seed % len(router_names())]
+
+    def hang(*_):
+        raise AssertionError("no end in 60 s: preempted and readmitted every step")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(60)
+    try:
+        rows = [simulate(trace, policy, prof, arrivals, kind=k, async_scheduling=True, offload="cpu:1MiB@0.004096",
+                         router=router).turns[TWIN_COLUMNS] for k in ("simpy", "vllm")]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rows[0].equals(rows[1])
+    assert rows[0]["preemptions"].sum() > 0
