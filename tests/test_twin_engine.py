@@ -531,16 +531,11 @@ def test_async_with_a_connector_never_preempts_a_call_a_step_in_flight_still_wri
     a 60 s guard stands for the hang)."""
     import signal
 
-    from policies.registry import POLICIES
-    from sim.router import router_names
-
-    seed = 21
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(21)
     n = int(rng.integers(8, 40))
     trace = random_trace(rng, n, max_turns=int(rng.integers(2, 8)))
     arrivals = np.cumsum(rng.exponential(0.05, n))
     prof = linear_profile(c2=1e-7, blocks=int(rng.integers(80, 300)), seqs=4)
-    policy, router = sorted(POLICIES)[seed % len(POLICIES)], router_names()[seed % len(router_names())]
 
     def hang(*_):
         raise AssertionError("no end in 60 s: preempted and readmitted every step")
@@ -548,8 +543,8 @@ def test_async_with_a_connector_never_preempts_a_call_a_step_in_flight_still_wri
     old = signal.signal(signal.SIGALRM, hang)
     signal.alarm(60)
     try:
-        rows = [simulate(trace, policy, prof, arrivals, kind=k, async_scheduling=True, offload="cpu:1MiB@0.004096",
-                         router=router).turns[TWIN_COLUMNS] for k in ("simpy", "vllm")]
+        rows = [simulate(trace, "static-ttl", prof, arrivals, kind=k, async_scheduling=True,
+                         offload="cpu:1MiB@0.004096").turns[TWIN_COLUMNS] for k in ("simpy", "vllm")]
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
