@@ -96,6 +96,7 @@ class Engine(Replica):
         # used blocks are answered as step-by-step would (used_blocks).
         self.read_horizon = env.peek
         self._wakeup = env.event()
+        self._spin_t, self._spins = -1.0, 0  # the progress watchdog (_pass_begins)
         self.stats = FinishStats()
         self._start_accounting()
         self.process = env.process(self._loop_async() if cfg.async_scheduling else self._loop())
@@ -260,21 +261,25 @@ class Engine(Replica):
         is kept while its program waits; its expiry has passed and changes nothing."""
         return min(self.env.peek(), min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf))
 
+    def _pass_begins(self, now: float) -> None:
+        """Each pass of a step loop: the progress watchdog (passes at one simulated instant),
+        then the pin releases asked for during the step."""
+        if now != self._spin_t:
+            self._spin_t, self._spins = now, 0
+        else:
+            self._spins += 1
+            if self._spins >= STALL_PASSES:
+                raise self._error(f"no progress ({self._spins} passes of the event loop without the simulated clock advancing)")
+        for pid, reason in self._deferred:
+            self.sched.release_pin(pid, now, reason)
+        self._deferred.clear()
+
     def _loop(self):
         env, sched = self.env, self.sched
-        spin_t, spins = -1.0, 0  # the progress watchdog: passes at one simulated instant
         finished = False  # the last step finished calls: vLLM's finished_req_ids
         while True:
             now = env.now
-            if now != spin_t:
-                spin_t, spins = now, 0
-            else:
-                spins += 1
-                if spins >= STALL_PASSES:
-                    raise self._error(f"no progress ({spins} passes of the event loop without the simulated clock advancing)")
-            for pid, reason in self._deferred:
-                sched.release_pin(pid, env.now, reason)
-            self._deferred.clear()
+            self._pass_begins(now)
             if not sched.running and not sched.waiting and not finished:
                 self._wakeup = env.event()
                 yield self._wakeup
@@ -336,10 +341,15 @@ class Engine(Replica):
                 self._finish(call)
                 finished = True
             if self.arrived_mid_step:
-                sched.expire_pins(env.now)
-                for call in self.arrived_mid_step:
-                    self._deliver(call)
-                self.arrived_mid_step.clear()
+                self._take_arrivals()
+
+    def _take_arrivals(self) -> None:
+        """At a step's end: the calls that arrived during it reach the scheduler, after the
+        pins that ran out meanwhile expired (submit)."""
+        self.sched.expire_pins(self.env.now)
+        for call in self.arrived_mid_step:
+            self._deliver(call)
+        self.arrived_mid_step.clear()
 
     def _loop_async(self):
         """vLLM's engine core with a batch queue of two (EngineCore.step_with_batch_queue):
@@ -349,19 +359,10 @@ class Engine(Replica):
         env, sched, policy = self.env, self.sched, self.policy
         in_flight: deque = deque()  # (batch, schedule()'s rows, step time, end), oldest first
         empty_behind = False  # an empty pass queued behind the step in flight (vLLM queues empty outputs too)
-        spin_t, spins = -1.0, 0
         finished = False  # calls finished since the last schedule (vLLM's has_requests counts them)
         while True:
             now = env.now
-            if now != spin_t:
-                spin_t, spins = now, 0
-            else:
-                spins += 1
-                if spins >= STALL_PASSES:
-                    raise self._error(f"no progress ({spins} passes of the event loop without the simulated clock advancing)")
-            for pid, reason in self._deferred:
-                sched.release_pin(pid, now, reason)
-            self._deferred.clear()
+            self._pass_begins(now)
             if len(in_flight) + empty_behind < 2 and (sched.running or sched.waiting or finished):
                 finished = False
                 if policy.reviews_pins and sched.pins:
@@ -414,10 +415,7 @@ class Engine(Replica):
                 self._finish(call)
                 finished = True
             if self.arrived_mid_step:
-                sched.expire_pins(env.now)
-                for call in self.arrived_mid_step:
-                    self._deliver(call)
-                self.arrived_mid_step.clear()
+                self._take_arrivals()
 
     def _steady(self, scheduled) -> bool:
         """Would the next steps schedule the same batch? True when nothing waits, or the
