@@ -20,7 +20,7 @@ class EngineConfig:
     reserve_full_prompt: bool = True
     # the replica's KV cache model: "vllm" (vLLM's block pool) or "radix" (SGLang's radix tree)
     cache: str = "vllm"
-    # vLLM's asynchronous scheduling (the next step scheduled while one runs): --engine vllm only
+    # vLLM's asynchronous scheduling (the next step scheduled while one runs; sim/engine.py _loop_async)
     async_scheduling: bool = False
 
     def profile_section(self) -> dict:

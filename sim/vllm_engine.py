@@ -163,7 +163,7 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
         raise InputError(f"--engine vllm: vLLM refused the engine limits: {' '.join(str(err).split())[:300]}") from None
     config.cache_config.num_gpu_blocks = num_blocks
     config.scheduler_config.scheduler_reserve_full_isl = reserve_full
-    config.scheduler_config.async_scheduling = async_scheduling  # off: one step in flight, as the SimPy replica
+    config.scheduler_config.async_scheduling = async_scheduling  # off: one step in flight (either engine follows the flag)
     return config
 
 
