@@ -18,8 +18,9 @@ review pins every step (`reviews_pins`, InferCept) get no stretches while pins e
 
 Asynchronous scheduling (`cfg.async_scheduling`, vLLM 0.32's default on a GPU) runs
 `_loop_async`, vLLM's EngineCore.step_with_batch_queue: two steps in flight, the next
-scheduled as soon as the queue has room, from the state before the running step's output;
-step by step (no stretches).
+scheduled as soon as the queue has room, from the state before the running step's output.
+Its stretches (`_stretch_async`) leave their last step in flight: step-by-step, a step is
+scheduled while the one before it runs, so a call that lands in step j joins step j + 2.
 """
 from __future__ import annotations
 
@@ -193,41 +194,51 @@ class Engine(Replica):
 
     def used_blocks(self) -> int:
         """Used KV blocks as step-by-step shows them now. A stretch allocates its later
-        steps' blocks at its end (Scheduler.complete); step-by-step allocates each step's
-        at its start, so mid-stretch the blocks of the steps begun so far are added."""
+        steps' blocks when it lands (Scheduler.complete, complete_async_stretch);
+        step-by-step allocates each step's when it is scheduled, so mid-stretch the blocks
+        of the steps scheduled so far are added."""
         used = self.sched.pool.num_used
         if self._in_step and len(self._dts) > 1:
-            k, bs = self._steps_begun(), self.cfg.block_size
+            m, bs = self._steps_kept() - 1, self.cfg.block_size  # steps 1..m are allocated by now
             for call, _ in self._batch:
-                first = -call.num_computed % bs or bs  # step j writes position num_computed + j
-                if first < k:
-                    used += (k - 1 - first) // bs + 1
+                first = -self.sched.stretch_base(call) % bs or bs  # step j writes position base + j
+                if first <= m:
+                    used += (m - first) // bs + 1
         return used
 
-    def _steps_begun(self) -> int:
-        """Steps in flight that began before now (the first always has: events at its
-        start that the engine has not seen yet reach it at its end, as step-by-step). A
-        step that begins exactly now has not: what asks (a first arrival, created at
-        start-up) fires before the engine's event of the same instant, in both modes."""
+    def _steps_kept(self) -> int:
+        """The steps of the stretch that step-by-step has scheduled by now: synchronously
+        those begun before now (the first always has: events at its start that the engine
+        has not seen yet reach it at its end), asynchronously one more (each step is
+        scheduled when the one before it begins; an event that lands before the first
+        begins reaches the engine with the step in flight ahead of it). A step that begins
+        exactly now has not: what asks (a first arrival, created at start-up) fires before
+        the engine's event of the same instant, in both modes."""
         t, now, k = self._start, self.env.now, 0
         for d in self._dts:
             if t >= now:
                 break
             k += 1
             t += d
-        return max(k, 1)
+        return min(k + 1, len(self._dts)) if self.cfg.async_scheduling else max(k, 1)
+
+    def _wake(self, end: float = math.nan) -> float:
+        """When the process wakes from a stretch whose steps end at `end`: then; with
+        asynchronous scheduling, at the end of the step before the last, which stays in
+        flight (the same float as step-by-step: the step times added one by one)."""
+        return stretch.add_in_order(self._start, self._dts[:-1]) if self.cfg.async_scheduling else end
 
     def _cut_stretch(self) -> None:
         """Something reached this replica mid-stretch (a call, a pin release): step-by-step
         it would be seen at the end of the step in which it landed, so the stretch ends
         there: its KV and busy time are counted again for the steps that stay, and the
-        process waits on a new end event (the old one fires with nothing on it)."""
-        k = self._steps_begun()
+        process waits on a new event (the old one fires with nothing on it)."""
+        k = self._steps_kept()
         if k < len(self._dts):
             self._dts = self._dts[:k]
             self._used_area, self.busy_time, self.peak_used, counted = self._kept
             del self.kv_samples[counted:]  # counted again for the steps that stay
-            end = timeout_at(self.env, self._account(self._start, self._dts, self._batch))
+            end = timeout_at(self.env, self._wake(self._account(self._start, self._dts, self._batch)))
             end.callbacks, self._end.callbacks = self._end.callbacks, []
             self.process._target = self._end = end
 
@@ -385,7 +396,14 @@ class Engine(Replica):
                     load_s, write_s = self.tier.take_step_costs(start)
                     if load_s or write_s:  # as a synchronous step: copies in flight bound it, loads lengthen it
                         dt = max(dt, write_s) + load_s
-                    in_flight.append((scheduled, sched.rows, dt, self._account(start, [dt], scheduled)))
+                    elif self.fast_forward and in_flight and self._steady_async(in_flight[0], scheduled):
+                        dts = self._stretch_async(scheduled, dt, start, sum_qk, sum_k, sum_qc)
+                        if len(dts) > 1:  # it lands at the end of its step before the last (_land_stretch)
+                            self._start, self._dts, self._batch = start, dts, scheduled
+                            self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))
+                            self._account(start, dts, scheduled)
+                            dt = None  # its in-flight entry is made when it lands
+                    in_flight.append((scheduled, sched.rows, dt, None if dt is None else self._account(start, [dt], scheduled)))
                     if len(in_flight) < 2:
                         continue  # the queue has room: schedule the next step at once
                 elif in_flight:
@@ -403,8 +421,10 @@ class Engine(Replica):
                 self._wakeup = env.event()
                 yield self._wakeup | env.timeout(max(nxt - now, 0.0))
                 continue
+            stretching = len(in_flight) == 2 and in_flight[1][2] is None
             self._in_step = True
-            yield timeout_at(env, in_flight[0][3])
+            self._end = timeout_at(env, self._wake() if stretching else in_flight[0][3])
+            yield self._end
             self._in_step = False
             scheduled, rows, dt, _ = in_flight.popleft()
             empty_behind = False
@@ -414,8 +434,58 @@ class Engine(Replica):
             for call in sched.complete_async(scheduled, rows, env.now):
                 self._finish(call)
                 finished = True
+            if stretching:
+                in_flight[0] = self._land_stretch(in_flight[0][1])
             if self.arrived_mid_step:
                 self._take_arrivals()
+
+    def _steady_async(self, ahead, scheduled) -> bool:
+        """Would the next steps schedule the same batch, asynchronously? As `_steady`, and
+        the step in flight ahead of it is one decode step of the same calls in the same
+        order: every row decodes one token and samples it (no prefill chunk, no stale
+        output, no call left out)."""
+        batch, rows = ahead[0], ahead[1]
+        return (len(scheduled) == len(batch) == len(self.sched.running)
+                and all(q == 1 and c is b for (c, q), (b, _) in zip(scheduled, batch))
+                and all(q == 1 for _, q in batch)
+                and all(sample for _, sample in rows) and all(sample for _, sample in self.sched.rows)
+                and self._steady(scheduled))
+
+    def _stretch_async(self, scheduled, dt0: float, start: float, sum_qk: float, sum_k: float, sum_qc: float) -> list[float]:
+        """The step times of an asynchronous decode stretch that starts at `start` (the end
+        of the step in flight ahead of it). Step-by-step, step i + 1 is scheduled when step i
+        begins, so the stretch lands at the end of its step before the last, which stays in
+        flight: its steps up to that one are those a synchronous stretch would run (until
+        the next outside event, a failing allocation, before a read); one more follows. A
+        call's steps in flight reaching its last token leave it out of the next step (vLLM),
+        so no call may reach its last token but in the step left in flight."""
+        r = len(scheduled)
+        nxt = self._next_event(self.horizon)
+        reader = self.read_horizon()
+        most = min(call.max_output - call.num_output for call, _ in scheduled) - 1
+        if most < 2 or not start < nxt or not start + dt0 < reader:
+            return [dt0]
+        most = self.sched.decode_stretch_limit(scheduled, most)
+        if most < 2:
+            return [dt0]
+        dts = [dt0] + self.profile.step.decode_stretch(r, sum_qk + r, sum_k + r, sum_qc + r, start + dt0, nxt,
+                                                       reader, most - 2)
+        m = len(dts)  # the step left in flight: m decodes past the first
+        dts.append(self.profile.step_time(r, r, sum_qk + m * r, sum_k + m * r, sum_qc + m * r))
+        return dts
+
+    def _land_stretch(self, rows: list[tuple[int, bool]]) -> tuple:
+        """The process woke from an asynchronous stretch (its step in flight ahead was just
+        applied): its steps but the last are applied and the steps after the first were
+        scheduled, as step-by-step; the last stays in flight. Returns its in-flight entry."""
+        dts, batch = self._dts, self._batch
+        self._dts = []
+        if len(dts) > 1:
+            self.steps += len(dts) - 1
+            for call, _ in batch:
+                call.req.exec_time = stretch.add_in_order(call.req.exec_time, dts[:-1])
+            rows = self.sched.complete_async_stretch(batch, len(dts))
+        return batch, rows, dts[-1], self.env.now + dts[-1]
 
     def _steady(self, scheduled) -> bool:
         """Would the next steps schedule the same batch? True when nothing waits, or the
@@ -462,8 +532,8 @@ class Engine(Replica):
         n, bs = len(dts), self.cfg.block_size
         grow = [0] * n
         if n > 1:
-            for call, _ in scheduled:  # step j writes position num_computed + j
-                for j in range(-call.num_computed % bs or bs, n, bs):
+            for call, _ in scheduled:  # step j writes position base + j
+                for j in range(-self.sched.stretch_base(call) % bs or bs, n, bs):
                     grow[j] += 1
         used, self._used_area, self.busy_time, t = stretch.account_steps(
             dts, grow, used, self._used_area, self.busy_time, now, samples[-1][0] if samples else -math.inf, samples, pinned)

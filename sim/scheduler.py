@@ -322,11 +322,17 @@ class Scheduler:
         return bool(victims)
 
     # --- stretches of identical decode steps ---------------------------------------------
+    def stretch_base(self, call: Call) -> int:
+        """The token position the first step of a decode stretch writes, once that step is
+        scheduled; step j writes base + j. Asynchronously the step ahead of it (in flight)
+        and it itself already count as in flight."""
+        return call.num_computed + call.in_flight - 1 if self.async_ else call.num_computed
+
     def _extra_blocks(self, scheduled: list[tuple[Call, int]], n: int) -> int:
         """Blocks the decode calls need for steps 1..n-1 beyond what step 0 allocated."""
         bs, need = self.cfg.block_size, 0
         for c, _ in scheduled:  # a loop, not a generator: this runs before every stretch
-            need += max(0, cdiv(c.num_computed + n, bs) - len(c.blocks))
+            need += max(0, cdiv(self.stretch_base(c) + n, bs) - len(c.blocks))
         return need
 
     def decode_stretch_limit(self, scheduled: list[tuple[Call, int]], max_steps: int) -> int:
@@ -348,10 +354,10 @@ class Scheduler:
         """Allocate steps 1..n-1's blocks in the order step-by-step would: by step, then
         by running order — so the free queue ends identical."""
         bs = self.cfg.block_size
-        # step j writes token position num_computed + j, so a call starts a new block at a
-        # first step f in 1..bs and every bs steps after it: ordered by step, the crossings
-        # go round by round (bs steps each), in each by (f, running order)
-        firsts = sorted((-c.num_computed % bs or bs, idx) for idx, (c, _) in enumerate(scheduled))
+        # step j writes token position base + j, so a call starts a new block at a first
+        # step f in 1..bs and every bs steps after it: ordered by step, the crossings go
+        # round by round (bs steps each), in each by (f, running order)
+        firsts = sorted((-self.stretch_base(c) % bs or bs, idx) for idx, (c, _) in enumerate(scheduled))
         order = [idx for start in range(0, n, bs) for f, idx in firsts if start + f < n]
         for idx, b in zip(order, self.pool.allocate(len(order))):  # one pop of them all, same order
             scheduled[idx][0].blocks.append(b)
@@ -441,6 +447,25 @@ class Scheduler:
             if from_waiting:
                 self.waiting = [c for c in self.waiting if id(c) not in done]
         return finished
+
+    def complete_async_stretch(self, scheduled: list[tuple[Call, int]], n: int) -> list[tuple[int, bool]]:
+        """An asynchronous decode stretch of n steps lands (sim/engine.py _land_stretch,
+        after the step in flight ahead of it was applied): its steps 1..n-1 scheduled and
+        steps 0..n-2 applied, as n - 1 passes of step-by-step would leave them (each applies
+        the oldest step in flight and schedules the next: blocks allocated in step order,
+        full blocks cached, one token sampled). No call finishes in them. Returns the rows
+        of step n - 1, which stays in flight."""
+        self._allocate_stretch(scheduled, n)
+        self._scheduled_steps += n - 1
+        self._applied_steps += n - 1
+        rows = []
+        for call, _ in scheduled:
+            call.num_computed += n - 1
+            call.num_output += n - 1
+            call.last_step = self._scheduled_steps
+            self._key_blocks(call, call.num_computed)
+            rows.append((call.num_computed + call.in_flight, True))
+        return rows
 
     def retire(self, call: Call, retention: Retention, now: float) -> None:
         """A finished call's KV: pinned blocks stay referenced, otherwise freed (still cached)."""

@@ -12,9 +12,10 @@ from sim.router import make_router
 from agentsim.errors import InputError
 
 
-def run(trace, arrivals, policy="vllm", replicas=2, router="round_robin", ff=True, offload=None, **prof):
+def run(trace, arrivals, policy="vllm", replicas=2, router="round_robin", ff=True, offload=None, async_=False, **prof):
     p = linear_profile(**{"blocks": 400, **prof})
-    return simulate(trace, policy, p, arrivals, fast_forward=ff, replicas=replicas, router=router, offload=offload)
+    return simulate(trace, policy, p, arrivals, fast_forward=ff, replicas=replicas, router=router, offload=offload,
+                    async_scheduling=async_)
 
 
 def trace_and_arrivals(seed=0, n=24):
@@ -246,11 +247,13 @@ def test_stretches_end_on_the_same_float_as_steps_so_replicas_see_events_in_the_
     assert fast["finish"].max() == pytest.approx(1.053783)
 
 
-def test_routers_read_the_state_step_by_step_would_show(monkeypatch):
+@pytest.mark.parametrize("async_", [False, True])
+def test_routers_read_the_state_step_by_step_would_show(monkeypatch, async_):
     # A long decode on replica 0; a second program arrives mid-decode and the router
     # reads every replica's used blocks at that instant: a decode stretch must not hide
     # the blocks its earlier steps allocated (found by the property tests as a 6 ms
-    # difference between fast-forward and step-by-step with 2 replicas).
+    # difference between fast-forward and step-by-step with 2 replicas). Asynchronously
+    # step-by-step has allocated one step more (the step scheduled ahead).
     from sim.replica import Replica
 
     tr = make_trace([[(20, 400, None, None)], [(40, 8, None, None)]])
@@ -258,7 +261,7 @@ def test_routers_read_the_state_step_by_step_would_show(monkeypatch):
     for ff in (True, False):
         reads, load = [], Replica.load
         monkeypatch.setattr(Replica, "load", lambda e, reads=reads, load=load: reads.append(load(e)) or reads[-1])
-        run(tr, [0.0, 1.3], router="least_loaded", ff=ff, blocks=200)
+        run(tr, [0.0, 1.3], router="least_loaded", ff=ff, blocks=200, async_=async_)
         monkeypatch.setattr(Replica, "load", load)
         seen[ff] = reads
     assert seen[True] == seen[False]
@@ -291,9 +294,10 @@ def _stretches(monkeypatch):
     return seen
 
 
+@pytest.mark.parametrize("async_", [False, True])
 @pytest.mark.parametrize("router, own", [("session", True), ("round_robin", True), ("cache_aware", True),
                                          ("least_loaded", True), ("prefix", False)])
-def test_replicas_on_their_own_clocks_behind_routers_that_read_only_load(monkeypatch, router, own):
+def test_replicas_on_their_own_clocks_behind_routers_that_read_only_load(monkeypatch, router, own, async_):
     # replica 0: one long decode; replica 1: a program whose many short turns (prefill
     # steps, tool returns) land while it runs. A router that reads only queue lengths and
     # used blocks leaves replica 0 on its own clock: its decode is one stretch up to its
@@ -302,7 +306,7 @@ def test_replicas_on_their_own_clocks_behind_routers_that_read_only_load(monkeyp
     chatty = [(20, 1, "ls", 0.01)] * 30 + [(20, 1, None, None)]
     tr = make_trace([[(20, 400, None, None)], chatty])
     seen = _stretches(monkeypatch)
-    kw = dict(router=router, replicas=2, blocks=200)
+    kw = dict(router=router, replicas=2, blocks=200, async_=async_)
     fast = run(tr, [0.0, 0.0], **kw)
     long = [n for r, n in seen if r == 0]
     assert (max(long) > 300) == own, long
@@ -312,7 +316,8 @@ def test_replicas_on_their_own_clocks_behind_routers_that_read_only_load(monkeyp
     assert fast.summary == step.summary
 
 
-def test_a_first_arrival_routed_elsewhere_neither_cuts_a_stretch_nor_reads_it_stale(monkeypatch):
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_first_arrival_routed_elsewhere_neither_cuts_a_stretch_nor_reads_it_stale(monkeypatch, async_):
     # p0 decodes alone on replica 0 from t=0 (2 blocks when its stretch begins, 7 by
     # t=1); p1 starts on replica 1 at t=0.8 (4 blocks). At t=1 p2 arrives: one call runs
     # on each replica, so the router's tie-break is used blocks, and step by step replica
@@ -320,10 +325,12 @@ def test_a_first_arrival_routed_elsewhere_neither_cuts_a_stretch_nor_reads_it_st
     # router must be told what step-by-step would show (Engine.used_blocks), not the pool.
     tr = make_trace([[(16, 400, None, None)], [(48, 400, None, None)], [(16, 5, None, None)]])
     seen = _stretches(monkeypatch)
-    kw = dict(router="session", replicas=2)
+    kw = dict(router="session", replicas=2, async_=async_)
     fast = run(tr, [0.0, 0.8, 1.0], **kw)
     assert fast.turns.set_index("program_id")["replica"].to_dict() == {"p000": 0, "p001": 1, "p002": 1}
-    assert max(n for r, n in seen if r == 0) >= 399  # p0's decode: one stretch, uncut by p1 and p2
+    # p0's decode: one stretch, uncut by p1 and p2 (asynchronously it begins behind the
+    # first decode step, in flight, and leaves the last token's step out)
+    assert max(n for r, n in seen if r == 0) >= (398 if async_ else 399)
     step = run(tr, [0.0, 0.8, 1.0], ff=False, **kw)
     pd.testing.assert_frame_equal(fast.turns, step.turns, check_exact=True)
     pd.testing.assert_frame_equal(fast.kv_usage, step.kv_usage, check_exact=True)

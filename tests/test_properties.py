@@ -112,6 +112,23 @@ def _check_invariants(c):
     assert res.summary == slow.summary
 
 
+@SETTINGS
+@given(configs())
+def test_async_stretches_are_exact_under_random_configurations(c):
+    """Asynchronous decode stretches (sim/engine.py _stretch_async: their last step left in
+    flight, cut one step later than a synchronous stretch) give step-by-step's tables and
+    summary to the last bit."""
+    assume(c["cache"] != "radix")  # refused asynchronously
+    try:
+        fast = _simulate(c, c["policy"], async_scheduling=True)
+    except InputError:
+        assume(False)
+    slow = _simulate(c, c["policy"], ff=False, async_scheduling=True)
+    pd.testing.assert_frame_equal(fast.turns, slow.turns, check_exact=True)
+    pd.testing.assert_frame_equal(fast.kv_usage, slow.kv_usage, check_exact=True)
+    assert fast.summary == slow.summary
+
+
 # --- wrong types and shapes in input files: a result or one error line, never a traceback ---
 
 junk = st.one_of(st.none(), st.booleans(), st.integers(-10**13, 10**13), st.floats(), st.text(max_size=5),
