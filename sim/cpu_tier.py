@@ -201,8 +201,8 @@ class NoTier:
     def offload(self, keys: list, now: float) -> int:
         return 0
 
-    def take_step_costs(self, now: float) -> tuple[float, float]:
-        return 0.0, 0.0
+    def price_step(self, compute_s: float, start: float) -> tuple[float, bool]:
+        return compute_s, False
 
     def check(self) -> None:
         pass
@@ -358,10 +358,15 @@ class KVOffload:
         return n
 
     # --- engine side -------------------------------------------------------------------------
-    def take_step_costs(self, now: float) -> tuple[float, float]:
-        """(load seconds, copy seconds still in flight) for the step starting at `now`."""
+    def price_step(self, compute_s: float, start: float) -> tuple[float, bool]:
+        """The time of the step starting at `start` that computes for `compute_s`, and
+        whether transfers set it: copies still in flight bound it, the reloads of the
+        calls admitted in it lengthen it (LMCache's synchronous retrieve)."""
         load, self.step_load_s = self.step_load_s, 0.0
-        return load, max(0.0, self.write_free_at - now)
+        write = max(0.0, self.write_free_at - start)
+        if load or write:
+            return max(compute_s, write) + load, True
+        return compute_s, False
 
     def check(self) -> None:
         for t in self.tiers:

@@ -37,7 +37,7 @@ from sim.call import Call
 from sim.replica import Replica
 from sim.cpu_tier import NO_TIER, KVOffload, Tier
 from sim.disagg import Inbox
-from sim.profile import Profile
+from sim.profile import Profile, step_features
 from sim.engine_config import EngineConfig
 from sim.scheduler import Scheduler
 
@@ -321,22 +321,11 @@ class Engine(Replica):
                 self._wakeup = env.event()
                 yield self._wakeup | env.timeout(max(nxt - now, 0.0))
                 continue
-            tokens = seqs = 0
-            sum_qk = sum_k = sum_qc = 0.0
-            for call, q in scheduled:
-                k = call.num_computed + q
-                tokens += q
-                seqs += 1
-                sum_qk += q * k
-                sum_k += k
-                sum_qc += q * call.num_computed
-            dt = self.profile.step_time(tokens, seqs, sum_qk, sum_k, sum_qc)
-            load_s, write_s = self.tier.take_step_costs(now)
-            if load_s or write_s:
-                dt = max(dt, write_s) + load_s
+            features = step_features([(q, call.num_computed + q) for call, q in scheduled])
+            dt, moved = self.tier.price_step(self.profile.step_time(*features), now)
             dts = [dt]
-            if self.fast_forward and not (load_s or write_s) and tokens == seqs == len(sched.running) and self._steady(scheduled):
-                dts = self._stretch(scheduled, dt, now, sum_qk, sum_k, sum_qc)
+            if self.fast_forward and not moved and features[0] == features[1] == len(sched.running) and self._steady(scheduled):
+                dts = self._stretch(scheduled, dt, now, *features[2:])
             self._start, self._dts, self._batch = now, dts, scheduled
             self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))
             self._end = timeout_at(env, self._account(now, dts, scheduled))
@@ -383,21 +372,11 @@ class Engine(Replica):
                 scheduled = sched.schedule(now)
                 if scheduled:
                     start = in_flight[-1][3] if in_flight else now
-                    tokens = seqs = 0
-                    sum_qk = sum_k = sum_qc = 0.0
-                    for call, q in scheduled:
-                        k = call.num_computed + call.in_flight  # vLLM's computed tokens, this step's included
-                        tokens += q
-                        seqs += 1
-                        sum_qk += q * k
-                        sum_k += k
-                        sum_qc += q * (k - q)
-                    dt = self.profile.step_time(tokens, seqs, sum_qk, sum_k, sum_qc)
-                    load_s, write_s = self.tier.take_step_costs(start)
-                    if load_s or write_s:  # as a synchronous step: copies in flight bound it, loads lengthen it
-                        dt = max(dt, write_s) + load_s
-                    elif self.fast_forward and in_flight and self._steady_async(in_flight[0], scheduled):
-                        dts = self._stretch_async(scheduled, dt, start, sum_qk, sum_k, sum_qc)
+                    # vLLM's computed tokens count this step's (Call.in_flight)
+                    features = step_features([(q, call.num_computed + call.in_flight) for call, q in scheduled])
+                    dt, moved = self.tier.price_step(self.profile.step_time(*features), start)
+                    if not moved and self.fast_forward and in_flight and self._steady_async(in_flight[0], scheduled):
+                        dts = self._stretch_async(scheduled, dt, start, *features[2:])
                         if len(dts) > 1:  # it lands at the end of its step before the last (_land_stretch)
                             self._start, self._dts, self._batch = start, dts, scheduled
                             self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))

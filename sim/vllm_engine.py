@@ -464,10 +464,7 @@ class VllmReplica(Replica):
             if after - q < r.num_prompt_tokens:  # prompt tokens computed (a recompute counts again)
                 calls[rid].computed_prompt_tokens += min(after, r.num_prompt_tokens) - (after - q)
             rows[rid] = (after, not r.is_prefill_chunk)
-        dt = self.profile.step_time(*core.features(out))
-        load_s, write_s = self.tier.take_step_costs(start)
-        if load_s or write_s:  # as sim/engine.py: copies in flight bound the step, loads lengthen it
-            dt = max(dt, write_s) + load_s
+        dt, _ = self.tier.price_step(self.profile.step_time(*core.features(out)), start)
         used = self.sched.pool.num_used
         _, self._used_area, self.busy_time, end = stretch.account_steps(
             [dt], [0], used, self._used_area, self.busy_time, start,
