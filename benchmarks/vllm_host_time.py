@@ -1,6 +1,6 @@
 """vLLM 0.32's own CPU work per step, model-free, at a GPU's batch sizes and limits.
 
-    python benchmarks/vllm_host_time.py [--steps 40] [--rounds 3] [--write-docs]
+    python benchmarks/vllm_host_time.py [--steps 40] [--rounds 3] [--write-docs] [--into PROFILE --out FILE]
 
 Issue 33 item 6: does the host time of a vLLM step matter beside H100 step times at
 64-256 sequences? Per step, the engine core's host work on its critical path, timed part by
@@ -346,6 +346,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fit_host(rows: list[dict]) -> dict:
+    """The engine core's host seconds per step as step_s + per_seq_s * seqs + per_token_s *
+    tokens (non-negative least squares over the cases): a profile's `host` section."""
+    from scipy.optimize import nnls
+
+    shape = [(r["B"] + (1 if r["chunk"] else 0), r["B"] + r["chunk"]) for r in rows]
+    a = np.array([[1.0, seqs, tokens] for seqs, tokens in shape])
+    coef, _ = nnls(a, np.array([r["core"] * 1e-6 for r in rows]))
+    return {"step_s": float(coef[0]), "per_seq_s": float(coef[1]), "per_token_s": float(coef[2])}
+
+
+def with_host(raw: dict, host: dict, out: Path, measured: str) -> None:
+    """A copy of the profile `raw` (its JSON) with the `host` section, written to `out`
+    whole or not at all."""
+    import json
+
+    from agentsim.files import atomic_write
+    from sim.profile import parse_profile
+
+    raw = {**raw, "host": {**host, "measured": measured}}
+    parse_profile(raw, out.stem)  # the result must load
+    atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(raw, indent=2) + "\n"))
+
+
 def write_docs(text: str, path: Path = DOCS) -> None:
     """Replace the table between the markers (the section must exist)."""
     doc = path.read_text()
@@ -360,7 +384,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="measured steps per case and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds over all cases, the order rotating")
     ap.add_argument("--write-docs", action="store_true", help=f"write the table into {DOCS.relative_to(ROOT)}")
+    ap.add_argument("--into", metavar="PROFILE", help="a profile (bundled name or JSON) to give the fitted `host` section")
+    ap.add_argument("--out", metavar="FILE", help="with --into: where the profile with its host section goes")
     args = ap.parse_args()
+    if bool(args.into) != bool(args.out):
+        ap.error("--into and --out go together")
+    if args.into:  # a bad profile fails here, before minutes of measuring
+        from agentsim.errors import InputError
+        from sim.profile import load_profile
+
+        try:
+            into = load_profile(args.into).raw
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
     env = host_env()
     try:
         rows = measure(env, CASES, args.steps, args.rounds)
@@ -368,10 +405,19 @@ def main() -> None:
         env.close()
     cmd = f"python benchmarks/vllm_host_time.py --steps {args.steps} --rounds {args.rounds}"
     text = (f"Made by `{cmd} --write-docs` (microseconds per step, medians over {args.steps} x {args.rounds} "
-            f"steps; 2 CPU cores shared with other jobs):\n\n{table(rows)}")
+            f"steps, on 2 CPU cores):\n\n{table(rows)}")
     print(text)
     if args.write_docs:
         write_docs(text)
+    if args.into:
+        import platform
+
+        host = fit_host(rows)
+        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+        with_host(into, host, Path(args.out), f"{cmd} on {cpu}, {time.strftime('%Y-%m-%d')}")
+        print(f"host per step: {host['step_s'] * 1e6:.0f} us + {host['per_seq_s'] * 1e6:.2f} us a sequence "
+              f"+ {host['per_token_s'] * 1e6:.3f} us a token; written to {args.out}")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,18 @@
 
 
 def decode_stretch(double head, double c2, double c3s, double c4, double c5, double seqs,
-                   double sqk, double sk, double sqc, double t, double nxt, double reader, Py_ssize_t room):
+                   double sqk, double sk, double sqc, double t, double nxt, double reader, Py_ssize_t room,
+                   double host=0.0, bint overlap=False):
     cdef list out = []
     cdef double d
     while room > 0 and t < nxt:
         d = head + c2 * sqk + c3s + c4 * sk + c5 * sqc
+        if host != 0.0:
+            if overlap:
+                if d < host:
+                    d = host
+            else:
+                d = d + host
         if t + d >= reader:
             break
         out.append(d)

@@ -310,6 +310,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     if profile is None:
         profile = load_profile(e.profile)
         check_limits(profile, e)
+    profile = profile.scheduled(e.async_scheduling)
     tiers = parse_offload(c.offload)
     router = make_router(c.router, c.router_args)  # an unknown router or parameter fails here, before the trace is read
     disagg = make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue)  # bad spec or link: here too

@@ -41,7 +41,13 @@ Required keys:
   step_time: {c0, c1, c2, c3, c4, c5 (optional, 0), w, launch (optional, 0 s), p (optional, hard max),
               routed (optional, 0 s), routed_share (optional, 1)}
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
-  {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}.
+  {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
+  {step_s, per_seq_s, per_token_s, measured}.
+
+A GPU profile prices the device. vLLM's own host work per step (scheduling, inputs,
+sampling, outputs; `host`, measured apart by benchmarks/vllm_host_time.py) adds to a
+synchronous step and hides behind an asynchronous one, whose step lasts the longer of
+the two (`Profile.scheduled`). A CPU profile has none: its probes time whole steps.
 """
 from __future__ import annotations
 
@@ -90,6 +96,14 @@ class StepModel:
     p: float = math.inf  # smooth-max exponent of both overlaps (inf = hard max)
     routed: float = 0.0  # s: every routed expert of an MoE streamed once (0 = a dense model)
     routed_share: float = 1.0  # the share of routed experts one token is sent to (top-k / E)
+    # vLLM's host work a step (the `host` section: 0 = none): per step, per sequence, per token
+    host: float = 0.0
+    host_seq: float = 0.0
+    host_token: float = 0.0
+    overlap: bool = False  # asynchronous scheduling: the host's work hides behind the device's
+
+    def host_time(self, tokens: int, seqs: int) -> float:
+        return self.host + self.host_seq * seqs + self.host_token * tokens
 
     def fixed(self, tokens: int) -> float:
         """c0 plus the routed experts a step of `tokens` tokens reads."""
@@ -105,7 +119,12 @@ class StepModel:
         gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
         c0 = self.c0 if self.routed == 0 else self.fixed(tokens)
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
-        return _smax(self.launch, t, self.p) if self.launch and tokens > seqs else t
+        if self.launch and tokens > seqs:
+            t = _smax(self.launch, t, self.p)
+        h = self.host + self.host_seq * seqs + self.host_token * tokens
+        if h != 0.0:  # a synchronous step waits for the host's work, an asynchronous one overlaps it
+            return max(t, h) if self.overlap else t + h
+        return t
 
     def decode_stretch(self, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float,
                        t: float, nxt: float, reader: float, room: int) -> list[float]:
@@ -117,11 +136,13 @@ class StepModel:
         in the same order, so the same bits). The loop: sim/stretch.py."""
         head = self.fixed(seqs) + (self.c1 * seqs if self.w == 0 else _smax(self.w, self.c1 * seqs, self.p))
         return stretch.decode_stretch(head, self.c2, self.c3 * seqs, self.c4, self.c5, float(seqs),
-                               sum_qk, sum_k, sum_q_cached, t, nxt, reader, room)
+                                      sum_qk, sum_k, sum_q_cached, t, nxt, reader, room,
+                                      self.host + self.host_seq * seqs + self.host_token * seqs, self.overlap)
 
     def scaled(self, factor: float) -> StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
-        return replace(self, **{k: getattr(self, k) * factor for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed")})
+        return replace(self, **{k: getattr(self, k) * factor
+                                for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed", "host", "host_seq", "host_token")})
 
 
 @dataclass
@@ -144,6 +165,13 @@ class Profile:
 
     def step_time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
         return self.step.time(tokens, seqs, sum_qk, sum_k, sum_q_cached)
+
+    def scheduled(self, async_scheduling: bool) -> Profile:
+        """This profile as a run with or without asynchronous scheduling prices its steps:
+        the host's work (the `host` section) adds to a step, or overlaps it."""
+        if self.step.overlap == async_scheduling or not (self.step.host or self.step.host_seq or self.step.host_token):
+            return self
+        return replace(self, step=replace(self.step, overlap=async_scheduling))
 
     def linear_step(self) -> tuple[float, float]:
         """(fixed s, s per token) of a step ~ fixed + per_token*tokens, for policies that
@@ -216,6 +244,14 @@ class _Step(Model):
     routed_share: JSONFloat = Field(1.0, gt=0, le=1)
 
 
+class _Host(Model):  # vLLM's host work per step, measured apart (benchmarks/vllm_host_time.py --into)
+    model_config = {**Model.model_config, "extra": "forbid"}  # a misspelt term would price nothing
+    step_s: JSONFloat = Field(0.0, ge=0)
+    per_seq_s: JSONFloat = Field(0.0, ge=0)
+    per_token_s: JSONFloat = Field(0.0, ge=0)
+    measured: str | None = None
+
+
 class _Link(Model):  # pcie, ssd
     bandwidth_GBps: JSONFloat | None = Field(None, gt=0)
     latency_s: JSONFloat | None = Field(None, ge=0)
@@ -228,6 +264,7 @@ class _ProfileModel(Model):
     pcie: _Link | None = None
     ssd: _Link | None = None
     kv_bytes_per_block: JSONInt | None = Field(None, gt=0)
+    host: _Host | None = None
 
 
 def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
@@ -238,8 +275,9 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
             raise InputError(f"profile {name!r}: missing section '{sec}'; add it (see sim/profile.py for the format)")
     m = validated(_ProfileModel, raw, f"profile {name!r}", "fix the value (see sim/profile.py for the format)")
     st = m.step_time
+    host = m.host or _Host()
     step = StepModel(st.c0, st.c1, st.c2, st.c3, st.c4, st.c5, st.w, st.launch, math.inf if st.p is None else st.p,
-                     st.routed, st.routed_share)
+                     st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s)
     if step.c0 + step.c1 <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
     kv = m.kv_bytes_per_block

@@ -12,14 +12,22 @@ from __future__ import annotations
 
 
 def py_decode_stretch(head: float, c2: float, c3s: float, c4: float, c5: float, seqs: float,
-                      sqk: float, sk: float, sqc: float, t: float, nxt: float, reader: float, room: int) -> list[float]:
+                      sqk: float, sk: float, sqc: float, t: float, nxt: float, reader: float, room: int,
+                      host: float = 0.0, overlap: bool = False) -> list[float]:
     """Step times of a decode batch (sim/profile.py StepModel.decode_stretch): each step's
     `head + c2*sum_qk + c3*seqs + c4*sum_k + c5*sum_qc`, the sums growing by `seqs` a step,
-    while fewer than `room` steps are taken, the step starts before `nxt` (t, the previous
-    step's end) and ends before `reader`."""
+    with the host's time per step added (or, `overlap`, as a floor), while fewer than
+    `room` steps are taken, the step starts before `nxt` (t, the previous step's end) and
+    ends before `reader`."""
     out = []
     while room > 0 and t < nxt:
         d = head + c2 * sqk + c3s + c4 * sk + c5 * sqc
+        if host != 0.0:
+            if overlap:
+                if d < host:
+                    d = host
+            else:
+                d = d + host
         if t + d >= reader:
             break
         out.append(d)

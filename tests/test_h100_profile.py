@@ -163,7 +163,8 @@ def test_bad_gpu_terms_are_input_errors(st, words):
 def test_a_scaled_step_model_scales_every_step_time():
     from sim.profile import StepModel
 
-    s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0, routed=9e-3, routed_share=0.05)
+    s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0, routed=9e-3, routed_share=0.05,
+                  host=1e-3, host_seq=2e-5, host_token=1e-7)
     for shape in [(1, 1, 900.0, 900.0, 0.0), (32, 32, 32e4, 32e4, 31e4), (2048, 3, 2e6, 3e6, 1e6), (100, 1, 1e4, 100.0, 0.0)]:
         assert s.scaled(1.7).time(*shape) == pytest.approx(1.7 * s.time(*shape), rel=1e-12)
     assert s.scaled(1.7).p == s.p and s.coefficients[4] == 3e-8
@@ -172,10 +173,13 @@ def test_a_scaled_step_model_scales_every_step_time():
 @settings(max_examples=300, deadline=None)
 @given(coef=st.lists(st.floats(0, 1e-2, allow_nan=False), min_size=9, max_size=9), p=st.sampled_from([math.inf, 1.5, 4.0, 9.3]),
        seqs=st.integers(1, 256), base=st.tuples(st.integers(0, 10**9), st.integers(0, 10**7), st.integers(0, 10**9)),
-       share=st.floats(1e-3, 1.0))
-def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base, share):
-    # a decode stretch's inner loop must give the floats step-by-step gets from time()
-    m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p, routed=coef[8], routed_share=share)
+       share=st.floats(1e-3, 1.0), host=st.lists(st.floats(0, 1e-2) | st.just(0.0), min_size=3, max_size=3),
+       overlap=st.booleans())
+def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base, share, host, overlap):
+    # a decode stretch's inner loop must give the floats step-by-step gets from time(),
+    # the host's time per step added or overlapped
+    m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p, routed=coef[8], routed_share=share,
+                  host=host[0], host_seq=host[1], host_token=host[2], overlap=overlap)
     got = m.decode_stretch(seqs, *map(float, base), 0.0, math.inf, math.inf, 40)
     assert got == [m.time(seqs, seqs, *(float(b + i * seqs) for b in base)) for i in range(40)]
 
@@ -184,13 +188,13 @@ def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, 
 @given(terms=st.lists(st.floats(0, 1e-2, allow_nan=False, allow_subnormal=True), min_size=5, max_size=5),
        seqs=st.integers(1, 256), sums=st.lists(st.integers(0, 10**9), min_size=3, max_size=3),
        t=st.floats(0, 1e4), nxt=st.floats(0, 1e4) | st.just(math.inf), reader=st.floats(0, 1e4) | st.just(math.inf),
-       room=st.integers(-1, 300))
-def test_the_compiled_stretch_is_the_python_reference_to_the_bit(terms, seqs, sums, t, nxt, reader, room):
+       room=st.integers(-1, 300), host=st.floats(0, 1e-2) | st.just(0.0), overlap=st.booleans())
+def test_the_compiled_stretch_is_the_python_reference_to_the_bit(terms, seqs, sums, t, nxt, reader, room, host, overlap):
     """sim/_steps.pyx against sim/stretch.py: the same step times and the same stop
     (room, a step starting at or after nxt, a step ending at or after reader)."""
     from sim import _steps, stretch
 
-    args = (*terms, float(seqs), *map(float, sums), t, nxt, reader, room)
+    args = (*terms, float(seqs), *map(float, sums), t, nxt, reader, room, host, overlap)
     assert _steps.decode_stretch(*args) == stretch.py_decode_stretch(*args)
 
 
