@@ -157,9 +157,14 @@ def _stopped(args, r, summary: dict, wall: float) -> int:
     return 0
 
 
+HOST_TIME = {"none": "device time only (the profile has no host section)", "added": "host time added to each step",
+             "overlapped": "host time overlapped with each step"}
+
+
 def format_summary(s: dict) -> str:
     rows = [
-        ("policy", s["policy"] + (" (engine: vLLM's own scheduler)" if s.get("engine") == "vllm" else "")), ("programs / calls", f"{s['programs']} / {s['calls']}"),
+        ("policy", s["policy"] + (" (engine: vLLM's own scheduler)" if s.get("engine") == "vllm" else "")),
+        ("scheduling", f"{s['scheduling']}, " + HOST_TIME[s["host_time"]]), ("programs / calls", f"{s['programs']} / {s['calls']}"),
         ("JCT mean / p50", f"{s['mean_jct']:.2f} s / {s['p50_jct']:.2f} s"),
         ("JCT p90 / p95 / p99", f"{s['p90_jct']:.2f} / {s['p95_jct']:.2f} / {s['p99_jct']:.2f} s"),
         ("turn latency mean / p99", f"{s['mean_turn_latency']:.2f} / {s['p99_turn_latency']:.2f} s"),

@@ -181,3 +181,29 @@ def test_summary_lists_the_most_pinned_tools_and_says_when_memory_never_ran_shor
     assert "retention policies cannot differ" in notes[0] and "--num-blocks" in notes[0]
     tight = run(tr, np.zeros(30), policy="static-ttl", blocks=80).summary
     assert tight["peak_kv_usage"] >= 0.9 and "never under pressure" not in format_summary(tight)
+
+
+def test_summary_says_how_steps_were_scheduled_and_priced():
+    from sim.run_cmd import format_summary
+
+    tr = make_trace([[(200, 20, None, None)]])
+    host = {**linear_profile().raw, "host": {"step_s": 1e-3}}
+    from sim.profile import parse_profile
+
+    lines = {}
+    for prof, a in [(linear_profile(), False), (parse_profile(host, "h"), False), (parse_profile(host, "h"), True)]:
+        s = simulate(tr, "vllm", prof, [0.0], async_scheduling=a).summary
+        lines[(prof.step.host > 0, a)] = next(ln for ln in format_summary(s).splitlines() if ln.startswith("scheduling"))
+    assert lines[False, False].endswith("synchronous, device time only (the profile has no host section)")
+    assert lines[True, False].endswith("synchronous, host time added to each step")
+    assert lines[True, True].endswith("asynchronous, host time overlapped with each step")
+
+
+def test_a_reader_that_goes_away_gets_no_traceback():
+    import subprocess
+    import sys
+
+    # `true` exits at once without reading: the summary, printed a second later, meets a closed pipe
+    p = subprocess.run(f"{sys.executable} -m sim.cli run --programs 3 --no-progress | true", shell=True,
+                       capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
