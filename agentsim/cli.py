@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`sim run ... | head`): say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
         return 141
+    except OSError as e:  # the system refused what the checks could not foresee (a full disk)
+        print(f"error: {e.strerror or e}" + (f": {e.filename!r}" if e.filename else ""), file=sys.stderr)
+        return 1
 
 
 def cli() -> None:

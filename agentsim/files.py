@@ -11,9 +11,16 @@ from agentsim.errors import InputError
 
 
 def _writable(folder: Path) -> bool:
-    """Can files be created in `folder` (an existing directory)? A function of its own so
-    that tests can deny it (root may write anywhere)."""
-    return os.access(folder, os.W_OK | os.X_OK)
+    """Can files be created in `folder` (an existing directory)? Asked of the system with a
+    nameless file it removes at once: root passes os.access where a filesystem still
+    refuses (sysfs, a read-only bind mount). A function of its own so that tests can deny it."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def check_output(path: str | os.PathLike | None, kind: Literal["file", "dir"], flag: str = "--out") -> Path | None:

@@ -137,3 +137,26 @@ def test_check_output_accepts_new_folders_and_existing_files(tmp_path):
     assert check_output(tmp_path, "dir") == tmp_path
     assert check_output(None, "dir") is None
     assert os.listdir(tmp_path) == ["t.parquet"]  # nothing created
+
+
+def test_a_folder_whose_filesystem_refuses_files_is_refused_before_work(tmp_path, monkeypatch):
+    """os.access lets root write anywhere; sysfs or a read-only bind mount still refuse:
+    the check asks the system by making a nameless file."""
+    def refuse(*a, **kw):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(files.tempfile, "TemporaryFile", refuse)
+    with pytest.raises(InputError, match="not writable"):
+        check_output(tmp_path / "new" / "out", "dir")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_the_system_refuses_late_is_one_line(tmp_path, monkeypatch, capsys):
+    """A full disk after the checks: one line naming the file, exit 1, no traceback."""
+    import sim.run_cmd
+
+    def full(path, write):
+        raise OSError(28, "No space left on device", str(path))
+    monkeypatch.setattr(sim.run_cmd, "atomic_write", full)
+    code = cli.main(["run", "--trace", REG, "--no-progress", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and err.startswith("error: No space left on device: ") and "config.json" in err
