@@ -410,12 +410,10 @@ def main() -> None:
     if args.write_docs:
         write_docs(text)
     if args.into:
-        import platform
+        from calibrate.run import device_name
 
         host = fit_host(rows)
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-        with_host(into, host, Path(args.out), f"{cmd} on {cpu}, {time.strftime('%Y-%m-%d')}")
+        with_host(into, host, Path(args.out), f"{cmd} on {device_name('cpu')}, {time.strftime('%Y-%m-%d')}")
         print(f"host per step: {host['step_s'] * 1e6:.0f} us + {host['per_seq_s'] * 1e6:.2f} us a sequence "
               f"+ {host['per_token_s'] * 1e6:.3f} us a token; written to {args.out}")
 

@@ -105,6 +105,10 @@ class StepModel:
     def host_time(self, tokens: int, seqs: int) -> float:
         return self.host + self.host_seq * seqs + self.host_token * tokens
 
+    @property
+    def has_host(self) -> bool:
+        return bool(self.host or self.host_seq or self.host_token)
+
     def fixed(self, tokens: int) -> float:
         """c0 plus the routed experts a step of `tokens` tokens reads."""
         if self.routed == 0:
@@ -121,7 +125,7 @@ class StepModel:
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         if self.launch and tokens > seqs:
             t = _smax(self.launch, t, self.p)
-        h = self.host + self.host_seq * seqs + self.host_token * tokens
+        h = self.host_time(tokens, seqs)
         if h != 0.0:  # a synchronous step waits for the host's work, an asynchronous one overlaps it
             return max(t, h) if self.overlap else t + h
         return t
@@ -137,7 +141,7 @@ class StepModel:
         head = self.fixed(seqs) + (self.c1 * seqs if self.w == 0 else _smax(self.w, self.c1 * seqs, self.p))
         return stretch.decode_stretch(head, self.c2, self.c3 * seqs, self.c4, self.c5, float(seqs),
                                       sum_qk, sum_k, sum_q_cached, t, nxt, reader, room,
-                                      self.host + self.host_seq * seqs + self.host_token * seqs, self.overlap)
+                                      self.host_time(seqs, seqs), self.overlap)
 
     def scaled(self, factor: float) -> StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
@@ -169,7 +173,7 @@ class Profile:
     def scheduled(self, async_scheduling: bool) -> Profile:
         """This profile as a run with or without asynchronous scheduling prices its steps:
         the host's work (the `host` section) adds to a step, or overlaps it."""
-        if self.step.overlap == async_scheduling or not (self.step.host or self.step.host_seq or self.step.host_token):
+        if self.step.overlap == async_scheduling or not self.step.has_host:
             return self
         return replace(self, step=replace(self.step, overlap=async_scheduling))
 
