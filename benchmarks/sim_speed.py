@@ -1,7 +1,7 @@
 """Simulator speed: this tree against a baseline commit, interleaved, as ratios.
 
     python benchmarks/sim_speed.py [--baseline HEAD~1] [--reps 3] [--points 1x500,4x2000]
-                                   [--policies vllm,continuum] [--jps-per-replica 0.2]
+                                   [--policies vllm,continuum] [--jps-per-replica 0.2] [--async-scheduling]
 
 Each point `RxN` is N synthetic SWE-bench programs (`sim trace gen swebench --seed 0`,
 written once to a temporary file both trees read) on R replicas behind the session
@@ -37,8 +37,9 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 trace, programs, replicas, jps, policy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+engine = {"engine": EngineLimits(async_scheduling=True)} if sys.argv[7] == "async" else {}
 cfg = SimConfig(workload=WorkloadConfig(trace=trace, programs=programs, jps=jps, seed=0), policy=PolicyConfig(name=policy),
-                cluster=ClusterConfig(replicas=replicas, router="session" if replicas > 1 else None))
+                cluster=ClusterConfig(replicas=replicas, router="session" if replicas > 1 else None), **engine)
 t0 = time.perf_counter()
 s = execute(build_run(cfg)).summary
 print(json.dumps({"loop_s": time.perf_counter() - t0, "sim_s": s["makespan_s"], "steps": s["steps"], "mean_jct": s["mean_jct"]}))
@@ -55,10 +56,10 @@ def worktree(rev: str) -> Path:
     return path
 
 
-def run_point(tree: Path, trace: Path, programs: int, replicas: int, jps: float, policy: str) -> dict:
+def run_point(tree: Path, trace: Path, programs: int, replicas: int, jps: float, policy: str, asynchronous: bool = False) -> dict:
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", CHILD, str(tree), str(trace), str(programs), str(replicas), str(jps), policy],
-                       cwd=tree, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", CHILD, str(tree), str(trace), str(programs), str(replicas), str(jps), policy,
+                        "async" if asynchronous else "sync"], cwd=tree, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"{tree}: point {replicas}x{programs} {policy} failed:\n{r.stderr[-2000:]}")
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--points", default="1x500,4x2000", help="replicas x programs, comma-separated (e.g. 1x500,1x2000,1x8000,16x8000)")
     ap.add_argument("--policies", default="vllm,continuum")
     ap.add_argument("--jps-per-replica", type=float, default=0.2)
+    ap.add_argument("--async-scheduling", action="store_true", help="both trees schedule asynchronously (vLLM's GPU default)")
     ap.add_argument("--write-docs", nargs="?", const=str(RESULTS_PAGE), default=None, metavar="PAGE",
                     help=f"also write the table into PAGE (default {RESULTS_PAGE.relative_to(ROOT)}) between its "
                          "`<!-- sim_speed: FLAGS -->` and `<!-- end sim_speed -->` lines")
@@ -95,11 +97,12 @@ def main(argv: list[str] | None = None) -> str:
             for policy in a.policies.split(","):
                 for r, n in points:
                     for name in (("current", "baseline") if rep % 2 == 0 else ("baseline", "current")):
-                        out = run_point(trees[name], trace, n, r, a.jps_per_replica * r, policy)
+                        out = run_point(trees[name], trace, n, r, a.jps_per_replica * r, policy, a.async_scheduling)
                         res.setdefault((policy, r, n, name), []).append(out)
                         print(f"  rep {rep} {policy} {r}x{n} {name}: {out['wall_s']:.1f} s", file=sys.stderr, flush=True)
     out = [f"baseline {a.baseline} ({trees['baseline'].name}) against this tree; synthetic swebench, session router, "
-           f"{a.jps_per_replica} programs/s per replica, medians of {a.reps} interleaved reps, 2-core machine",
+           f"{a.jps_per_replica} programs/s per replica, " + ("asynchronous scheduling, " if a.async_scheduling else "")
+           + f"medians of {a.reps} interleaved reps, 2-core machine",
            "",
            "| policy | replicas x programs | simulated s | tree | whole process s | sim s / wall s | event loop s | steps |",
            "|---|---|---|---|---|---|---|---|"]
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> str:
         sys.path.insert(0, str(ROOT))  # as a script: the repository root, for `benchmarks.`
         from benchmarks.docs_tables import write_block
 
-        flags = f"--baseline {a.baseline} --reps {a.reps} --points {a.points} --policies {a.policies}"
+        flags = (f"--baseline {a.baseline} --reps {a.reps} --points {a.points} --policies {a.policies}"
+                 + (" --async-scheduling" if a.async_scheduling else ""))
         write_block(a.write_docs, "sim_speed", flags, text)
     return text
 

@@ -337,7 +337,10 @@ class Scheduler:
 
     def decode_stretch_limit(self, scheduled: list[tuple[Call, int]], max_steps: int) -> int:
         """Most steps (<= max_steps) the decode batch can run before a block allocation
-        would fail, i.e. before the step-by-step engine would preempt."""
+        would fail, i.e. before the step-by-step engine would preempt; in the radix cache,
+        through the first step whose filled block the tree holds already (_alias_free_steps)."""
+        if not self._key_at_schedule:
+            max_steps = self._alias_free_steps(scheduled, max_steps)
         free = self.pool.num_free
         if self._extra_blocks(scheduled, max_steps) <= free:
             return max_steps
@@ -349,6 +352,28 @@ class Scheduler:
             else:
                 hi = mid - 1
         return lo
+
+    def _alias_free_steps(self, scheduled: list[tuple[Call, int]], max_steps: int) -> int:
+        """The radix cache inserts a block when it fills (complete), and a block whose
+        content the tree holds already becomes an alias that locks the tree's copy (an
+        evictable block stops being free mid-stretch). Identical prompts decode identical
+        outputs, so this happens; a stretch inserts only at its end, so it ends with the
+        first step that fills such a block, or a block another call of the batch also
+        fills (which of the two the tree keeps depends on the order of the fills)."""
+        bs, cached = self.cfg.block_size, self.pool.cached
+        first: dict = {}  # key -> (first step that fills it, calls filling it)
+        limit = max_steps
+        for call, _ in scheduled:
+            nc = call.num_computed
+            for j in range(-(nc + 1) % bs, min(max_steps, limit), bs):  # step j computes position nc + j
+                key = call.block_key((nc + j + 1) // bs - 1)
+                if key in cached:
+                    limit = min(limit, j + 1)
+                    break
+                step, calls = first.get(key, (j, 0))
+                first[key] = (min(step, j), calls + 1)
+        shared = [step for step, calls in first.values() if calls > 1]
+        return min([limit] + [step + 1 for step in shared])
 
     def _allocate_stretch(self, scheduled: list[tuple[Call, int]], n: int) -> None:
         """Allocate steps 1..n-1's blocks in the order step-by-step would: by step, then

@@ -271,3 +271,21 @@ def test_random_operations_keep_the_invariants(ops, n):
         pool.free(h)
     pool.check()
     assert pool.num_used == 0 and pool.num_free == n
+
+
+def test_a_stretch_ends_where_a_decoding_block_would_alias_the_trees_copy():
+    """Identical prompts decode identical outputs (content keys), so p003's output blocks
+    are p002's, freed into the tree: each fill makes p003's block an alias that locks an
+    evictable tree block. A decode stretch inserts only at its end, so it counted 6 used
+    blocks at 1.0 s where step by step held 8 (found by `make fuzz`); it now ends with the
+    first such fill."""
+    import numpy as np
+    import pandas as pd
+
+    from conftest import linear_profile, make_trace, simulate as run
+
+    tr = make_trace([[(32, out, None, None)] for out in (1, 1, 38, 40)], shared_prefix=32)
+    prof = linear_profile(blocks=20, budget=16, seqs=1, c2=1e-6, c4=1e-5)
+    fast, step = (run(tr, "vllm", prof, np.zeros(4), fast_forward=ff, cache="radix") for ff in (True, False))
+    pd.testing.assert_frame_equal(fast.kv_usage, step.kv_usage, check_exact=True)
+    assert fast.kv_usage["used_blocks"].tolist() == [1, 8] and fast.summary == step.summary
