@@ -2,7 +2,6 @@
 a synchronous step and is a floor under an asynchronous one; stretches and the vLLM
 engine price it alike; benchmarks/vllm_host_time.py fits and writes it."""
 import json
-import math
 
 import numpy as np
 import pandas as pd
@@ -10,7 +9,7 @@ import pytest
 
 from agentsim.errors import InputError
 from benchmarks import vllm_host_time
-from conftest import linear_profile, make_trace, simulate
+from conftest import make_trace, simulate
 from sim.profile import BUNDLED_DIR, StepModel, load_profile, parse_profile
 
 HOST = {"step_s": 1e-3, "per_seq_s": 2e-5, "per_token_s": 1e-7}
@@ -32,7 +31,6 @@ def test_a_synchronous_step_adds_the_host_time_and_an_asynchronous_one_overlaps_
         slow_host = StepModel(*device.coefficients, host=1.0, overlap=True)  # a host slower than the device sets the step
         assert slow_host.time(tokens, seqs, sqk, sk, sqc) == 1.0
     assert p.scheduled(True).scheduled(False).step == p.step
-    assert h100(None).scheduled(True) is not None and h100(None).scheduled(True).step.overlap is False  # nothing to overlap
 
 
 @pytest.mark.parametrize("bad, fragment", [({"step_s": -1e-3}, "host.step_s"), ({"per_seq_s": "x"}, "host.per_seq_s"),
@@ -98,7 +96,11 @@ def test_a_host_that_cannot_load_writes_nothing(tmp_path):
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
-def test_no_host_section_changes_nothing():
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_zero_host_section_is_no_host_section(async_):
     tr, arr = _trace()
-    a = simulate(tr, "continuum", linear_profile(c4=1e-6, blocks=3000), arr).summary
-    assert math.isfinite(a["mean_jct"]) and linear_profile().step.host == 0.0
+    none, zero = h100(None), h100({"step_s": 0.0})
+    assert none.scheduled(async_) is none and zero.scheduled(async_) is zero  # nothing to add or overlap
+    runs = [simulate(tr, "continuum", p, arr, num_blocks=3000, async_scheduling=async_) for p in (none, zero)]
+    pd.testing.assert_frame_equal(runs[0].turns, runs[1].turns, check_exact=True)
+    assert runs[0].summary["host_time"] == runs[1].summary["host_time"] == "none"
