@@ -339,7 +339,7 @@ class Scheduler:
         """Most steps (<= max_steps) the decode batch can run before a block allocation
         would fail, i.e. before the step-by-step engine would preempt; in the radix cache,
         through the first step whose filled block the tree holds already (_alias_free_steps)."""
-        if not self._key_at_schedule:
+        if self.cfg.cache == "radix":
             max_steps = self._alias_free_steps(scheduled, max_steps)
         free = self.pool.num_free
         if self._extra_blocks(scheduled, max_steps) <= free:
