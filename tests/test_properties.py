@@ -22,8 +22,9 @@ from agentsim.errors import InputError
 EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
 # CI's bounded run is the same every time (a known-open case must not make CI flaky);
 # `make fuzz` explores new examples on every run.
+# print_blob: a failure found by `make fuzz` prints the @reproduce_failure line that replays it
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="AGENTSIM_FUZZ_EXAMPLES" not in os.environ,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much], print_blob=True)
 
 def _programs(max_input: int, max_output: int):
     turns = st.tuples(st.integers(1, max_input), st.integers(1, max_output), st.sampled_from(["ls", "cat", "pytest", None]),
