@@ -53,15 +53,29 @@ def _listed(items: list[str], most: int = 6) -> str:
     return ", ".join(items[:most]) + (f", ... ({len(items)} in all)" if len(items) > most else "") if items else "none"
 
 
-def timeout_at(env: simpy.Environment, at: float) -> simpy.Event:
-    """An event that fires at exactly `at`. A stretch ends where step-by-step gets by
-    adding its step times one by one; SimPy's timeouts land on now + delay, and no
-    delay may give that float (when the sum rounds to even across a power of two), so
-    the event goes on SimPy's queue directly, as Environment.schedule does."""
+def step_end(env: simpy.Environment, at: float, replica: int) -> simpy.Event:
+    """The event that ends a replica's step (or stretch) at exactly `at`. A stretch ends
+    where step-by-step gets by adding its step times one by one; SimPy's timeouts land on
+    now + delay, and no delay may give that float (when the sum rounds to even across a
+    power of two), so the event goes on SimPy's queue directly, as Environment.schedule
+    does. Ties: SimPy orders the events of one instant by creation, and a stretch creates
+    its end steps earlier than step-by-step does, so step ends take a priority after
+    SimPy's NORMAL, in replica order: an instant's other events (arrivals, tool returns,
+    what an earlier replica's step end set off) come first, and the result cannot depend
+    on stretches."""
     ev = env.event()
     ev._ok, ev._value = True, None
-    heapq.heappush(env._queue, (at, simpy.core.NORMAL, next(env._eid), ev))
+    ev.callbacks.append(lambda _: setattr(env, "step_slot", (env.now, replica)))  # before the process resumes
+    heapq.heappush(env._queue, (at, simpy.core.NORMAL + 1 + replica, next(env._eid), ev))
     return ev
+
+
+def slot_passed(env: simpy.Environment, replica: int) -> bool:
+    """Whether this instant's step ends have reached `replica`'s place: what runs now
+    comes after a step end of `replica` or a later replica (step_end), so step-by-step,
+    a step of `replica` that begins now would have begun."""
+    slot = getattr(env, "step_slot", None)
+    return slot is not None and slot[0] == env.now and slot[1] >= replica
 
 
 class Engine(Replica):
@@ -211,12 +225,14 @@ class Engine(Replica):
         those begun before now (the first always has: events at its start that the engine
         has not seen yet reach it at its end), asynchronously one more (each step is
         scheduled when the one before it begins; an event that lands before the first
-        begins reaches the engine with the step in flight ahead of it). A step that begins
-        exactly now has not: what asks (a first arrival, created at start-up) fires before
-        the engine's event of the same instant, in both modes."""
+        begins reaches the engine with the step in flight ahead of it). A later step that
+        begins exactly now has begun only if this instant's step ends have passed this
+        replica's place (step_end's order); the first has not: what asks (a first arrival,
+        created at start-up) fires before the engine's event of the same instant."""
         t, now, k = self._start, self.env.now, 0
+        passed = slot_passed(self.env, self.index)
         for d in self._dts:
-            if t >= now:
+            if t > now or t == now and (k == 0 or not passed):
                 break
             k += 1
             t += d
@@ -238,7 +254,7 @@ class Engine(Replica):
             self._dts = self._dts[:k]
             self._used_area, self.busy_time, self.peak_used, counted = self._kept
             del self.kv_samples[counted:]  # counted again for the steps that stay
-            end = timeout_at(self.env, self._wake(self._account(self._start, self._dts, self._batch)))
+            end = step_end(self.env, self._wake(self._account(self._start, self._dts, self._batch)), self.index)
             end.callbacks, self._end.callbacks = self._end.callbacks, []
             self.process._target = self._end = end
 
@@ -328,7 +344,7 @@ class Engine(Replica):
                 dts = self._stretch(scheduled, dt, now, *features[2:])
             self._start, self._dts, self._batch = now, dts, scheduled
             self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))
-            self._end = timeout_at(env, self._account(now, dts, scheduled))
+            self._end = step_end(env, self._account(now, dts, scheduled), self.index)
             self._in_step = True
             yield self._end
             self._in_step = False
@@ -402,7 +418,7 @@ class Engine(Replica):
                 continue
             stretching = len(in_flight) == 2 and in_flight[1][2] is None
             self._in_step = True
-            self._end = timeout_at(env, self._wake() if stretching else in_flight[0][3])
+            self._end = step_end(env, self._wake() if stretching else in_flight[0][3], self.index)
             yield self._end
             self._in_step = False
             scheduled, rows, dt, _ = in_flight.popleft()

@@ -55,7 +55,7 @@ from policies.base import Policy
 from sim import stretch
 from sim.call import Call
 from sim.cpu_tier import NO_TIER, KVOffload
-from sim.engine import timeout_at
+from sim.engine import step_end
 from sim.replica import Replica
 from sim.profile import Profile
 
@@ -430,7 +430,7 @@ class VllmReplica(Replica):
                     self._wakeup | env.timeout(expiry - now))
                 continue
             self._in_step = True
-            yield timeout_at(env, in_flight[0][2])  # its end exactly (a step scheduled ahead starts at the one before's end)
+            yield step_end(env, in_flight[0][2], self.index)  # its end exactly (a step scheduled ahead starts at the one before's end)
             self._in_step = False
             out, dt, _, rows = in_flight.popleft()
             self._apply(out, dt, rows)

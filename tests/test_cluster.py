@@ -247,6 +247,45 @@ def test_stretches_end_on_the_same_float_as_steps_so_replicas_see_events_in_the_
     assert fast["finish"].max() == pytest.approx(1.053783)
 
 
+SAME_INSTANT = make_trace([[(17, 1, "ls", 0.0), (11, 12, None, None)], [(15, 6, "ls", 0.0), (6, 11, None, None)],
+                           [(15, 6, "ls", 0.0), (6, 11, None, None)], [(3, 8, None, None)]])
+
+
+@pytest.mark.parametrize("async_", [False, True])
+def test_step_ends_of_one_instant_reach_the_router_in_replica_order(monkeypatch, async_):
+    # found by `make fuzz`: p001 and p002 (identical) decode on replicas 1 and 2 and finish
+    # at the same instant; their 0 s tools send both next turns at once. SimPy ordered the
+    # two step ends by creation, and p000's next turn cut replica 1's stretch, so with
+    # stretches replica 2's end was older and round robin sent p002's turn first
+    # (p001#1 to replica 0, not 2). Step ends of one instant now fire in replica order.
+    kw = dict(replicas=3, blocks=10, budget=16, seqs=1, c2=1e-6, c4=1e-5, async_=async_)
+    seen = _stretches(monkeypatch)
+    fast = run(SAME_INSTANT, [0.0] * 4, **kw).turns.set_index(["program_id", "turn"])
+    assert any(r == 1 and n > 1 for r, n in seen)  # replica 1 ran a stretch (cut by p000#1)
+    step = run(SAME_INSTANT, [0.0] * 4, ff=False, **kw).turns.set_index(["program_id", "turn"])
+    pd.testing.assert_frame_equal(fast, step, check_exact=True)
+    assert fast.loc[("p001", 0), "finish"] == fast.loc[("p002", 0), "finish"]  # the tie
+    assert (fast.loc[("p001", 1), "replica"], fast.loc[("p002", 1), "replica"]) == (2, 0)
+
+
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_call_from_a_later_replicas_step_end_waits_for_the_step_that_began_at_that_instant(monkeypatch, async_):
+    # found by the same search: p000 and p001 prefill alike, so replica 0's decode steps
+    # end where replica 1's do; p001 finishes at 0.081085 and its 0 s tool sends p001#1
+    # to replica 0 at that instant. Step-by-step replica 0's step end came first (replica
+    # order), so the call waited for the step begun then; the stretch let it in at once
+    # (scheduled 0.081085, p000 finished 0.126834 instead of 0.092415).
+    tr = make_trace([[(25, 6, None, None)], [(25, 5, "ls", 0.0), (3, 6, None, None)]])
+    kw = dict(blocks=30, budget=64, seqs=2, c2=1e-6, c4=1e-5, async_=async_)
+    seen = _stretches(monkeypatch)
+    fast = run(tr, [0.0, 0.0], **kw).turns
+    assert any(r == 0 and n > 1 for r, n in seen)
+    step = run(tr, [0.0, 0.0], ff=False, **kw).turns
+    pd.testing.assert_frame_equal(fast, step, check_exact=True)
+    assert fast[["program_id", "replica", "scheduled"]].values.tolist() == [["p000", 0, 0.0], ["p001", 1, 0.0],
+                                                                             ["p001", 0, 0.092415]]
+
+
 @pytest.mark.parametrize("async_", [False, True])
 def test_routers_read_the_state_step_by_step_would_show(monkeypatch, async_):
     # A long decode on replica 0; a second program arrives mid-decode and the router

@@ -39,7 +39,8 @@ def _same(a, b, where="profile"):
         for i, (x, y) in enumerate(zip(a, b)):
             _same(x, y, f"{where}[{i}]")
     elif isinstance(a, float) or isinstance(b, float):
-        assert b == pytest.approx(a, rel=1e-9, abs=1e-300), where
+        # the fit's last digits follow the CPU's BLAS (AVX2 and AVX-512 builds differ by ~1e-9)
+        assert b == pytest.approx(a, rel=1e-7, abs=1e-300), where
     else:
         assert a == b, where
 

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agentsim", "sim", "calibrate", "policies", "traces")
 # A third party's private member, read on purpose and documented where it is read
-THIRD_PARTY = {("sim/engine.py", "_queue"): "SimPy's event queue, in the documented timeout_at adapter"}
+THIRD_PARTY = {("sim/engine.py", "_queue"): "SimPy's event queue, in the documented step_end adapter"}
 
 
 def _modules() -> dict[str, ast.Module]:
