@@ -225,14 +225,14 @@ class Engine(Replica):
         those begun before now (the first always has: events at its start that the engine
         has not seen yet reach it at its end), asynchronously one more (each step is
         scheduled when the one before it begins; an event that lands before the first
-        begins reaches the engine with the step in flight ahead of it). A later step that
-        begins exactly now has begun only if this instant's step ends have passed this
-        replica's place (step_end's order); the first has not: what asks (a first arrival,
-        created at start-up) fires before the engine's event of the same instant."""
+        begins reaches the engine with the step in flight ahead of it). A step that begins
+        exactly now has begun only if this instant's step ends have passed this replica's
+        place (step_end's order): what asks from an arrival or a tool return fires before
+        them, what a later replica's step end sets off after."""
         t, now, k = self._start, self.env.now, 0
         passed = slot_passed(self.env, self.index)
         for d in self._dts:
-            if t > now or t == now and (k == 0 or not passed):
+            if t > now or t == now and not passed:
                 break
             k += 1
             t += d

@@ -287,6 +287,22 @@ def test_a_call_from_a_later_replicas_step_end_waits_for_the_step_that_began_at_
 
 
 @pytest.mark.parametrize("async_", [False, True])
+def test_a_call_landing_where_an_asynchronous_stretch_begins(monkeypatch, async_):
+    # The same race where the stretch's first step begins: asynchronously a stretch is
+    # planned to start at the end of the step in flight ahead of it, and step-by-step that
+    # step's end (replica 0) fires before replica 1's, so a call sent then finds the
+    # stretch's first step in flight and its second scheduled (p001#1 scheduled 0.044561).
+    tr = make_trace([[(12, 8, None, None)], [(12, 2, "ls", 0.0), (3, 7, None, None)]])
+    kw = dict(blocks=35, seqs=2, c2=1e-6, c4=1e-5, async_=async_)
+    seen = _stretches(monkeypatch)
+    fast = run(tr, [0.0, 0.0], **kw).turns
+    assert any(r == 0 and n > 1 for r, n in seen)
+    step = run(tr, [0.0, 0.0], ff=False, **kw).turns
+    pd.testing.assert_frame_equal(fast, step, check_exact=True)
+    assert fast["scheduled"].tolist() == pytest.approx([0.0, 0.0, 0.044561])
+
+
+@pytest.mark.parametrize("async_", [False, True])
 def test_routers_read_the_state_step_by_step_would_show(monkeypatch, async_):
     # A long decode on replica 0; a second program arrives mid-decode and the router
     # reads every replica's used blocks at that instant: a decode stretch must not hide
