@@ -59,10 +59,10 @@ def step_end(env: simpy.Environment, at: float, replica: int) -> simpy.Event:
     now + delay, and no delay may give that float (when the sum rounds to even across a
     power of two), so the event goes on SimPy's queue directly, as Environment.schedule
     does. Ties: SimPy orders the events of one instant by creation, and a stretch creates
-    its end steps earlier than step-by-step does, so step ends take a priority after
-    SimPy's NORMAL, in replica order: an instant's other events (arrivals, tool returns,
-    what an earlier replica's step end set off) come first, and the result cannot depend
-    on stretches."""
+    its end earlier than step-by-step creates its last step's, so step ends take a priority
+    after SimPy's NORMAL, in replica order: an instant's other events (arrivals, tool
+    returns, what an earlier replica's step end set off) come first, and the order cannot
+    depend on stretches. When it fires it records its place (`slot_passed`)."""
     ev = env.event()
     ev._ok, ev._value = True, None
     ev.callbacks.append(lambda _: setattr(env, "step_slot", (env.now, replica)))  # before the process resumes
