@@ -1,4 +1,5 @@
-"""Property-based tests (hypothesis): random small traces x every policy x pool sizes
+"""Property-based tests (hypothesis): random small traces (some programs copies of others,
+so that calls on different replicas end at one instant) x every policy x pool sizes
 (30-200 blocks, and 5-50 with short calls),
 token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off, both
 KV cache models (vLLM's block pool, SGLang's radix tree), prefill/decode
