@@ -247,6 +247,16 @@ def test_stretches_end_on_the_same_float_as_steps_so_replicas_see_events_in_the_
     assert fast["finish"].max() == pytest.approx(1.053783)
 
 
+def _exact_with_stretches(monkeypatch, tr, arrivals, replica, **kw):
+    """The run's turns with stretches, after checking that `replica` ran one and that
+    step-by-step gives the same turns to the last bit."""
+    seen = _stretches(monkeypatch)
+    fast = run(tr, arrivals, **kw).turns
+    assert any(r == replica and n > 1 for r, n in seen)
+    pd.testing.assert_frame_equal(fast, run(tr, arrivals, ff=False, **kw).turns, check_exact=True)
+    return fast
+
+
 SAME_INSTANT = make_trace([[(17, 1, "ls", 0.0), (11, 12, None, None)], [(15, 6, "ls", 0.0), (6, 11, None, None)],
                            [(15, 6, "ls", 0.0), (6, 11, None, None)], [(3, 8, None, None)]])
 
@@ -259,11 +269,8 @@ def test_step_ends_of_one_instant_reach_the_router_in_replica_order(monkeypatch,
     # stretches replica 2's end was older and round robin sent p002's turn first
     # (p001#1 to replica 0, not 2). Step ends of one instant now fire in replica order.
     kw = dict(replicas=3, blocks=10, budget=16, seqs=1, c2=1e-6, c4=1e-5, async_=async_)
-    seen = _stretches(monkeypatch)
-    fast = run(SAME_INSTANT, [0.0] * 4, **kw).turns.set_index(["program_id", "turn"])
-    assert any(r == 1 and n > 1 for r, n in seen)  # replica 1 ran a stretch (cut by p000#1)
-    step = run(SAME_INSTANT, [0.0] * 4, ff=False, **kw).turns.set_index(["program_id", "turn"])
-    pd.testing.assert_frame_equal(fast, step, check_exact=True)
+    # replica 1 ran a stretch (cut by p000#1)
+    fast = _exact_with_stretches(monkeypatch, SAME_INSTANT, [0.0] * 4, 1, **kw).set_index(["program_id", "turn"])
     assert fast.loc[("p001", 0), "finish"] == fast.loc[("p002", 0), "finish"]  # the tie
     assert (fast.loc[("p001", 1), "replica"], fast.loc[("p002", 1), "replica"]) == (2, 0)
 
@@ -277,11 +284,7 @@ def test_a_call_from_a_later_replicas_step_end_waits_for_the_step_that_began_at_
     # (scheduled 0.081085, p000 finished 0.126834 instead of 0.092415).
     tr = make_trace([[(25, 6, None, None)], [(25, 5, "ls", 0.0), (3, 6, None, None)]])
     kw = dict(blocks=30, budget=64, seqs=2, c2=1e-6, c4=1e-5, async_=async_)
-    seen = _stretches(monkeypatch)
-    fast = run(tr, [0.0, 0.0], **kw).turns
-    assert any(r == 0 and n > 1 for r, n in seen)
-    step = run(tr, [0.0, 0.0], ff=False, **kw).turns
-    pd.testing.assert_frame_equal(fast, step, check_exact=True)
+    fast = _exact_with_stretches(monkeypatch, tr, [0.0, 0.0], 0, **kw)
     assert fast[["program_id", "replica", "scheduled"]].values.tolist() == [["p000", 0, 0.0], ["p001", 1, 0.0],
                                                                              ["p001", 0, 0.092415]]
 
@@ -294,11 +297,7 @@ def test_a_call_landing_where_an_asynchronous_stretch_begins(monkeypatch, async_
     # stretch's first step in flight and its second scheduled (p001#1 scheduled 0.044561).
     tr = make_trace([[(12, 8, None, None)], [(12, 2, "ls", 0.0), (3, 7, None, None)]])
     kw = dict(blocks=35, seqs=2, c2=1e-6, c4=1e-5, async_=async_)
-    seen = _stretches(monkeypatch)
-    fast = run(tr, [0.0, 0.0], **kw).turns
-    assert any(r == 0 and n > 1 for r, n in seen)
-    step = run(tr, [0.0, 0.0], ff=False, **kw).turns
-    pd.testing.assert_frame_equal(fast, step, check_exact=True)
+    fast = _exact_with_stretches(monkeypatch, tr, [0.0, 0.0], 0, **kw)
     assert fast["scheduled"].tolist() == pytest.approx([0.0, 0.0, 0.044561])
 
 

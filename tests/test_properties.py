@@ -39,8 +39,8 @@ programs = _programs(300, 40)
 @st.composite
 def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3)):
     progs = draw(programs)
-    # copies of programs: identical calls on replicas in step end at one instant, the ties
-    # whose order stretches once changed (sim.engine.step_end)
+    # copies of programs: identical calls on two replicas end their steps at one instant,
+    # the ties whose order stretches once changed (sim.engine.step_end)
     for i, j in draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=2)):
         if max(i, j) < len(progs):
             progs[j] = progs[i]
