@@ -51,23 +51,20 @@ class Probe:
     batch: int = 1
     heldout: bool = False
     samples: list = field(default_factory=list)
-    # the torch backend's eager CUDA steps: host seconds of each sample (until its last
-    # launch), and the same step's seconds replayed from a CUDA graph (calibrate/torch_backend.py)
+    # the torch backend's eager CUDA steps: host seconds of each sample, until its last
+    # launch (calibrate/torch_backend.py)
     host_samples: list = field(default_factory=list)
-    graph_seconds: float | None = None
 
     @property
     def seconds(self) -> float:
         return repeat_time(self.samples)
 
     def to_json(self, budget: int) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("host_samples", "graph_seconds")}
+        d = {k: v for k, v in asdict(self).items() if k != "host_samples"}
         d.update(seconds=round(self.seconds, 6), samples=[round(s, 6) for s in self.samples],
                  features=dict(zip(FEATURES, features(self, budget))))
         if self.host_samples:  # only where measured: rows of other backends stay as they were
             d["host_samples"] = [round(s, 6) for s in self.host_samples]
-        if self.graph_seconds is not None:
-            d["graph_seconds"] = round(self.graph_seconds, 6)
         return d
 
 

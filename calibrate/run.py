@@ -147,8 +147,10 @@ def refit_profile(raw: dict, rule=repeat_time) -> dict:
     lim = {k: raw[k] for k in ("model", "engine", "kv_bytes_per_block")}
     prov = raw["provenance"]
     meta = {k: v for k, v in prov.items() if k not in ("method", "model", "engine_version", "device", "date", "how")}
+    # a GPU calibration chose between two forms (choose_step_model): the refit chooses again
     new = build_profile(lim, rows, raw["pcie"], raw["device"], meta, method=prov["method"],
-                        engine_version=prov["engine_version"], how={**prov["how"], "repeats": HOW["repeats"]})
+                        engine_version=prov["engine_version"], how={**prov["how"], "repeats": HOW["repeats"]},
+                        gpu_form="step_model_form" in raw.get("fit_error", {}))
     new["provenance"]["date"] = prov["date"]
     return new
 

@@ -5,12 +5,13 @@ make for each probe are run on calibrate/torch_model.py (random weights) and tim
 then the same fits and the same profile JSON as the vLLM backend (calibrate/run.py),
 labelled "torch kernels, not vLLM". On CUDA the step is shaped as vLLM's (one KV
 write per layer, cuDNN's or FlashAttention's kernels, decode steps and steps of at
-most 512 tokens replayed from CUDA graphs, the layer parts around attention compiled), the
+most 4,096 tokens replayed from CUDA graphs, the layer parts around attention compiled), the
 probes reach 256 decodes and mixed steps with 32-256 decodes, prefills longer than
 the token budget are probed chunk by chunk (every row one step), and the GPU step-model
 form is kept where it predicts the held-out probes better than the linear one. What is
 not there: vLLM's scheduler and Python step overhead, paged attention (one region per
-sequence), the sampler's extra work, and CUDA graphs around steps over 512 tokens.
+sequence), the sampler's extra work, and the launch gaps of vLLM's compiled steps of
+513-4,096 tokens, which it runs without a graph (timed here from graphs).
 
 Engine limits cannot be read from an engine, so they are computed as vLLM 0.32 would:
 on CUDA by sim.vllm_limits.gpu_engine_limits for the GPU's memory and
@@ -45,7 +46,7 @@ TORCH_HOW = {
     "prefill": "fresh prompt of n random token ids in chunks of max_num_batched_tokens, one step per chunk (logits of "
                "the last token, greedy argmax); time.perf_counter from the first step's start to the last one's end "
                "(CUDA: synchronized after each step; a prompt over the budget probed as its chunks, one row each; a step "
-               "of at most 512 tokens captured in a CUDA graph, the median of 3 replays)",
+               "of at most 4,096 tokens captured in a CUDA graph, the median of 3 replays)",
     "cached_prefill": "P cached tokens of stand-in KV in the sequence's cache, then n new tokens, timed as prefill",
     "decode": "B sequences over L + 16 cached tokens, `new` decode steps each timed; seconds = the median step. CPU: "
               "eager, context growing by one per step. CUDA: one step captured in a CUDA graph at the probe's mean context and "
@@ -56,19 +57,19 @@ TORCH_HOW = {
                                  "of the same step, its allocations warm)",
     "host_samples": "CUDA, steps not timed from a graph: each sample's host seconds, from the step's start until its "
                     "last kernel is queued; near the sample's own seconds, the host and not the GPU sets the step",
-    "graph_seconds": "CUDA, steps not timed from a graph, of at most 4,096 tokens: the same step replayed from a CUDA "
-                     "graph once (median of 3 replays), its GPU time without launch gaps; not used by the fits",
 }
 
 
 GPU_REPEATS = 3
-# vLLM captures steps of up to 512 tokens in CUDA graphs (max_cudagraph_capture_size), so
-# on a GPU a prefill or mixed step that small is timed from a graph too, not launched eagerly
-GRAPH_MAX_TOKENS = 512
+# On a GPU a prefill or mixed step of up to this many tokens is timed from a CUDA graph.
+# vLLM replays steps of up to 512 tokens from graphs and runs longer ones as one compiled
+# graph split at attention, far less host work per layer than this model's Python layers,
+# which are host-bound up to ~1,500
+# tokens (H200, benchmarks/gpu/h200-2026-11-27-graph-twins: host share 0.6-0.99, eager/graph
+# up to 1.77, repeats 30-60% apart), so a graph replay prices those steps as vLLM's GPU
+# runs them. From 4,000 tokens eager is within 4% of the graph (host share under 0.3).
+GRAPH_MAX_TOKENS = 4096
 GRAPH_REPLAYS = 3
-# eager steps up to this size are also timed once from a graph (graph_seconds): beyond it
-# the GPU work dwarfs any host gap, and twins of 16K-token steps would cost ~20 s
-TWIN_MAX_TOKENS = 4096
 
 
 @dataclass
@@ -137,7 +138,6 @@ class TorchRunner:
         self.rng = np.random.default_rng(seed)
         self.cuda = device == "cuda"
         self.host_s: float | None = None  # host seconds of the last eager probe's timed steps
-        self.graph_error: str | None = None
 
     def ids(self, n: int):
         return self.torch.tensor(self.rng.integers(0, self.model.cfg.vocab, n), device=self.device)
@@ -163,11 +163,10 @@ class TorchRunner:
         self.sync()
         return cache
 
-    def prefill_seconds(self, n: int, prefix: int = 0, graph: bool = False) -> float:
-        """A prefill of n new tokens after `prefix` cached ones, in chunks of the token budget
-        (graph=True: one step of at most the budget, from a CUDA graph whatever its size)."""
+    def prefill_seconds(self, n: int, prefix: int = 0) -> float:
+        """A prefill of n new tokens after `prefix` cached ones, in chunks of the token budget."""
         cache, ids = self._cache(1, prefix + n, {0: prefix}), self.ids(n)
-        if self.cuda and (graph or n <= GRAPH_MAX_TOKENS):
+        if self.cuda and n <= GRAPH_MAX_TOKENS:
             return self._graph_seconds(ids, [(0, n)], cache, GRAPH_REPLAYS)
 
         def chunks(advance: bool):
@@ -249,13 +248,13 @@ class TorchRunner:
         del graph
         return float(np.median(times))
 
-    def mixed_seconds(self, p: MixedProbe, graph: bool = False) -> float:
+    def mixed_seconds(self, p: MixedProbe) -> float:
         """One step: `batch` decodes (slots 0..B-1) and a chunk of `new` tokens (slot B)."""
         b = p.batch
         lens = {i: p.context for i in range(b)} | {b: p.prefix}
         cache = self._cache(b + 1, max(p.context + 1, p.prefix + p.new), lens)
         ids = self.ids(b + p.new)
-        if self.cuda and (graph or b + p.new <= GRAPH_MAX_TOKENS):
+        if self.cuda and b + p.new <= GRAPH_MAX_TOKENS:
             return self._graph_seconds(ids, [(i, 1) for i in range(b)] + [(b, p.new)], cache, GRAPH_REPLAYS)
         return self._eager_seconds(lambda advance: self._launch(ids, [(i, 1) for i in range(b)] + [(b, p.new)],
                                                                 cache, advance))
@@ -275,21 +274,7 @@ class TorchRunner:
             p.samples.append(float(t))
             if self.cuda and self.host_s is not None:
                 p.host_samples.append(self.host_s)
-                if len(p.samples) == 1 and p.new + (p.batch if p.kind == "mixed" else 0) <= TWIN_MAX_TOKENS:
-                    p.graph_seconds = self._graph_twin(p)
         return t
-
-    def _graph_twin(self, p: probes.Probe) -> float | None:
-        """An eager step once more, replayed from a CUDA graph: its GPU time without the
-        host's launch gaps, kept beside the eager time (vLLM runs steps over 512 tokens
-        compiled but without a graph). None, the first error kept, where capture fails."""
-        try:
-            if p.kind == "mixed":
-                return self.mixed_seconds(p, graph=True)
-            return self.prefill_seconds(p.new, p.prefix, graph=True)
-        except (RuntimeError, self.torch.cuda.OutOfMemoryError) as e:
-            self.graph_error = self.graph_error or f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-            return None
 
     def warm_up(self, max_batch: int, max_s: float = 30.0) -> None:
         """Until two prefills in a row agree within 10% (first calls allocate, tune, fault pages)."""
@@ -357,17 +342,11 @@ def engine_limits(model: dict, device: str, gpu_memory_utilization: float, limit
     return eng
 
 
-def eager_summary(rows: list[dict], graph_error: str | None) -> dict:
-    """How far the host sets the eager steps: host share (host seconds / seconds) and eager
-    over graph-replayed seconds, median and largest over the steps."""
+def eager_summary(rows: list[dict]) -> dict:
+    """How far the host sets the eager steps: host share (host seconds / seconds), median and
+    largest over the steps; near 1, the host and not the GPU priced them."""
     host = [float(np.median(r["host_samples"])) / r["seconds"] for r in rows]
-    twin = [r["seconds"] / r["graph_seconds"] for r in rows if r.get("graph_seconds")]
-    out = {"steps": len(rows), "host_share_median": round(float(np.median(host)), 3), "host_share_max": round(max(host), 3)}
-    if twin:
-        out |= {"eager_over_graph_median": round(float(np.median(twin)), 3), "eager_over_graph_max": round(max(twin), 3)}
-    if graph_error:
-        out["graph_error"] = graph_error
-    return out
+    return {"steps": len(rows), "host_share_median": round(float(np.median(host)), 3), "host_share_max": round(max(host), 3)}
 
 
 def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = False, reps: int | None = None,
@@ -422,7 +401,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
         runner.warm_up(max(p.batch for p in plan if p.kind == "decode"), 10.0 if quick else 30.0)
         # On a GPU one untimed pass first: a shape's first run builds cuDNN's plans and
         # recompiles for its token count (50-120 ms, once; vLLM pays it at start-up), which
-        # had lifted the median of three repeats by up to 70% (benchmarks/gpu/refit_without_first_repeat.py)
+        # had lifted the median of three repeats by up to 70% (benchmarks/gpu/refit_run.py --rule without-first)
         passes = [False] * gpu + [True] * reps
         with tqdm(total=len(passes) * len(plan), desc="calibrate (torch)", unit="probe", disable=not progress) as bar:
             for record in passes:  # interleaved: drift of a shared machine spreads over all probes
@@ -439,7 +418,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
             "cuda_graphs": f"decode steps, one graph per batch size; prefill and mixed steps of at most "
                            f"{GRAPH_MAX_TOKENS} tokens in a graph, longer ones eager" if gpu else "none (CPU)",
             "compiled": compiled,
-            **({"eager_steps": eager_summary(eager, runner.graph_error)} if eager else {}),
+            **({"eager_steps": eager_summary(eager)} if eager else {}),
             "cpu_threads": torch.get_num_threads()}
     lim = {"model": mdl, "engine": eng, "kv_bytes_per_block": kv_per_block}
     profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta, method=METHOD,

@@ -48,7 +48,7 @@ def register(sub) -> None:
                                   "aiconfigurator's vLLM kernel database (optional extra `aiconfigurator`). "
                                   "+ means the profile prices a step slower than the reference.")
     c.add_argument("profile", help="a bundled profile name or a profile JSON path")
-    c.add_argument("--probes", nargs="+", default=[], metavar="FILE",
+    c.add_argument("--probes", nargs="+", action="extend", default=[], metavar="FILE",
                    help="probe files in the shared format (sim/profile_check.py), e.g. "
                         "../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json")
     c.add_argument("--aiconfigurator", action="store_true",

@@ -106,6 +106,15 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert saved["references"][0]["summary"][0]["kind"] == "fresh prefill" and len(saved["references"][0]["rows"]) == 6
 
 
+
+def test_repeated_probes_flags_judge_every_file(tmp_path, capsys):
+    # benchmarks/gpu/calibration_check.sh passes one --probes per file: none may be dropped
+    prof, out = tmp_path / "tiny.json", tmp_path / "check.json"
+    _profile(path=prof)
+    a, b, c = (_file(tmp_path, name=f"{n}.json") for n in "abc")
+    assert main(["profile", "check", str(prof), "--probes", str(a), "--probes", str(b), str(c), "--json", str(out)]) == 0
+    assert [r["source"] for r in json.loads(out.read_text())["references"]] == [str(a), str(b), str(c)]
+
 @needs(H100)
 def test_bundled_h100_profile_on_the_shared_h100_probes(capsys):
     assert main(["profile", "check", "llama3.1-8b-h100", "--probes", str(H100)]) == 0
@@ -308,8 +317,10 @@ def test_the_docs_table_is_the_scripts(capsys):
     # the shared profiles on the shared probes (3); each committed GPU run's profiles on the
     # shared probes of their GPU and model and on that run's own: 3 for each of the four H100
     # runs' Llama and Qwen3 profiles (no shared Qwen3 H100 probes), 2 for the first H200 run's
-    # Llama; the second H200 run timed its references three times: Llama 1 + 3, Qwen3 3
-    assert len(rows) == 3 + 4 * 3 + 2 + 4 + 3 and all(r in block.splitlines() for r in rows), rows
+    # Llama; the second H200 run timed its references three times: Llama 1 + 3, Qwen3 3; the
+    # graph-twins run, with mixed references: Llama 1 + 2, Qwen3 3 (a second reference run);
+    # the graph-to-4096 run's Qwen3 1
+    assert len(rows) == 3 + 4 * 3 + 2 + 4 + 3 + 3 + 3 + 1 and all(r in block.splitlines() for r in rows), rows
 
 
 def test_the_mixed_reference_script_writes_probes_sim_profile_check_reads(tmp_path):

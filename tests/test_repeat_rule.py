@@ -28,6 +28,17 @@ def test_bundled_cpu_profiles_are_fitted_under_the_current_rule(name):
     assert refit_profile(raw)["step_time"] == pytest.approx(raw["step_time"], rel=1e-9)
 
 
+
+def test_refit_of_a_gpu_calibration_keeps_its_form():
+    """A CUDA calibration chose the GPU form over the linear one; a refit under the same rule
+    must choose again, not fall back to the linear model."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks/gpu/h200-2026-11-27-graph-twins/calibrate-torch-cuda-llama3.1-8b.json"
+    raw = json.loads(path.read_text())
+    assert raw["fit_error"]["step_model_form"] == "gpu"
+    new = refit_profile(raw)
+    assert new["fit_error"]["step_model_form"] == "gpu"
+    assert new["step_time"] == pytest.approx(raw["step_time"], rel=1e-6)
+
 def test_refit_fits_the_rule_of_the_samples_and_keeps_the_rest():
     raw = json.loads((BUNDLED_DIR / "cpu-micro-llama.json").read_text())
     new = refit_profile(raw, np.min)
