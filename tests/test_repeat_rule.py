@@ -78,3 +78,18 @@ def test_refit_refuses_what_it_cannot_refit_in_one_line(tmp_path, capsys, bad):
     err = capsys.readouterr().err
     assert err.startswith("error: --refit") and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_refit_run_prices_an_eager_step_at_its_graph_replay(tmp_path):
+    """benchmarks/gpu/refit_run.py --rule graph: a row with a graph twin is fitted at the
+    twin's time, a row without keeps the median of its repeats; the form is chosen again."""
+    from benchmarks.gpu import refit_run
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/gpu/h200-2026-11-27-graph-twins"
+    raw = json.loads((run / "calibrate-torch-cuda-qwen3-8b.json").read_text())
+    new = refit_run.refit(raw, "graph")
+    twins = [(r, n) for r, n in zip(raw["probes"], new["probes"]) if r.get("graph_seconds")]
+    assert len(twins) >= 30 and all(n["seconds"] == r["graph_seconds"] for r, n in twins)
+    assert all(n["seconds"] == r["seconds"] for r, n in zip(raw["probes"], new["probes"]) if not r.get("graph_seconds"))
+    assert new["fit_error"]["step_model_form"] == "gpu" and new["step_time"] != raw["step_time"]
+    assert refit_run.refit(raw, "without-first")["probes"][0]["seconds"] == round(float(np.median(raw["probes"][0]["samples"][1:])), 6)
