@@ -63,11 +63,11 @@ TORCH_HOW = {
 GPU_REPEATS = 3
 # On a GPU a prefill or mixed step of up to this many tokens is timed from a CUDA graph.
 # vLLM replays steps of up to 512 tokens from graphs and runs longer ones as one compiled
-# graph split at attention, far less host work per layer than this model's Python layers,
-# which are host-bound up to ~1,500
-# tokens (H200, benchmarks/gpu/h200-2026-11-27-graph-twins: host share 0.6-0.99, eager/graph
-# up to 1.77, repeats 30-60% apart), so a graph replay prices those steps as vLLM's GPU
-# runs them. From 4,000 tokens eager is within 4% of the graph (host share under 0.3).
+# graph split at attention, far less host work per layer than this model's Python layers:
+# launched eagerly, its steps of up to ~1,500 tokens are host-bound (H200,
+# benchmarks/gpu/h200-2026-11-27-graph-twins: host share 0.6-0.99, eager/graph up to 1.77,
+# repeats 30-60% apart), so a graph replay prices them as vLLM's GPU runs them. From
+# 4,000 tokens eager is within 4% of the graph (host share under 0.3).
 GRAPH_MAX_TOKENS = 4096
 GRAPH_REPLAYS = 3
 
