@@ -9,7 +9,8 @@
 # MODEL-shape-torch-probes.json, MODEL-shape-torch-probes-mixed.json, log.txt (8 files)
 # Each calibrated profile is then checked there against the same run's reference probes
 # (`sim profile check`, into log.txt); redo it here with the files that come back.
-# Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 5 minutes on an H100.
+# MODELS="qwen3-8b" (names under benchmarks/gpu/models/) runs fewer models; the default is both.
+# Needs torch with CUDA, and this project importable (PYTHONPATH or an install); about 7 minutes on an H200.
 set -u
 cd "$(dirname "$0")/../.."
 REPO=$PWD OUT=${OUT:-$PWD/gpu-out}
@@ -19,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 # logs go to log.txt only: a device call returns at most 8 files, and this writes 8
 timeout 100 python3 benchmarks/gpu/attention_variants.py > "$OUT/attention.json" 2> /tmp/attention.log
 grep -E "^(prefill|cached|decode)" /tmp/attention.log
-for m in llama3.1-8b qwen3-8b; do
+for m in ${MODELS:-llama3.1-8b qwen3-8b}; do
   t0=$(date +%s)
   timeout 200 python3 -c "import sys; from agentsim.cli import main; sys.exit(main(sys.argv[1:]))" calibrate \
     --backend torch --device cuda --model benchmarks/gpu/models/$m --max-model-len 32768 \
