@@ -47,7 +47,7 @@ class BuildWithRecords(build_ext):
 
 
 pyx = [Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=FLAGS)
-       for name in ("policies._samples", "sim._block_pool", "sim._steps", "sim._content")]
+       for name in ("policies._samples", "sim.kv._block_pool", "sim.hardware._steps", "sim.kv._content")]
 pure = cythonize([Extension(m, [_source(m)], extra_compile_args=FLAGS) for m in COMPILED], language_level=3,
                  # annotations are hints here, not C types: Cython would reject a str Enum passed as `str`
                  compiler_directives={"annotation_typing": False})

@@ -19,10 +19,10 @@ from policies.base import PolicyError
 from agentsim.errors import InputError, SimulationError
 
 # The module that registers each subcommand, in `sim --help`'s order. A command line
-# imports only its own command's module: `sim run` needs neither pandas (sim.plan and
-# sim.sweep import it, ~0.6 s) nor the trace tools.
-COMMANDS = {"run": "sim.run_cmd", "sweep": "sim.sweep_cmd", "plot": "sim.sweep_cmd", "plan": "sim.plan",
-            "trace": "traces.cli", "calibrate": "calibrate.cli", "validate": "calibrate.cli", "profile": "sim.profile_cmd"}
+# imports only its own command's module: `sim run` needs neither pandas (sim.study.plan and
+# sim.study.sweep import it, ~0.6 s) nor the trace tools.
+COMMANDS = {"run": "sim.commands.run", "sweep": "sim.commands.sweep", "plot": "sim.commands.sweep", "plan": "sim.study.plan",
+            "trace": "traces.cli", "calibrate": "calibrate.cli", "validate": "calibrate.cli", "profile": "sim.commands.profile"}
 
 
 # What each writer makes at its output flags: (attribute, flag, "file" | "dir"), checked by

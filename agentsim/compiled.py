@@ -20,9 +20,9 @@ from pathlib import Path
 
 COMPILED = (
     "policies.base", "policies.pins", "policies.continuum",
-    "sim.call", "sim.content", "sim.stretch", "sim.profile", "sim.scheduler", "sim.engine",
-    "sim.cluster", "sim.router", "sim.workload", "sim.metrics", "sim.simulate", "sim.radix_cache",
-    "sim.cpu_tier",
+    "sim.replica.call", "sim.replica.clock", "sim.kv.content", "sim.hardware.stretch", "sim.hardware.profile", "sim.simpy_replica.scheduler", "sim.simpy_replica.engine",
+    "sim.cluster.cluster", "sim.cluster.router", "sim.run.workload", "sim.run.metrics", "sim.run.simulate", "sim.kv.radix_cache",
+    "sim.kv.tiers",
 )
 PURE_ENV = "AGENTSIM_PURE_PYTHON"
 RECORD = ".sha256"  # suffix of the record beside a module's .so

@@ -31,7 +31,7 @@ KEYS = ("mean_jct", "p95_jct", "mean_ttft_ms", "mean_tpot_ms", "steps", "preempt
 
 
 def run(spec: dict, policy: str, asynchronous: bool, seed: int, engine: str = "simpy") -> dict:
-    from sim.config import SimConfig, build_run, execute
+    from sim.run.config import SimConfig, build_run, execute
 
     cfg = {**spec, "workload": {**spec["workload"], "seed": seed}, "policy": {"name": policy},
            "engine": {**spec["engine"], "kind": engine, "async_scheduling": asynchronous}}

@@ -24,8 +24,8 @@ import numpy as np
 
 from calibrate.validate import SHAPES, scaled, sim_run
 from calibrate.validate_report import CLOCKS, clock_band
-from sim.profile import load_profile
-from sim.simulate import arrivals_for
+from sim.hardware.profile import load_profile
+from sim.run.simulate import arrivals_for
 from traces.schema import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
-from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute  # noqa: E402
-from sim.profile import DEFAULT_PROFILE  # noqa: E402
+from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute  # noqa: E402
+from sim.hardware.profile import DEFAULT_PROFILE  # noqa: E402
 
 
 def run(trace: str, programs: int, num_blocks: int, concurrency: int, policy: str, profile: str) -> dict:

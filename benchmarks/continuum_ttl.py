@@ -25,9 +25,9 @@ import numpy as np
 
 from policies.base import Request
 from policies.continuum import ContinuumPolicy
-from sim.profile import load_profile
-from sim.config import SimConfig, build_run, execute
-from sim.simulate import arrivals_for
+from sim.hardware.profile import load_profile
+from sim.run.config import SimConfig, build_run, execute
+from sim.run.simulate import arrivals_for
 from traces.schema import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]

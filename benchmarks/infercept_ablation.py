@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
 from benchmarks.docs_tables import DOCS, write_block
-from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
-from sim.sweep import map_points
-from sim.profile import DEFAULT_PROFILE
+from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.study.sweep import map_points
+from sim.hardware.profile import DEFAULT_PROFILE
 
 # ingredient -> the switch that turns it off (towards Continuum)
 OFF = {

@@ -28,9 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
 from benchmarks.docs_tables import DOCS, write_block
-from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
-from sim.sweep import map_points
-from sim.profile import DEFAULT_PROFILE
+from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.study.sweep import map_points
+from sim.hardware.profile import DEFAULT_PROFILE
 
 DEFAULT_POLICIES = "vllm,program-fcfs,static-ttl,continuum-static,continuum,autellix,oracle"
 ORDER = ("vllm", "program-fcfs", "static-ttl", "continuum")  # the paper's Fig. 16 ablation, worst first

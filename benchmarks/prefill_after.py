@@ -91,9 +91,9 @@ def main(argv=None) -> int:
 
     prof = None
     if a.profile:
-        from sim.profile import load_profile
+        from sim.hardware.profile import load_profile
         prof = load_profile(a.profile)
-    from sim.profile import step_features
+    from sim.hardware.profile import step_features
     rows = []
     for n, k in TARGETS:
         same = statistics.median(samples[n, k, "same"])

@@ -1,5 +1,5 @@
 """The table of docs/profiles.md "Checking a profile against independent references":
-`sim profile check` (sim/profile_check.py) of the bundled H100 profile, the H200 roofline
+`sim profile check` (sim/hardware/check.py) of the bundled H100 profile, the H200 roofline
 profile (`sim profile roofline --gpu H200 --model llama3.1-8b`) and the calibrated H200
 profiles in SHARED/h200/calibrate-torch-cuda-*.json and benchmarks/gpu/*/ (each run of
 benchmarks/gpu/calibration_check.sh: its calibrated profiles and reference probes, same
@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 from agentsim.errors import InputError  # noqa: E402
-from sim import profile_check as pc  # noqa: E402
-from sim import roofline  # noqa: E402
-from sim.profile import load_profile, parse_profile  # noqa: E402
+from sim.hardware import check as pc  # noqa: E402
+from sim.hardware import roofline  # noqa: E402
+from sim.hardware.profile import load_profile, parse_profile  # noqa: E402
 
 REPO = roofline.REPO_ROOT
 GPU_RUNS = REPO / "benchmarks" / "gpu"

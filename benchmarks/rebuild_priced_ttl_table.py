@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
 from benchmarks.docs_tables import DOCS, write_block
-from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
 OURS = "rebuild-priced-ttl"
 POLICIES = f"{OURS},continuum,continuum-static,infercept,thunderagent,vllm"

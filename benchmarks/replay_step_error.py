@@ -26,8 +26,8 @@ import pandas as pd
 from calibrate.run import refit_profile
 from calibrate.validate import SHAPES, sim_run
 from calibrate.validate_report import step_check
-from sim.simulate import arrivals_for
-from sim.profile import parse_profile
+from sim.run.simulate import arrivals_for
+from sim.hardware.profile import parse_profile
 from traces.schema import read_trace
 
 RULES = {"min": np.min, "median": np.median}

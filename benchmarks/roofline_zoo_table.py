@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 from agentsim.errors import InputError  # noqa: E402
-from sim import profile_check as pc  # noqa: E402
-from sim import roofline  # noqa: E402
-from sim.profile import parse_profile  # noqa: E402
+from sim.hardware import check as pc  # noqa: E402
+from sim.hardware import roofline  # noqa: E402
+from sim.hardware.profile import parse_profile  # noqa: E402
 
 # (how the table names it, model, tp, ep)
 ZOO = (("glm-4.5-fp8, `--tp 8`", "glm-4.5-fp8", 8, 1), ("glm-4.5-fp8, `--ep 8`", "glm-4.5-fp8", 1, 8),

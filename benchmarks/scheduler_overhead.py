@@ -81,7 +81,7 @@ def _layers(clock: LayerClock):
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from sim.vllm_scheduler import PolicyScheduler
+    from sim.vllm_replica.scheduler import PolicyScheduler
 
     saved = []
     for cls, layer, names in [(Scheduler, "vllm", _METHODS), (KVCacheManager, "vllm", ("allocate_slots",)),
@@ -181,7 +181,7 @@ def model_free_steps(policy: str | None, parts: dict, hasher, programs: int, out
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
-    from sim.vllm_scheduler import PolicyScheduler
+    from sim.vllm_replica.scheduler import PolicyScheduler
     from calibrate.replay import TraceReplay, _sampling
 
     cfg = parts["vllm_config"]

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentsim.errors import InputError  # noqa: E402
 from calibrate.validate import fit_trace, sim_run  # noqa: E402
-from sim.profile import load_profile  # noqa: E402
-from sim.simulate import arrivals_for  # noqa: E402
+from sim.hardware.profile import load_profile  # noqa: E402
+from sim.run.simulate import arrivals_for  # noqa: E402
 from traces.schema import read_trace  # noqa: E402
 
 K_ARGS = {p: {"K": 10} for p in ("continuum", "oracle")}  # as the validation shapes give them

@@ -19,7 +19,7 @@ over the cluster.
 
 Every system runs on 2 GPUs: two replicas (each BLOCKS blocks) behind a router, or one
 prefill and one decode replica (`--disagg 1P1D`, each BLOCKS blocks, RDMA NDR link). Every
-run goes through sim.config.SimConfig / build_run / execute. A combination the run builder
+run goes through sim.run.config.SimConfig / build_run / execute. A combination the run builder
 refuses is shown as n/a with its one-line reason in a footnote (none is refused today).
 --systems also takes two diagnostics that split SGLang into its parts: radix+session (its
 cache behind the session router) and vllm+cache_aware (its router in front of vLLM's pool).
@@ -47,9 +47,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 from policies.base import PolicyError
-from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
-from sim.sweep import map_points
-from sim.profile import DEFAULT_PROFILE
+from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.study.sweep import map_points
+from sim.hardware.profile import DEFAULT_PROFILE
 from agentsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> str:
     print(text)
     fig_path = figure_path(a)
     if fig_path:
-        from sim.plot import save
+        from sim.study.plot import save
 
         save(figure(a, cells, systems, seeds, res), fig_path)
         print(f"\nwrote {fig_path}")

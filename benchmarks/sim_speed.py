@@ -35,7 +35,10 @@ RESULTS_PAGE = ROOT / "docs" / "results.md"
 CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+try:
+    from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+except ImportError:  # a baseline from before sim/ had sub-packages
+    from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 trace, programs, replicas, jps, policy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
 engine = {"engine": EngineLimits(async_scheduling=True)} if sys.argv[7] == "async" else {}
 cfg = SimConfig(workload=WorkloadConfig(trace=trace, programs=programs, jps=jps, seed=0), policy=PolicyConfig(name=policy),

@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
-from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute  # noqa: E402
+from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute  # noqa: E402
 
 H100_PROFILE = "llama3.1-8b-h100"
 

@@ -1,5 +1,5 @@
 """The twin check: one run spec on both engines, the SimPy replica and vLLM's own scheduler
-(`--engine vllm`, sim/vllm_engine.py), both priced by the same profile step model.
+(`--engine vllm`, sim/vllm_replica/engine.py), both priced by the same profile step model.
 
     python benchmarks/twin_check.py [--trace swebench] [--programs 100] [--jps 0.5]
         [--num-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
@@ -15,7 +15,7 @@ the same policy ranking. Also each engine's speed (simulated s per wall s, whole
 With --replicas, a cluster behind --router, each replica's engine of either kind (with
 --disagg, prefill and decode replicas); the first differing step is the earliest over the
 replicas. With --offload (e.g. cpu:20GiB), each replica's offload tiers: on vLLM's side
-through the simulator's KV connector (sim/vllm_connector.py).
+through the simulator's KV connector (sim/vllm_replica/connector.py).
 
 --write-docs writes the table into docs/validation.md between the markers
 `<!-- twin-check:SECTION:begin -->` and `... :end -->` (--doc-section, default ci).
@@ -43,8 +43,8 @@ TARGETS = {"mean_jct": 0.01, "mape": 0.03, "pins": 0.02, "preemptions": 0.02}
 def schedule_logs(logs: dict):
     """Log every non-empty step of both engines' schedulers: logs[engine] = [(start,
     {request id: tokens}, preemptions in the step)], one list per run (replica 0 first)."""
-    from sim.vllm_scheduler import PolicyScheduler
-    from sim.scheduler import Scheduler
+    from sim.vllm_replica.scheduler import PolicyScheduler
+    from sim.simpy_replica.scheduler import Scheduler
 
     sim_schedule, vllm_schedule = Scheduler.schedule, PolicyScheduler.schedule
     pending: dict[int, int] = {}  # preemptions in empty steps count toward the next step (either engine)
@@ -106,7 +106,7 @@ def first_difference(a: list, b: list) -> dict | None:
 def run_pair(spec: dict, policy: str, log: bool = True) -> dict:
     """One policy on both engines: per engine the summary and per-program JCTs (and the
     schedule logs when `log`: SimPy then runs step by step, with identical results)."""
-    from sim.config import SimConfig, build_run, execute
+    from sim.run.config import SimConfig, build_run, execute
 
     out = {}
     logs: dict = {}
@@ -210,9 +210,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default="vllm,continuum")
     ap.add_argument("--replicas", type=int, default=1)
-    ap.add_argument("--router", default=None, help="with --replicas: the router (sim/router.py)")
-    ap.add_argument("--disagg", default=None, metavar="xPyD", help="prefill/decode replicas (sim/disagg.py)")
-    ap.add_argument("--offload", default=None, metavar="TIERS", help="offload tiers per replica, e.g. cpu:20GiB (sim/cpu_tier.py)")
+    ap.add_argument("--router", default=None, help="with --replicas: the router (sim/cluster/router.py)")
+    ap.add_argument("--disagg", default=None, metavar="xPyD", help="prefill/decode replicas (sim/cluster/disagg.py)")
+    ap.add_argument("--offload", default=None, metavar="TIERS", help="offload tiers per replica, e.g. cpu:20GiB (sim/kv/tiers.py)")
     ap.add_argument("--async-scheduling", action="store_true", help="both engines schedule asynchronously (vLLM's GPU default)")
     ap.add_argument("--no-log", action="store_true", help="skip the schedule logs (no first differing step; SimPy with stretches)")
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")

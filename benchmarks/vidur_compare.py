@@ -82,7 +82,7 @@ MARK, END = "<!-- vidur_compare -->", "<!-- end vidur_compare -->"
 AGENTSIM_CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 cfg = SimConfig(workload=WorkloadConfig(trace=sys.argv[2]), policy=PolicyConfig(name="vllm"),
                 engine=EngineLimits(profile=sys.argv[3], block_size=int(sys.argv[4]), max_num_batched_tokens=int(sys.argv[5]),
                                     max_num_seqs=int(sys.argv[6]), num_blocks=int(sys.argv[7]), chunked_prefill=True))

@@ -35,7 +35,7 @@ prompt, which finishes with its one token, beside B decodes). Each case runs `st
 measured steps per round, the cases' order rotating between rounds; figures are medians
 of this thread's CPU time over all measured steps, spread = the lowest..highest per-round
 median of the engine core's total. The H100 step
-times are the bundled profile's (sim/profiles/llama3.1-8b-h100.json) at the same shapes.
+times are the bundled profile's (sim/hardware/profiles/llama3.1-8b-h100.json) at the same shapes.
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ START, END = "<!-- host-time:start -->", "<!-- host-time:end -->"
 def gpu_limits() -> dict:
     """The bundled H100 profile's limits: the scheduler's KV blocks and block size, the
     engine's budget and sequences (max_model_len 8,192: the CPU model's longest)."""
-    from sim.profile import load_profile
+    from sim.hardware.profile import load_profile
 
     e = load_profile("llama3.1-8b-h100").engine
     return {"blocks": e.num_gpu_blocks, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens,
@@ -324,7 +324,7 @@ def measure(env: HostEnv, cases=CASES, steps: int = 40, rounds: int = 3, seed: i
 
 def h100_step_s(row: dict) -> float:
     """The bundled H100 profile's step time at the case's shape."""
-    from sim.profile import load_profile
+    from sim.hardware.profile import load_profile
 
     prof = load_profile("llama3.1-8b-h100")
     b, ctx, n = row["B"], row["ctx"], row["chunk"]
@@ -363,7 +363,7 @@ def with_host(raw: dict, host: dict, out: Path, measured: str) -> None:
     import json
 
     from agentsim.files import atomic_write
-    from sim.profile import parse_profile
+    from sim.hardware.profile import parse_profile
 
     raw = {**raw, "host": {**host, "measured": measured}}
     parse_profile(raw, out.stem)  # the result must load
@@ -391,7 +391,7 @@ def main() -> None:
         ap.error("--into and --out go together")
     if args.into:  # a bad profile fails here, before minutes of measuring
         from agentsim.errors import InputError
-        from sim.profile import load_profile
+        from sim.hardware.profile import load_profile
 
         try:
             into = load_profile(args.into).raw

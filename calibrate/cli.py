@@ -1,9 +1,9 @@
 """`sim calibrate`: fit a hardware profile on a real vLLM engine.
 
-    sim calibrate --out sim/profiles/cpu-tiny-llama.json            # CPU, shipped tiny model (bf16 CPUs)
-    sim calibrate --model sim/models/micro-llama --out sim/profiles/cpu-micro-llama.json
+    sim calibrate --out sim/hardware/profiles/cpu-tiny-llama.json            # CPU, shipped tiny model (bf16 CPUs)
+    sim calibrate --model sim/hardware/models/micro-llama --out sim/hardware/profiles/cpu-micro-llama.json
     sim calibrate --model meta-llama/Llama-3.1-8B-Instruct --device cuda --out my-gpu.json
-    sim calibrate --refit sim/profiles/cpu-micro-llama.json --out sim/profiles/cpu-micro-llama.json
+    sim calibrate --refit sim/hardware/profiles/cpu-micro-llama.json --out sim/hardware/profiles/cpu-micro-llama.json
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def register(sub) -> None:
                                    "engine, fit the step-time model and the paper's prefill quadratic, and write "
                                    "a profile for `sim run --profile`.")
     p.add_argument("--model", default=None,
-                   help="model dir or hub name (default: the shipped sim/models/tiny-llama, or micro-llama on a CPU "
+                   help="model dir or hub name (default: the shipped sim/hardware/models/tiny-llama, or micro-llama on a CPU "
                         "without native bf16; "
                         "weights are never loaded, load_format=dummy)")
     p.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write (atomically)")
@@ -46,7 +46,7 @@ def register(sub) -> None:
     p.set_defaults(func=_run)
 
     v = sub.add_parser("validate", help="replay a trace on a real vLLM and in the simulator, and compare JCT",
-                       description="Run each policy inside a real vLLM (sim/vllm_scheduler.py through "
+                       description="Run each policy inside a real vLLM (sim/vllm_replica/scheduler.py through "
                                    "scheduler_cls) and in the simulator on the same trace, arrivals and engine "
                                    "limits; print mean/p90 JCT, per-program JCT MAPE, cache hit ratios and whether "
                                    "the policies rank the same; write report.{md,json} and a plot to --out.")
@@ -172,8 +172,8 @@ def _validate(args) -> int:
     from calibrate.validate import RUNNABLE, fit_trace, render_markdown, run_matrix, run_validation
     from policies.base import PolicyError
     from policies.registry import policy_params
-    from sim.run_cmd import parse_kv
-    from sim.simulate import arrivals_for
+    from sim.commands.run import parse_kv
+    from sim.run.simulate import arrivals_for
     from traces.schema import read_trace
 
     policies = list(RUNNABLE) if args.policy.strip() == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]

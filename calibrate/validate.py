@@ -1,6 +1,6 @@
 """Simulated against real: replay traces on a real vLLM and in the simulator, compare.
 
-For each policy: start an engine whose scheduler is sim.vllm_scheduler (the
+For each policy: start an engine whose scheduler is sim.vllm_replica.scheduler (the
 very policy object code the simulator runs), warm it up, time a fixed clock probe set,
 empty its prefix cache, replay the trace in real time (calibrate/replay.py), time the
 clock probes again; then simulate the same trace, the same arrivals and the engine's
@@ -48,16 +48,16 @@ from calibrate.validate_figures import plot_means, plot_programs
 from calibrate.validate_report import (CLOCKS, clock_band, clock_scale, compare_policy, late_arrivals, rank,
                                        render_markdown)
 from policies.registry import POLICIES, make_policy
-from sim.config import EngineLimits, PolicyConfig, SimConfig, build_run, execute
-from sim.profile import Profile, load_profile, parse_profile
-from sim.simulate import arrivals_for
+from sim.run.config import EngineLimits, PolicyConfig, SimConfig, build_run, execute
+from sim.hardware.profile import Profile, load_profile, parse_profile
+from sim.run.simulate import arrivals_for
 from traces import segments
 from agentsim.errors import InputError
 from agentsim.files import atomic_write
 
 SCHEDULER_CLS = "sim.vllm_scheduler.PolicyScheduler"
 
-# Every registry policy runs inside vLLM through sim/vllm_scheduler.py except these.
+# Every registry policy runs inside vLLM through sim/vllm_replica/scheduler.py except these.
 NOT_RUNNABLE = {
     "thunderagent": "a proxy in front of the engines (pauses and resumes whole programs across replicas); "
                     "the adapter is one engine's scheduler",

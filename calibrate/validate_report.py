@@ -8,7 +8,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from sim.profile import Profile
+from sim.hardware.profile import Profile
 
 CLOCK_BAND = 0.02
 

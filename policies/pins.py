@@ -5,7 +5,7 @@ A pin keeps a finished call's blocks referenced until the program's next call (a
 or a release (expired, victim, discard, last). Pins share blocks (every program's copy
 of the system prompt is one set of blocks), so pinned memory is the number of
 *distinct* pinned blocks, and `block_seconds` is its integral over time. The simulator
-(sim/scheduler.py) and the vLLM adapter (sim/vllm_scheduler.py) both keep their
+(sim/simpy_replica/scheduler.py) and the vLLM adapter (sim/vllm_replica/scheduler.py) both keep their
 pins in a PinTable; what a release does to the blocks (free them to the engine's pool,
 offload them first) stays with each engine. Stdlib only: it runs inside vLLM.
 """

@@ -1,5 +1,5 @@
 """The rules both engines apply around a policy, written once: the SimPy replica
-(sim/scheduler.py) and the vLLM adapter (sim/vllm_scheduler.py) supply their
+(sim/simpy_replica/scheduler.py) and the vLLM adapter (sim/vllm_replica/scheduler.py) supply their
 block operations and call these for the decisions. Stdlib only: it runs inside vLLM.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ ThunderAgent is a proxy, not an engine policy: the engines run vLLM's defaults
 which *programs* may send requests. "Pausing" a program holds back its next request;
 the engine's own LRU then evicts its KV. So the policy class is vLLM's, and
 `make_controller` builds the proxy (`ThunderAgentController`), which the simulator's
-cluster layer (sim/cluster.py) consults on every request and every `interval`.
+cluster layer (sim/cluster/cluster.py) consults on every request and every `interval`.
 
 Controller rules (program states: REASONING = a request in flight, ACTING = its tool
 runs, PAUSED = held back; c_p = the program's total tokens, i.e. its context):

@@ -9,14 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.profile import parse_profile
+from sim.hardware.profile import parse_profile
 from traces.schema import validate
 
 
 def linear_profile(c0=0.01, c1=0.001, c2=0.0, c3=0.0, c4=0.0, c5=0.0, blocks=1000, block_size=16,
                    budget=8192, seqs=256, max_len=100_000, **gpu):
     """A hand-computable profile: step time = c0 + c1*tokens (+ optional terms; `gpu`: the
-    GPU step model's w, launch, p, sim/profile.py)."""
+    GPU step model's w, launch, p, sim/hardware/profile.py)."""
     return parse_profile({
         "model": {"name": "test", "num_layers": 1, "num_kv_heads": 1, "head_dim": 64, "dtype_bytes": 2},
         "engine": {"block_size": block_size, "num_gpu_blocks": blocks, "max_num_batched_tokens": budget,
@@ -26,14 +26,14 @@ def linear_profile(c0=0.01, c1=0.001, c2=0.0, c3=0.0, c4=0.0, c5=0.0, blocks=100
 
 
 def simulate(trace, policy, profile, arrivals, *, disagg=None, progress=None, watch=None, **fields):
-    """A run as every caller makes one (sim.config.build_run, then execute): `policy` a name or
+    """A run as every caller makes one (sim.run.config.build_run, then execute): `policy` a name or
     a Policy, `fields` flat config leaves (num_blocks=, chunked_prefill=, cache=, offload=,
     replicas=, router=, fast_forward=, kind=, ...); `disagg` a spec ("1P1D") or a
-    sim.disagg.Disagg whose link is the test's own (a config names only the shipped links)."""
+    sim.cluster.disagg.Disagg whose link is the test's own (a config names only the shipped links)."""
     from dataclasses import replace
 
     from policies.registry import make_policy
-    from sim.config import build_run, execute, from_flat, parse_config
+    from sim.run.config import build_run, execute, from_flat, parse_config
 
     if isinstance(disagg, str):  # a spec such as "1P1D": a config leaf like the others
         fields, disagg = {**fields, "disagg": disagg}, None

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from policies.registry import make_policy
-from sim.simulate import engine_config
+from sim.run.simulate import engine_config
 from tests.conftest import linear_profile, make_trace, simulate
 
 
@@ -34,9 +34,9 @@ def test_a_pin_that_outlives_the_step_is_hit():
 
 def test_usage_divides_by_the_usable_blocks_as_the_vllm_adapter_does():
     """One block total on both sides: vLLM's pool keeps one of num_gpu_blocks as its null
-    block, and sim/vllm_scheduler.py divides by num_gpu_blocks - 1; so does the
+    block, and sim/vllm_replica/scheduler.py divides by num_gpu_blocks - 1; so does the
     simulator, and a full pool reads 100%, not (n-1)/n."""
-    from sim.engine import Engine
+    from sim.simpy_replica.engine import Engine
 
     trace = make_trace([[(16 * 9 - 1, 2, None, None)]])  # 143 + 1 tokens: 9 blocks of 16
     prof = linear_profile(blocks=10)

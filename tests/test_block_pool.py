@@ -1,6 +1,6 @@
 import pytest
 
-from sim.block_pool import BlockPool
+from sim.kv.block_pool import BlockPool
 
 
 def test_allocate_pops_head_and_free_appends_reversed():

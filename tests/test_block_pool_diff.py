@@ -1,4 +1,4 @@
-"""The block pool (sim/block_pool.py, runs of blocks, per-block work in C) against the
+"""The block pool (sim/kv/block_pool.py, runs of blocks, per-block work in C) against the
 per-block pool it replaced, kept here verbatim as `ReferencePool`: the same random
 operation sequences, every return value and the whole state (queue order, keys, ref
 counts, cached map, evictions) compared after each operation. Then whole simulator
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import linear_profile, random_trace
-from sim.block_pool import BlockPool, PyBlockPool
+from sim.kv.block_pool import BlockPool, PyBlockPool
 
 EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -23,7 +23,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
 
 
 class ReferencePool:
-    """sim/block_pool.py as of commit eff1eb4: one OrderedDict entry and one Python step per block;
+    """sim/kv/block_pool.py as of commit eff1eb4: one OrderedDict entry and one Python step per block;
     since the twin check, a key computed twice is held by every copy, as vLLM 0.32 keeps them
     (`dups`: the later copies in order; an evicted copy hands the key to the next)."""
 
@@ -126,7 +126,7 @@ def pool_runs(draw):
 @given(setup=pool_runs(), data=st.data())
 def test_random_operations_match_reference(cls, setup, data):
     """Calls that hold lists of distinct blocks (shared through prefix hits), programs whose
-    keys are chained like sim/content.py's (a few shared leading keys, so hits cross
+    keys are chained like sim/kv/content.py's (a few shared leading keys, so hits cross
     programs), partial last blocks left uncached, first-writer conflicts on cache."""
     num_blocks, slack, memo = setup
     new, ref = cls(num_blocks, 16), ReferencePool(num_blocks, 16)
@@ -233,10 +233,10 @@ def test_cache_many_keeps_every_copy():
 
 
 def test_the_install_step_built_the_compiled_pool():
-    """`pip install` builds sim/_block_pool.pyx (setup.py); the simulator uses it."""
-    from sim import _block_pool
-    import sim.scheduler
-    assert BlockPool is _block_pool.BlockPool is sim.scheduler.BlockPool
+    """`pip install` builds sim/kv/_block_pool.pyx (setup.py); the simulator uses it."""
+    from sim.kv import _block_pool
+    import sim.simpy_replica.scheduler
+    assert BlockPool is _block_pool.BlockPool is sim.simpy_replica.scheduler.BlockPool
 
 
 # --- whole simulator runs: every pool operation checked against the reference ---
@@ -299,7 +299,7 @@ class CheckedPool:
     (3, "static-ttl", 130, 1, None),
 ])
 def test_simulator_runs_match_reference(monkeypatch, cls, seed, policy, blocks, replicas, offload):
-    import sim.scheduler
+    import sim.simpy_replica.scheduler
     from conftest import simulate
 
     pools = []
@@ -308,7 +308,7 @@ def test_simulator_runs_match_reference(monkeypatch, cls, seed, policy, blocks, 
         pools.append(CheckedPool(cls, num_blocks, block_size))
         return pools[-1]
 
-    monkeypatch.setattr(sim.scheduler, "BlockPool", make)
+    monkeypatch.setattr(sim.simpy_replica.scheduler, "BlockPool", make)
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, 12)
     arrivals = np.sort(rng.uniform(0, 3, trace["program_id"].nunique()))

@@ -1,5 +1,5 @@
-"""Runs given a bound stop once the bound is known to fail (sim/bound.py), and only then;
-sweeps and the planner use them, and keep their workers warm (sim/sweep.py Workers)."""
+"""Runs given a bound stop once the bound is known to fail (sim/run/bound.py), and only then;
+sweeps and the planner use them, and keep their workers warm (sim/study/sweep.py Workers)."""
 from __future__ import annotations
 
 import json
@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sim.sweep as sw
+import sim.study.sweep as sw
 from agentsim.cli import main
 from agentsim.errors import InputError
-from sim import plan as pl
-from sim.bound import BOUNDABLE, Bound, parse_bound, step_floor
-from sim.config import execute
-from sim.profile import StepModel
+from sim.study import plan as pl
+from sim.run.bound import BOUNDABLE, Bound, parse_bound, step_floor
+from sim.run.config import execute
+from sim.hardware.profile import StepModel
 
 SMALL = {"trace": "swebench", "programs": 60, "jps": 1.0}
 
@@ -107,7 +107,7 @@ def test_hand_worked_stop_on_step_time():
 
 
 def test_step_floor():
-    from sim.profile import load_profile
+    from sim.hardware.profile import load_profile
 
     prof = load_profile("llama3.1-8b-h100")
     assert step_floor(prof) == prof.step.time(1, 1, 0.0, 0.0, 0.0) > 0.006  # its weights' read

@@ -34,7 +34,7 @@ def calibrated(tmp_path_factory):
     from calibrate.engine import start_engine
     from calibrate.probes import Runner
     from calibrate.run import calibrate_engine, write_profile
-    from sim.profile import load_profile
+    from sim.hardware.profile import load_profile
 
     llm = start_engine(None, "cpu", num_gpu_blocks=BLOCKS)
     raw = calibrate_engine(llm, "cpu", quick=True, progress=False, requested={"num_gpu_blocks": BLOCKS})

@@ -11,7 +11,7 @@ from calibrate.pcie import measure_pcie
 from calibrate.probes import Probe, features, plan
 from calibrate.run import build_profile, write_profile
 from sim.cli import main
-from sim.profile import load_profile
+from sim.hardware.profile import load_profile
 from agentsim.errors import InputError
 
 ENGINE = {"name": "vllm", "version": "test", "block_size": 128, "num_gpu_blocks": 1365, "max_num_batched_tokens": 4096,
@@ -163,14 +163,14 @@ def test_cli_bad_input_is_one_line(capsys, tmp_path, argv, words):
     assert not (tmp_path / "p.json").exists()
 
 
-# --- engine limits computed as vLLM 0.32 would (sim/vllm_limits.py) ----------------
+# --- engine limits computed as vLLM 0.32 would (sim/hardware/limits.py) ----------------
 LLAMA8B = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 8, "head_dim": 128,
            "intermediate_size": 14336, "vocab_size": 128256, "dtype_bytes": 2, "num_params": 8.03e9,
            "max_position_embeddings": 131072}
 
 
 def test_gpu_engine_limits_follow_vllm_defaults_and_memory_arithmetic():
-    from sim.vllm_limits import GiB, NON_TORCH_BYTES, activation_bytes, gpu_engine_limits
+    from sim.hardware.limits import GiB, NON_TORCH_BYTES, activation_bytes, gpu_engine_limits
 
     h100 = gpu_engine_limits(LLAMA8B, 85.0e9, gpu_name="NVIDIA H100 80GB HBM3")
     assert (h100["max_num_batched_tokens"], h100["max_num_seqs"], h100["max_model_len"]) == (16384, 1024, 131072)
@@ -190,7 +190,7 @@ def test_gpu_engine_limits_follow_vllm_defaults_and_memory_arithmetic():
 
 
 def test_gpu_engine_limits_bad_input_is_one_line():
-    from sim.vllm_limits import gpu_engine_limits
+    from sim.hardware.limits import gpu_engine_limits
 
     for kwargs, needle in [({"gpu_mem_bytes": 24e9}, "does not fit"), ({"gpu_mem_bytes": 85e9, "tp": 3}, "tp=3"),
                            ({"gpu_mem_bytes": 85e9, "gpu_memory_utilization": 1.5}, "gpu_memory_utilization")]:

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from policies.registry import POLICIES
-from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
 
 def _tiny(n=4, tool_s=10.0, arrival=None):
@@ -115,7 +115,7 @@ def test_closed_config_round_trips(tmp_path):
 
 def test_closed_loop_arrivals_from_python():
     from agentsim.errors import InputError
-    from sim.workload import closed_loop_arrivals
+    from sim.run.workload import closed_loop_arrivals
 
     a = closed_loop_arrivals(5, 2)
     assert list(a[:2]) == [0.0, 0.0] and np.isnan(a[2:]).all()

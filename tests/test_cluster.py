@@ -8,7 +8,7 @@ import pytest
 
 from conftest import linear_profile, make_trace, random_trace, simulate
 from sim.cli import main
-from sim.router import make_router
+from sim.cluster.router import make_router
 from agentsim.errors import InputError
 
 
@@ -40,7 +40,7 @@ def test_prefix_router_follows_the_programs_cache():
     assert t["replica"].nunique() == 2
 
 
-class _Eng:  # what the cache-aware router reads of a replica (sim/replica.py): its queues
+class _Eng:  # what the cache-aware router reads of a replica (sim/replica/base.py): its queues
     def __init__(self, active):
         self.active = active
 
@@ -53,8 +53,8 @@ class _Eng:  # what the cache-aware router reads of a replica (sim/replica.py): 
 
 def _call(pid, tokens, arrival=0.0, task="t"):
     from policies.base import Request
-    from sim.call import Call
-    from sim.content import ContentKeys
+    from sim.replica.call import Call
+    from sim.kv.content import ContentKeys
 
     c = ContentKeys(16)
     c.append(task, tokens)
@@ -220,7 +220,7 @@ def test_cli_cluster_run(capsys):
 
 
 def test_router_parameters_reach_the_router_from_the_config_and_the_cli(tmp_path, capsys):
-    from sim.config import SimConfig, build_run
+    from sim.run.config import SimConfig, build_run
 
     cfg = SimConfig.model_validate({"workload": {"programs": 2}, "cluster": {
         "replicas": 2, "router": "cache_aware", "router_args": {"cache_threshold": 0.9, "balance_abs": "8"}}})
@@ -308,7 +308,7 @@ def test_routers_read_the_state_step_by_step_would_show(monkeypatch, async_):
     # the blocks its earlier steps allocated (found by the property tests as a 6 ms
     # difference between fast-forward and step-by-step with 2 replicas). Asynchronously
     # step-by-step has allocated one step more (the step scheduled ahead).
-    from sim.replica import Replica
+    from sim.replica.base import Replica
 
     tr = make_trace([[(20, 400, None, None)], [(40, 8, None, None)]])
     seen = {}
@@ -337,7 +337,7 @@ def test_a_stretch_ends_on_a_float_no_timeout_delay_reaches():
 def _stretches(monkeypatch):
     """Records the (replica, steps) of every batch of steps the engine ran as one
     (after any cut short by a call that reached the replica mid-stretch)."""
-    from sim.engine import Engine
+    from sim.simpy_replica.engine import Engine
 
     seen, orig = [], Engine._account
 

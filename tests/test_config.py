@@ -1,4 +1,4 @@
-"""The run specification (sim/config.py): config files, flags over files, the resolved
+"""The run specification (sim/run/config.py): config files, flags over files, the resolved
 config.json reproducing a run, bad files as one line, validation's runs, and the layer
 rule that sim imports no calibrate."""
 import json
@@ -13,7 +13,7 @@ import pytest
 from conftest import linear_profile, random_trace, trace_and_profile_files, simulate
 from policies.registry import POLICIES, make_policy, policy_params
 from sim.cli import main
-from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute, leaves
+from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute, leaves
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--trace", "swebench", "--programs", "12", "--jps", "1", "--num-blocks", "3000", "--no-progress"]
@@ -119,11 +119,11 @@ def test_every_policy_rebuilds_from_its_resolved_config(policy, small_files):
 
 
 def test_every_leaf_is_a_flag_and_a_sweep_axis():
-    from sim.sweep import RUN_AXES
+    from sim.study.sweep import RUN_AXES
     assert list(RUN_AXES) == [k for k in leaves() if k != "block_size"]  # only ever the profile's
     text = subprocess.run([sys.executable, "-m", "agentsim.cli", "run", "--help"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout
-    from sim.config import FLAG_NAMES
+    from sim.run.config import FLAG_NAMES
     for name, (*_, help_) in leaves().items():
         assert "--" + FLAG_NAMES.get(name, name).replace("_", "-") in text
         assert help_.split()[0] in text, name  # help text comes from the config

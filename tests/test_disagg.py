@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (`--disagg xPyD`, sim/disagg.py): a call's time is its
+"""Prefill/decode disaggregation (`--disagg xPyD`, sim/cluster/disagg.py): a call's time is its
 prefill + KV transfer + decode, hand-computed from the profile's step model; Dynamo's
 conditional disaggregation sends short (or well cached) prefills to the decode replica;
 every call finishes once and no block leaks on either kind of replica; bad specs are one
@@ -9,8 +9,8 @@ import pytest
 
 from conftest import linear_profile, make_trace, simulate
 from sim.cli import main
-from sim.config import PolicyConfig, SimConfig, WorkloadConfig, EngineLimits, ClusterConfig, build_run, execute
-from sim.disagg import DEFAULT_LINK, Disagg, Link, _links, find_link, parse_disagg
+from sim.run.config import PolicyConfig, SimConfig, WorkloadConfig, EngineLimits, ClusterConfig, build_run, execute
+from sim.cluster.disagg import DEFAULT_LINK, Disagg, Link, _links, find_link, parse_disagg
 from agentsim.errors import InputError
 
 BS = 16

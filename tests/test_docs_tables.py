@@ -129,7 +129,7 @@ def test_sim_speed_writes_its_table_and_the_results_page_marks_it(tmp_path, caps
     assert [r.split("|")[4].strip() for r in rows] == ["baseline", "current", "**ratio**"]
     assert rows[2].endswith("same steps and mean JCT: True |")
     # the baseline ran with its compiled parts built, as an installed tree runs
-    assert list((sim_speed.worktree("HEAD") / "sim").glob("_block_pool*.so"))
+    assert list((sim_speed.worktree("HEAD") / "sim").rglob("_block_pool*.so"))
 
 
 def test_redo_checks_a_marked_table_against_its_command_and_skips_what_it_cannot_run(tmp_path):
@@ -166,7 +166,7 @@ def test_the_docs_tables_that_are_quick_to_redo_are_what_their_commands_give(mon
     (about 80 s): a change of the simulator's results fails here until
     `python benchmarks/docs_tables.py` (or the one script) has rewritten the docs."""
     from agentsim.errors import InputError
-    from sim.profile_check import _aic
+    from sim.hardware.check import _aic
 
     try:  # the profile-check table has aiconfigurator rows: checked where the optional extra is installed
         _aic()

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from calibrate import engine
-from sim.profile import load_profile
+from sim.hardware.profile import load_profile
 
 
 @pytest.mark.parametrize("native_bf16, device, want", [(True, "cpu", "tiny-llama"), (False, "cpu", "micro-llama"),
@@ -18,7 +18,7 @@ def test_default_model_follows_the_cpus_bf16(monkeypatch, native_bf16, device, w
 def test_each_shipped_model_has_a_bundled_profile_of_its_shape(model):
     prof = load_profile(engine.bundled_profile_name(model))
     cfg = json.loads((model / "config.json").read_text())
-    assert prof.model["name"] == f"sim/models/{model.name}"
+    assert prof.model["name"] == f"sim/hardware/models/{model.name}"
     assert (prof.model["num_layers"], prof.model["num_kv_heads"], prof.model["head_dim"]) == (
         cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"])
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from policies.registry import POLICIES, RANGES, make_policy, register_policy
-from sim.router import make_router, register_router
+from sim.cluster.router import make_router, register_router
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
@@ -26,7 +26,7 @@ def test_the_extension_page_runs_as_written():
     finally:
         POLICIES.pop("fixed-pin", None)
         RANGES.pop("seconds", None)
-        from sim import router
+        from sim.cluster import router
         router._CLASSES.pop("shortest_queue", None)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import trace_and_profile_files
 from sim.cli import main
-from sim.metrics import COLUMNS, write_table
+from sim.run.metrics import COLUMNS, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

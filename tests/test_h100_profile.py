@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from calibrate.fit import _x, gpu_step_time
 from calibrate.measured import build_measured_profile, load_measurements, pcie_from, probe_rows
 from sim.cli import main
-from sim.profile import BUNDLED_DIR, StepModel, load_profile, parse_profile
+from sim.hardware.profile import BUNDLED_DIR, StepModel, load_profile, parse_profile
 from agentsim.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,7 +162,7 @@ def test_bad_gpu_terms_are_input_errors(st, words):
 
 
 def test_a_scaled_step_model_scales_every_step_time():
-    from sim.profile import StepModel
+    from sim.hardware.profile import StepModel
 
     s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0, routed=9e-3, routed_share=0.05,
                   host=1e-3, host_seq=2e-5, host_token=1e-7)
@@ -191,9 +191,9 @@ def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, 
        t=st.floats(0, 1e4), nxt=st.floats(0, 1e4) | st.just(math.inf), reader=st.floats(0, 1e4) | st.just(math.inf),
        room=st.integers(-1, 300), host=st.floats(0, 1e-2) | st.just(0.0), overlap=st.booleans())
 def test_the_compiled_stretch_is_the_python_reference_to_the_bit(terms, seqs, sums, t, nxt, reader, room, host, overlap):
-    """sim/_steps.pyx against sim/stretch.py: the same step times and the same stop
+    """sim/hardware/_steps.pyx against sim/hardware/stretch.py: the same step times and the same stop
     (room, a step starting at or after nxt, a step ending at or after reader)."""
-    from sim import _steps, stretch
+    from sim.hardware import _steps, stretch
 
     args = (*terms, float(seqs), *map(float, sums), t, nxt, reader, room, host, overlap)
     assert _steps.decode_stretch(*args) == stretch.py_decode_stretch(*args)
@@ -204,7 +204,7 @@ def test_the_compiled_stretch_is_the_python_reference_to_the_bit(terms, seqs, su
        area=st.floats(0, 1e9), busy=st.floats(0, 1e5), t=st.floats(0, 1e5), since=st.floats(0, 3) | st.just(math.inf))
 def test_the_compiled_accounting_is_the_python_reference_to_the_bit(dts, data, used, area, busy, t, since):
     """KV area, busy time, the last step's end and every KV sample, compiled and Python."""
-    from sim import _steps, stretch
+    from sim.hardware import _steps, stretch
 
     grow = data.draw(st.lists(st.integers(0, 8), min_size=len(dts), max_size=len(dts)))
     got, want = [("old", 0, 0)], [("old", 0, 0)]
@@ -214,6 +214,6 @@ def test_the_compiled_accounting_is_the_python_reference_to_the_bit(dts, data, u
 
 
 def test_the_install_step_built_the_compiled_stretch():
-    from sim import _steps, stretch
+    from sim.hardware import _steps, stretch
 
     assert (stretch.decode_stretch, stretch.account_steps) == (_steps.decode_stretch, _steps.account_steps)

@@ -14,9 +14,9 @@ import pytest
 
 from agentsim.cli import main
 from agentsim.errors import SimulationError
-from sim import engine as engine_mod
-from sim.engine import Engine
-from sim.scheduler import Scheduler
+from sim.simpy_replica import engine as engine_mod
+from sim.simpy_replica.engine import Engine
+from sim.simpy_replica.scheduler import Scheduler
 
 REG = Path(__file__).parent / "fixtures" / "regressions"
 
@@ -102,8 +102,8 @@ def test_watchdog_bound_is_passes_at_one_instant(monkeypatch):
     monkeypatch.setattr(Scheduler, "_unpin_for", _old_unpin_for)
     monkeypatch.setattr(Engine, "_wake_at", _old_wake_at)
     monkeypatch.setattr(engine_mod, "STALL_PASSES", 50)
-    from sim.config import build_run, execute
-    from sim.run_cmd import config_from_args
+    from sim.run.config import build_run, execute
+    from sim.commands.run import config_from_args
     from agentsim.cli import build_parser
 
     args = build_parser("run").parse_args(argv("case4413"))
@@ -124,7 +124,7 @@ def test_a_deadlock_is_one_line_naming_every_replica(monkeypatch, capsys):
 
 
 def test_sweep_marks_a_failed_point_and_goes_on(monkeypatch, tmp_path, capsys):
-    from sim import sweep as sweep_mod
+    from sim.study import sweep as sweep_mod
 
     monkeypatch.setattr(Scheduler, "_unpin_for", _old_unpin_for)
     monkeypatch.setattr(Engine, "_wake_at", _old_wake_at)
@@ -150,7 +150,7 @@ def test_sweep_marks_a_failed_point_and_goes_on(monkeypatch, tmp_path, capsys):
 
 
 def test_plan_marks_a_failed_candidate_and_goes_on(monkeypatch, tmp_path):
-    from sim.plan import Question, SLO, candidates, load_prices, plan
+    from sim.study.plan import Question, SLO, candidates, load_prices, plan
 
     monkeypatch.setattr(Scheduler, "_unpin_for", _old_unpin_for)
     monkeypatch.setattr(Engine, "_wake_at", _old_wake_at)
@@ -182,7 +182,7 @@ def test_a_load_that_puts_arrivals_past_the_clocks_resolution_is_refused(capsys)
 
 def _tie_run(ff: bool):
     from conftest import linear_profile, make_trace, simulate
-    from sim.disagg import Disagg, find_link
+    from sim.cluster.disagg import Disagg, find_link
 
     trace = make_trace([[(1, 5, "ls", 0.0), (1, 1, None, None)], [(1, 5, "ls", 0.0), (4, 1, None, None)], [(1, 1, None, None)]])
     prof = linear_profile(blocks=5, budget=16, seqs=2, c2=1e-6, c4=1e-5)

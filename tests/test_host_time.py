@@ -1,4 +1,4 @@
-"""vLLM's host work per step in a profile (the `host` section, sim/profile.py): it adds to
+"""vLLM's host work per step in a profile (the `host` section, sim/hardware/profile.py): it adds to
 a synchronous step and is a floor under an asynchronous one; stretches and the vLLM
 engine price it alike; benchmarks/vllm_host_time.py fits and writes it."""
 import json
@@ -10,7 +10,7 @@ import pytest
 from agentsim.errors import InputError
 from benchmarks import vllm_host_time
 from conftest import make_trace, simulate
-from sim.profile import BUNDLED_DIR, StepModel, load_profile, parse_profile
+from sim.hardware.profile import BUNDLED_DIR, StepModel, load_profile, parse_profile
 
 HOST = {"step_s": 1e-3, "per_seq_s": 2e-5, "per_token_s": 1e-7}
 

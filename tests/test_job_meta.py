@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.job_meta import _parse, parse_job_meta
+from sim.replica.job_meta import _parse, parse_job_meta
 
 
 @pytest.mark.parametrize("xargs", [None, {}, "job=1", ["a"], {"job_id": None}, {"job_id": ""}, {"job_id": "  "},

@@ -1,10 +1,10 @@
-"""The KV cache seam (sim/kv_cache.py): the block pool (compiled and pure), and the radix
+"""The KV cache seam (sim/kv/protocol.py): the block pool (compiled and pure), and the radix
 tree implement the protocol, and behave alike on what the scheduler relies on."""
 import pytest
 
-from sim.block_pool import BlockPool, PyBlockPool
-from sim.kv_cache import KVCache
-from sim.radix_cache import RadixCache
+from sim.kv.block_pool import BlockPool, PyBlockPool
+from sim.kv.protocol import KVCache
+from sim.kv.radix_cache import RadixCache
 
 CACHES = [BlockPool, PyBlockPool, RadixCache]
 

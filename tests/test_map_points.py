@@ -1,10 +1,10 @@
-"""sim.sweep.map_points: the pool the benchmark table scripts share with sweeps and the
+"""sim.study.sweep.map_points: the pool the benchmark table scripts share with sweeps and the
 planner; results in the items' order, in-process or on spawned workers."""
 import math
 
 import pytest
 
-from sim.sweep import map_points
+from sim.study.sweep import map_points
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -1,7 +1,7 @@
 """The run summary's arithmetic on hand-worked turns."""
 import pytest
 
-from sim.metrics import summarize, turn_columns
+from sim.run.metrics import summarize, turn_columns
 
 
 def _turns():

@@ -152,11 +152,11 @@ def test_a_folder_whose_filesystem_refuses_files_is_refused_before_work(tmp_path
 
 def test_a_write_the_system_refuses_late_is_one_line(tmp_path, monkeypatch, capsys):
     """A full disk after the checks: one line naming the file, exit 1, no traceback."""
-    import sim.run_cmd
+    import sim.commands.run
 
     def full(path, write):
         raise OSError(28, "No space left on device", str(path))
-    monkeypatch.setattr(sim.run_cmd, "atomic_write", full)
+    monkeypatch.setattr(sim.commands.run, "atomic_write", full)
     code = cli.main(["run", "--trace", REG, "--no-progress", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and err.startswith("error: No space left on device: ") and "config.json" in err

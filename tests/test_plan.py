@@ -1,4 +1,4 @@
-"""`sim plan` (sim/plan.py): the planner's answer equals an exhaustive search over the same
+"""`sim plan` (sim/study/plan.py): the planner's answer equals an exhaustive search over the same
 grid, pruning skips points, a rerun resumes, the SLO parser, the price table, bad input."""
 import argparse
 import json
@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from sim import plan as P
-from sim.sweep import RESULTS, point_key, sweep
+from sim.study import plan as P
+from sim.study.sweep import RESULTS, point_key, sweep
 from agentsim.errors import InputError
 
 # A tiny case: 12 SWE-bench programs on a cut KV pool, two GPUs (measured H100, roofline
@@ -136,7 +136,7 @@ def test_default_prices_have_sources():
     raw = json.loads(P.PRICES_FILE.read_text())["prices"]
     assert raw
     for gpu, p in raw.items():
-        P.roofline.find_gpu(gpu)  # every priced GPU is one sim/specs knows
+        P.roofline.find_gpu(gpu)  # every priced GPU is one sim/hardware/specs knows
         assert p["source"].startswith("https://") and p["date"] and "on-demand" in p["kind"] and "list" in p["kind"]
     assert P.load_prices() == {g: p["usd_per_gpu_hour"] for g, p in raw.items()}
 

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sim.sweep as sw
+import sim.study.sweep as sw
 from conftest import linear_profile, random_trace
-from sim import plot
+from sim.study import plot
 from sim.cli import main
 from agentsim.errors import InputError
 from traces.schema import write_trace

@@ -201,9 +201,9 @@ def _blocked_head(policy, running: bool):
     """20 usable blocks: program "p" pinned on 8, optionally a running call on 5, and a
     waiting head that needs 13 (7 free while the call runs, 12 when it does not)."""
     from policies.base import Pin
-    from sim.call import Call
-    from sim.engine_config import EngineConfig
-    from sim.scheduler import Scheduler
+    from sim.replica.call import Call
+    from sim.hardware.engine_config import EngineConfig
+    from sim.simpy_replica.scheduler import Scheduler
 
     s = Scheduler(EngineConfig(num_gpu_blocks=21, block_size=16), policy)
     s.view = FakeView(blocks={"p": 8})

@@ -21,8 +21,8 @@ the fixed pin (seeds 0-2), so no SWE-bench order test.
 import pytest
 
 from conftest import simulate
-from sim.profile import load_profile
-from sim.simulate import arrivals_for
+from sim.hardware.profile import load_profile
+from sim.run.simulate import arrivals_for
 from traces.schema import read_trace
 
 

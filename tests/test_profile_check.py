@@ -1,4 +1,4 @@
-"""`sim profile check` (sim/profile_check.py): a profile's step times against probe files
+"""`sim profile check` (sim/hardware/check.py): a profile's step times against probe files
 and aiconfigurator, per kind; hand-worked errors on a tiny profile, the bundled H100
 profile on the shared H100 probes, and bad input as one line."""
 import json
@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from agentsim.errors import InputError
-from sim import profile_check as pc
-from sim import roofline
+from sim.hardware import check as pc
+from sim.hardware import roofline
 from sim.cli import main
-from sim.profile import load_profile, parse_profile
+from sim.hardware.profile import load_profile, parse_profile
 
 SHARED = roofline.REPO_ROOT.parent / "shared" / "measurements"
 H100 = SHARED / "h100" / "llama3.1-8b-shape-torch-probes.json"
@@ -140,7 +140,7 @@ def test_probe_file_of_another_gpu_is_one_line(capsys):
     (lambda d: None, {"device": "CPU: AMD EPYC x2"}, "(no GPU sim knows)"),
     (lambda d: d.update(model="qwen3-8b shape"), {}, "num_layers, intermediate_size, vocab_size differ"),
     (lambda d: d.pop("model"), {}, "has no 'model' name"),
-    (lambda d: d.update(model="gpt-2 shape"), {}, "which sim/specs/models.json does not know"),
+    (lambda d: d.update(model="gpt-2 shape"), {}, "which sim/hardware/specs/models.json does not know"),
     (lambda d: d["probes"][5].pop("ctx"), {}, "probe 5 (mixed) has ctx=None"),
     (lambda d: d["probes"][0].update(kind="train"), {}, "expected 'prefill', 'decode' or 'mixed'"),
     (lambda d: d["probes"][2].update(median_s=0), {}, "probe 2 (decode) has median_s=0"),
@@ -277,7 +277,7 @@ def test_aiconfigurator_reference_for_the_bundled_h100_profile(capsys):
 def test_aiconfigurator_judges_fp8_weights_on_its_fp8_checkpoint_and_tp_on_its_tp():
     """An FP8 roofline is judged against aiconfigurator's FP8 checkpoint of the model, a bf16
     one against the bf16 checkpoint, each at the profile's tp; an FP8 KV cache is refused."""
-    from sim import roofline
+    from sim.hardware import roofline
 
     fp8 = parse_profile(roofline.roofline_profile("H100", "qwen3-30b-a3b-fp8")[0], "q8")
     bf16 = parse_profile(roofline.roofline_profile("H100", "qwen3-30b-a3b", 4)[0], "q")

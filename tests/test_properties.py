@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from conftest import linear_profile, make_trace, simulate
 from policies.registry import POLICIES
-from sim.router import router_names
-from sim.disagg import Disagg, Link, find_link, parse_disagg
+from sim.cluster.router import router_names
+from sim.cluster.disagg import Disagg, Link, find_link, parse_disagg
 from agentsim.errors import InputError
 
 EXAMPLES = int(os.environ.get("AGENTSIM_FUZZ_EXAMPLES", "60"))
@@ -40,7 +40,7 @@ programs = _programs(300, 40)
 def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3)):
     progs = draw(programs)
     # copies of programs: identical calls on two replicas end their steps at one instant,
-    # the ties whose order stretches once changed (sim.engine.step_end)
+    # the ties whose order stretches once changed (sim.replica.clock.step_end)
     for i, j in draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=2)):
         if max(i, j) < len(progs):
             progs[j] = progs[i]
@@ -122,7 +122,7 @@ def _check_invariants(c):
 @SETTINGS
 @given(configs())
 def test_async_stretches_are_exact_under_random_configurations(c):
-    """Asynchronous decode stretches (sim/engine.py _stretch_async: their last step left in
+    """Asynchronous decode stretches (sim/simpy_replica/engine.py _stretch_async: their last step left in
     flight, cut one step later than a synchronous stretch) give step-by-step's tables and
     summary to the last bit."""
     assume(c["cache"] != "radix")  # refused asynchronously
@@ -151,7 +151,7 @@ def _one_line(e: Exception) -> None:
     ["block_size", "num_gpu_blocks", "max_num_batched_tokens", "enable_chunked_prefill", "c0", "c1", "c5", "w", "p",
      "routed", "routed_share", "num_layers", "dtype_bytes", "bandwidth_GBps", "latency_s"]), value=junk)
 def test_profile_fuzz(section, key, value):
-    from sim.profile import load_profile, parse_profile
+    from sim.hardware.profile import load_profile, parse_profile
 
     raw = json.loads(json.dumps(load_profile("llama3.1-8b-a100-80gb").raw))
     raw[section][key] = value

@@ -1,4 +1,4 @@
-"""SGLang's radix-tree prefix cache (`--cache radix`, sim/radix_cache.py): hand-worked
+"""SGLang's radix-tree prefix cache (`--cache radix`, sim/kv/radix_cache.py): hand-worked
 matching and leaf-LRU eviction, a case where it and vLLM's block pool evict different
 blocks, random operations under its invariants, whole `sim run`s on the bundled swebench
 trace, and bad input."""
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sim.simulate as simulate
-from sim.block_pool import BlockPool
+import sim.run.simulate as simulate
+from sim.kv.block_pool import BlockPool
 from sim.cli import main
-from sim.radix_cache import RadixCache
+from sim.kv.radix_cache import RadixCache
 
 
 def hold(pool, keys, parent=None):
@@ -235,7 +235,7 @@ def test_unknown_cache_in_a_config_file(tmp_path, capsys):
                           st.lists(st.integers(0, 2), min_size=1, max_size=6)), max_size=40),
        st.integers(4, 24))
 def test_random_operations_keep_the_invariants(ops, n):
-    """Holders of chained contexts (a key is the whole prefix, as sim/content.py's are):
+    """Holders of chained contexts (a key is the whole prefix, as sim/kv/content.py's are):
     runs that hit first, concurrent misses that compute a cached prefix again (aliases),
     second holders of a context (pins), frees, bare lookups; check() after each."""
     pool = RadixCache(n, 4)

@@ -5,8 +5,8 @@ import pytest
 
 from conftest import linear_profile, make_trace, simulate
 from policies.registry import make_policy
-from sim.engine_config import EngineConfig
-from sim.scheduler import Scheduler
+from sim.hardware.engine_config import EngineConfig
+from sim.simpy_replica.scheduler import Scheduler
 
 
 def _run(trace, arrivals, policy="vllm", policy_args=None, **prof):
@@ -129,7 +129,7 @@ def test_every_numeric_policy_parameter_has_a_declared_range():
 def _profile(tmp_path, section, key, value):
     import json
 
-    raw = json.loads(open("sim/profiles/llama3.1-8b-a100-80gb.json").read())
+    raw = json.loads(open("sim/hardware/profiles/llama3.1-8b-a100-80gb.json").read())
     raw[section][key] = value
     path = tmp_path / "p.json"
     path.write_text(json.dumps(raw))  # NaN / Infinity are what json writes for them

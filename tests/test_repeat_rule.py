@@ -9,7 +9,7 @@ from calibrate.fit import fit_step_model
 from calibrate.probes import Probe, repeat_time
 from calibrate.run import refit_profile
 from sim.cli import main
-from sim.profile import BUNDLED_DIR, load_profile
+from sim.hardware.profile import BUNDLED_DIR, load_profile
 
 CPU_PROFILES = ["cpu-micro-llama", "cpu-tiny-llama"]  # written by `sim calibrate` on an engine: probes carry repeats
 
@@ -54,7 +54,7 @@ def test_refit_fits_the_rule_of_the_samples_and_keeps_the_rest():
 
 
 def load_profile_from(raw: dict):
-    from sim.profile import parse_profile
+    from sim.hardware.profile import parse_profile
 
     return parse_profile(raw, "refit")
 

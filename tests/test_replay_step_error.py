@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import replay_step_error as rse  # noqa: E402
 
-from sim.profile import load_profile  # noqa: E402
+from sim.hardware.profile import load_profile  # noqa: E402
 
 
 def _steps(prof, rng) -> pd.DataFrame:
@@ -42,7 +42,7 @@ def test_the_calibrations_rule_reproduces_its_own_prices_and_the_minimum_is_fast
 
 def test_mean_jct_is_resimulated_on_each_refit(tmp_path):
     from calibrate.validate import SHAPES, sim_run
-    from sim.simulate import arrivals_for
+    from sim.run.simulate import arrivals_for
     from traces.schema import read_trace
 
     shipped = load_profile("cpu-micro-llama")

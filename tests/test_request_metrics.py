@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from policies.base import Request
-from sim.call import Call
-from sim.metrics import Recorder, request_metrics, summarize, turn_columns
+from sim.replica.call import Call
+from sim.run.metrics import Recorder, request_metrics, summarize, turn_columns
 
 # (program, turn, arrival, scheduled, first token, finish, output tokens), worked by hand:
 #   A: TTFT 1.0, TPOT (2.0 - 1.0) / 10 = 0.1, E2EL 2.0, queue 0.5
@@ -77,7 +77,7 @@ def test_turn_row_columns():
 
 def test_run_columns_agree_with_summary():
     """A real run: the columns are what the summary's figures are made of."""
-    from sim.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+    from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
     res = execute(build_run(SimConfig(workload=WorkloadConfig(trace="swebench", programs=6, jps=1.0),
                                       policy=PolicyConfig(name="vllm"), engine=EngineLimits(num_blocks=3000))))
@@ -98,7 +98,7 @@ def test_loaded_tokens_of_a_preempted_call_stay_within_its_prompt():
     admission; `loaded_tokens` is its last admission's (at most the prompt), the sum over
     admissions is `reloaded_tokens_total`. Measured: swebench-0009 turn 3 here, a prompt of
     4,128 tokens, preempted twice, reloads 5,504 tokens in all, 3,104 at its last admission."""
-    from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+    from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
     res = execute(build_run(SimConfig(workload=WorkloadConfig(trace="swebench", programs=20, jps=1.0),
                                       policy=PolicyConfig(name="infercept"), engine=EngineLimits(num_blocks=1500),

@@ -10,7 +10,7 @@ import pytest
 from conftest import make_trace
 from policies.registry import make_policy
 from sim.cli import main
-from sim.run_cmd import tool_name_warning
+from sim.commands.run import tool_name_warning
 from traces.importers import import_trace
 from traces.resample import load_source, resample
 from traces.schema import DATA_DIR, read_trace, write_trace

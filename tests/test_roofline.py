@@ -1,11 +1,11 @@
-"""`sim profile roofline`: the profile zoo from public specs (sim/roofline.py, sim/specs/)."""
+"""`sim profile roofline`: the profile zoo from public specs (sim/hardware/roofline.py, sim/hardware/specs/)."""
 import json
 
 import pytest
 
-from sim import roofline
+from sim.hardware import roofline
 from sim.cli import main
-from sim.profile import parse_profile
+from sim.hardware.profile import parse_profile
 from agentsim.errors import InputError
 
 GPUS = list(roofline.spec_table("gpus.json")["gpus"])

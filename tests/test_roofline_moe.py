@@ -1,14 +1,14 @@
-"""MoE, FP8 and sliding-window models in the roofline zoo (sim/roofline.py, sim/specs/models.json):
+"""MoE, FP8 and sliding-window models in the roofline zoo (sim/hardware/roofline.py, sim/hardware/specs/models.json):
 weights, KV per token and FLOPs per token against numbers worked by hand from the public
 configs (the arithmetic is written out in each test), the tp / ep layouts, and the refusals."""
 import json
 
 import pytest
 
-from sim import roofline as R
+from sim.hardware import roofline as R
 from sim.cli import main
-from sim.profile import parse_profile
-from sim.vllm_limits import gpu_engine_limits
+from sim.hardware.profile import parse_profile
+from sim.hardware.limits import gpu_engine_limits
 
 EFF = R.load_fit()["constants"]
 
@@ -177,7 +177,7 @@ def test_fp8_rate_only_where_the_gpu_has_one():
 
 
 def test_engine_limits_equal_vllm_limits_for_dense_models():
-    """One arithmetic: for a dense bf16 model the roofline's engine section is sim/vllm_limits.py's."""
+    """One arithmetic: for a dense bf16 model the roofline's engine section is sim/hardware/limits.py's."""
     for g, m, tp in (("H100", "llama3.1-8b", 1), ("A100-80GB", "qwen3-8b", 1), ("H200", "llama3.1-70b", 4)):
         gs, ms = gpu(g), model(m)
         ours, _ = R.engine_limits(g, gs, ms, "tp", tp, 0.9, 8192)

@@ -1,9 +1,9 @@
 """One scheduler step at a time: budget, chunking, head-of-line blocking, preemption."""
 from policies.base import Request
 from policies.registry import make_policy
-from sim.call import Call
-from sim.engine_config import EngineConfig
-from sim.scheduler import Scheduler
+from sim.replica.call import Call
+from sim.hardware.engine_config import EngineConfig
+from sim.simpy_replica.scheduler import Scheduler
 
 
 from conftest import FakeView as View  # noqa: E402

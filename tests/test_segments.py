@@ -1,4 +1,4 @@
-"""Prefix sharing by content (traces/segments.py, sim/content.py)."""
+"""Prefix sharing by content (traces/segments.py, sim/kv/content.py)."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import linear_profile, make_trace, simulate
-from sim.content import ContentKeys, PyContentKeys
+from sim.kv.content import ContentKeys, PyContentKeys
 from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
 
@@ -98,7 +98,7 @@ _RUN = st.tuples(st.one_of(st.text(max_size=6), st.tuples(st.text(max_size=4), s
 @given(bs=st.sampled_from([1, 4, 16]), runs=st.lists(_RUN, max_size=12),
        asks=st.lists(st.tuples(st.booleans(), st.integers(-3, 400)), max_size=20))
 def test_the_compiled_keys_are_the_python_reference_to_the_bit(bs, runs, asks):
-    """sim/_content.pyx against PyContentKeys: appends, then key and prefix asked in any
+    """sim/kv/_content.pyx against PyContentKeys: appends, then key and prefix asked in any
     order (past the context's end too): the same values, keys, digests and errors. The
     reference hashes the tuple (digest, run id, offset) itself, so this also checks the
     compiled replica of CPython's tuple hash."""
@@ -122,7 +122,7 @@ def test_the_compiled_keys_are_the_python_reference_to_the_bit(bs, runs, asks):
 
 
 def test_the_install_step_built_the_compiled_keys():
-    from sim import _content
+    from sim.kv import _content
 
     assert ContentKeys is _content.ContentKeys
 

@@ -9,7 +9,7 @@ import pytest
 from calibrate.engine import bundled_profile_name, default_model, start_engine
 from calibrate.limits import read_limits
 from calibrate.replay import TraceReplay, replay_in_process
-from sim.profile import load_profile
+from sim.hardware.profile import load_profile
 from conftest import simulate
 from traces.schema import validate
 

@@ -49,7 +49,7 @@ def test_deterministic_same_seed_same_summary():
     assert a == b
 
 
-# the GPU step model (sim/profile.py): weights floor, launch floor of prefill steps, smooth max
+# the GPU step model (sim/hardware/profile.py): weights floor, launch floor of prefill steps, smooth max
 GPU_TERMS = {"w": 0.012, "launch": 0.03, "p": 5.7}
 MOE_TERMS = {"routed": 0.02, "routed_share": 0.0625}  # the routed experts a step's tokens go to
 
@@ -68,15 +68,15 @@ def test_decode_stretches_match_step_by_step(gpu):
 
 def test_lone_replica_stretch_runs_through_the_step_an_arrival_lands_in(monkeypatch):
     """A lone replica hears of an arrival only at the end of the step it lands in, so its
-    stretch runs through that step (sim/engine.py mid_step_reads) instead of stopping
+    stretch runs through that step (sim/simpy_replica/engine.py mid_step_reads) instead of stopping
     before it: one step fewer run alone per arrival, and the same results bit for bit."""
-    import sim.engine
+    import sim.simpy_replica.engine
 
     # p000 decodes 200 tokens (0.011 s a step); p001 arrives at 0.5 s, inside a step
     tr = make_trace([[(100, 200, None, None)], [(50, 3, None, None)]])
     lengths = []
-    account = sim.engine.Engine._account
-    monkeypatch.setattr(sim.engine.Engine, "_account", lambda self, now, dts, sch: lengths.append(len(dts)) or account(self, now, dts, sch))
+    account = sim.simpy_replica.engine.Engine._account
+    monkeypatch.setattr(sim.simpy_replica.engine.Engine, "_account", lambda self, now, dts, sch: lengths.append(len(dts)) or account(self, now, dts, sch))
     fast = run(tr, [0.0, 0.5])
     ff_lengths, lengths[:] = lengths[:], []
     slow = run(tr, [0.0, 0.5], ff=False)
@@ -166,7 +166,7 @@ def test_a_context_needing_every_block_is_refused_not_deadlocked():
 
 
 def test_summary_lists_the_most_pinned_tools_and_says_when_memory_never_ran_short():
-    from sim.run_cmd import format_summary
+    from sim.commands.run import format_summary
 
     tr, arr = random_trace(np.random.default_rng(5), 30), np.arange(30) * 0.5
     s = run(tr, arr, policy="static-ttl", blocks=5000).summary
@@ -184,11 +184,11 @@ def test_summary_lists_the_most_pinned_tools_and_says_when_memory_never_ran_shor
 
 
 def test_summary_says_how_steps_were_scheduled_and_priced():
-    from sim.run_cmd import format_summary
+    from sim.commands.run import format_summary
 
     tr = make_trace([[(200, 20, None, None)]])
     host = {**linear_profile().raw, "host": {"step_s": 1e-3}}
-    from sim.profile import parse_profile
+    from sim.hardware.profile import parse_profile
 
     lines = {}
     for prof, a in [(linear_profile(), False), (parse_profile(host, "h"), False), (parse_profile(host, "h"), True)]:

@@ -7,7 +7,7 @@ import sys
 
 CHILD = """
 import json, sys
-from sim.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 cfg = SimConfig(workload=WorkloadConfig(trace="swebench", programs=4), policy=PolicyConfig(name="continuum"),
                 engine=EngineLimits(num_blocks=3000), cluster=ClusterConfig(replicas=2))
 res = execute(build_run(cfg))
@@ -29,7 +29,7 @@ CLI = """
 import json, sys
 from agentsim.cli import main
 rc = main(["run", "--trace", "swebench", "--programs", "3", "--num-blocks", "3000", "--no-progress"])
-print(json.dumps({"rc": rc, "loaded": sorted(m for m in ("pandas", "calibrate", "traces.generate", "sim.plan") if m in sys.modules)}))
+print(json.dumps({"rc": rc, "loaded": sorted(m for m in ("pandas", "calibrate", "traces.generate", "sim.study.plan") if m in sys.modules)}))
 """
 
 

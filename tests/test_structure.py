@@ -1,15 +1,19 @@
-"""The house's layering, checked on the source (ast): sim imports nothing of calibrate (not
-even inside a function), and no module of the project reads a private member (`._name`) or
+"""The house's layering, checked on the source (ast): sim's sub-packages import only down
+their direction table and no module of sim is in an import circle; sim imports nothing of
+calibrate (not even inside a function), and no module of the project reads a private member (`._name`) or
 imports a private name that another of its modules defines. Tests are white-box and exempt."""
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agentsim", "sim", "calibrate", "policies", "traces")
 # A third party's private member, read on purpose and documented where it is read
-THIRD_PARTY = {("sim/engine.py", "_queue"): "SimPy's event queue, in the documented step_end adapter"}
+THIRD_PARTY = {("sim/replica/clock.py", "_queue"): "SimPy's event queue, in the documented step_end adapter"}
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -83,9 +87,9 @@ def test_the_private_member_check_finds_a_read_and_an_import():
 
 
 def test_no_replica_asks_whether_it_has_a_tier():
-    # a replica without offload tiers holds sim/cpu_tier.py's NoTier, which answers as no
+    # a replica without offload tiers holds sim/kv/tiers.py's NoTier, which answers as no
     # tier would; a `tier is None` check would bring back the branch at every call site
-    hits = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "sim").glob("*.py"))
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "sim").rglob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if "tier is None" in line or "tier is not None" in line]
     assert hits == []
@@ -105,7 +109,7 @@ def test_both_engines_take_the_policy_rules_from_one_place():
     # and imported by the SimPy scheduler and the vLLM adapter alike; neither engine
     # defines its own copy under the same name.
     mods = _modules()
-    engines = ("sim/scheduler.py", "sim/vllm_scheduler.py")
+    engines = ("sim/simpy_replica/scheduler.py", "sim/vllm_replica/scheduler.py")
     shared = {"policies.runtime": {"no_deadlock_victims"}, "policies.pins": {"PinTable"}}
     for path in engines:
         for module, names in shared.items():
@@ -113,3 +117,98 @@ def test_both_engines_take_the_policy_rules_from_one_place():
     rules = set().union(*(_top_level_names(mods[p]) for p in ("policies/runtime.py", "policies/pins.py")))
     for path in engines:
         assert not rules & _top_level_names(mods[path]), (path, rules & _top_level_names(mods[path]))
+
+
+# What each of sim's sub-packages may import of sim besides itself, every import counted
+# (inside functions too). The modules at sim/'s top are entry points (sim.cli, the
+# vllm_scheduler name vLLM loads) and the compiled-module hook.
+ENGINES = {"simpy_replica", "vllm_replica"}
+BELOW_REPLICAS = {"replica", "kv", "hardware"}
+DIRECTIONS = {
+    "kv": set(),
+    "hardware": set(),
+    "replica": {"kv", "hardware"},
+    "simpy_replica": BELOW_REPLICAS,
+    "vllm_replica": BELOW_REPLICAS,
+    "cluster": BELOW_REPLICAS,  # the replica class is handed in: the cluster imports no engine
+    "run": BELOW_REPLICAS | ENGINES | {"cluster"},
+    "study": BELOW_REPLICAS | {"cluster", "run"},
+    "commands": BELOW_REPLICAS | {"cluster", "run", "study"},
+}
+
+
+def _module_name(path: str) -> str:
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def _sim_imports(modules: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """module -> the modules of sim it imports (`from sim.kv import tiers` counts as sim.kv.tiers)."""
+    names = {_module_name(p) for p in modules}
+    out = {}
+    for path, tree in modules.items():
+        got = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                got |= {a.name for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+                sub = {f"{n.module}.{a.name}" for a in n.names} & names
+                got |= sub or {n.module}
+        out[_module_name(path)] = {m for m in got if m == "sim" or m.startswith("sim.")} - {_module_name(path)}
+    return out
+
+
+def direction_breaks(modules: dict[str, ast.Module]) -> list[str]:
+    bad = []
+    for mod, imported in _sim_imports(modules).items():
+        parts = mod.split(".")
+        if parts[0] != "sim" or len(parts) < 3:
+            continue  # sim's top-level modules
+        allowed = DIRECTIONS[parts[1]] | {parts[1]}
+        bad += [f"{mod} imports {m}" for m in sorted(imported) if len(m.split(".")) > 1 and m.split(".")[1] not in allowed]
+    return bad
+
+
+def import_circles(modules: dict[str, ast.Module]) -> str | None:
+    ours = {_module_name(p) for p in modules}
+    graph = {m: imported & ours for m, imported in _sim_imports(modules).items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        return " -> ".join(e.args[1])
+    return None
+
+
+def _sim_modules() -> dict[str, ast.Module]:
+    return {p: t for p, t in _modules().items() if p.startswith("sim/")}
+
+
+def test_every_sub_package_of_sim_is_in_the_direction_table():
+    subs = {p.name for p in (ROOT / "sim").iterdir() if (p / "__init__.py").is_file()}
+    assert subs == set(DIRECTIONS)
+
+
+def test_sim_sub_packages_import_only_down_their_direction_table():
+    assert direction_breaks(_sim_modules()) == []
+
+
+def test_no_module_of_sim_is_in_an_import_circle():
+    assert import_circles(_sim_modules()) is None
+
+
+@pytest.mark.parametrize("planted, found", [
+    ({"sim/kv/a.py": "from sim.hardware import profile\n", "sim/hardware/profile.py": ""}, ["sim.kv.a imports sim.hardware.profile"]),
+    ({"sim/cluster/c.py": "def f():\n    from sim.simpy_replica.engine import Engine\n", "sim/simpy_replica/engine.py": ""},
+     ["sim.cluster.c imports sim.simpy_replica.engine"]),
+    ({"sim/vllm_replica/e.py": "import sim.simpy_replica.scheduler\n"}, ["sim.vllm_replica.e imports sim.simpy_replica.scheduler"]),
+    ({"sim/run/r.py": "from sim.kv import tiers\n", "sim/kv/tiers.py": ""}, []),
+])
+def test_the_direction_check_finds_an_upward_import(planted, found):
+    assert direction_breaks({p: ast.parse(src) for p, src in planted.items()}) == found
+
+
+def test_the_circle_check_finds_a_circle():
+    planted = {"sim/run/a.py": "from sim.run import b\n", "sim/run/b.py": "def f():\n    from sim.run.a import x\n",
+               "sim/run/c.py": "from sim.run import a\n"}
+    assert import_circles({p: ast.parse(s) for p, s in planted.items()}) in ("sim.run.a -> sim.run.b -> sim.run.a",
+                                                                              "sim.run.b -> sim.run.a -> sim.run.b")
+    assert import_circles({p: ast.parse(s) for p, s in list(planted.items())[::2]}) is None

@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import sim.sweep as sw
+import sim.study.sweep as sw
 from conftest import make_trace, trace_and_profile_files, simulate
 from policies.registry import make_policy
 from sim.cli import main
-from sim.simulate import arrivals_for
+from sim.run.simulate import arrivals_for
 from agentsim.errors import InputError
 from traces.transform import repeat_turns
 
@@ -78,7 +78,7 @@ def test_point_runs_like_sim_run(files):
     trace_path, prof_path = files
     row, kv = sw.run_point({"trace": trace_path, "profile": prof_path, "policy": "continuum-static", "pin_seconds": 0.7,
                             "jps": 2.0, "seed": 5, "num_blocks": 70, "programs": 20, "max_num_seqs": 8}, save_kv=True)
-    from sim.profile import load_profile
+    from sim.hardware.profile import load_profile
     from traces.schema import read_trace
     trace, _ = read_trace(trace_path)
     trace = trace[trace["program_id"].isin(trace["program_id"].unique()[:20])]
@@ -215,7 +215,7 @@ def test_turn_repeat_axis_runs_the_transformed_trace(files):
 
 def test_cluster_axes_reach_the_run(files, monkeypatch):
     """replicas/router/offload reach the simulation (parsed once: router built, tiers as specs)."""
-    from sim.cpu_tier import TierSpec
+    from sim.kv.tiers import TierSpec
 
     trace, prof = files
     seen = []
@@ -240,7 +240,7 @@ def test_router_parameters_are_axes_of_the_routers_that_have_them(files, tmp_pat
     """A router's parameter (cache_aware's cache_threshold) sweeps as a policy's does: it
     applies to the grid's routers that have it, reaches the router, is a column of the
     table, and at its default keeps the key of the point without it."""
-    from sim.router import Router, register_router, _CLASSES
+    from sim.cluster.router import Router, register_router, _CLASSES
 
     trace, prof = files
     base = {"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": 64, "replicas": 2, "programs": 12}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import sim.sweep as sw
+import sim.study.sweep as sw
 from agentsim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import pytest
 from calibrate import probes
 from calibrate.engine import TINY_MODEL, cpu_has_native_bf16
 from sim.cli import main
-from sim.profile import load_profile
+from sim.hardware.profile import load_profile
 
 try:
     import torch
@@ -426,7 +426,7 @@ def test_torch_calibration_of_tiny_model_predicts_heldout_probes(tmp_path, capsy
 
 
 def gpu_engine(max_model_len=32768):
-    from sim.vllm_limits import gpu_engine_limits
+    from sim.hardware.limits import gpu_engine_limits
 
     model = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2, "num_params": 8.03e9,
              "hidden_size": 4096, "num_attention_heads": 32, "intermediate_size": 14336, "vocab_size": 128256,

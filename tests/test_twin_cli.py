@@ -30,7 +30,7 @@ def test_async_scheduling_refuses_the_radix_cache(capsys, tmp_path):
 
 
 def test_async_scheduling_on_simpy_runs(capsys, tmp_path):
-    """The SimPy replica schedules asynchronously (sim/engine.py _loop_async); the twin
+    """The SimPy replica schedules asynchronously (sim/simpy_replica/engine.py _loop_async); the twin
     tests compare it with vLLM's AsyncScheduler (tests/test_twin_engine.py)."""
     rc = main([*_RUN, "--async-scheduling", "--out", str(tmp_path / "o")])
     assert rc == 0, capsys.readouterr().err
@@ -51,7 +51,7 @@ def test_unknown_engine_is_refused(capsys):
 
 
 def test_engine_field_in_the_config():
-    from sim.config import SimConfig, parse_config
+    from sim.run.config import SimConfig, parse_config
 
     assert SimConfig().engine.kind == "simpy"  # the SimPy replica stays the default
     assert parse_config({"engine": {"kind": "vllm"}}, "t").engine.kind == "vllm"

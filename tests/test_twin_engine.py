@@ -1,4 +1,4 @@
-"""`--engine vllm` (sim/vllm_engine.py: vLLM 0.32's own Scheduler and KV cache manager as
+"""`--engine vllm` (sim/vllm_replica/engine.py: vLLM 0.32's own Scheduler and KV cache manager as
 a replica, no model) and the twin check against the SimPy replica (benchmarks/twin_check.py).
 
 Needs vLLM (installed by `make test`), but starts no engine and measures no wall time:
@@ -18,7 +18,7 @@ from agentsim.cli import main
 from agentsim.errors import InputError
 from conftest import linear_profile, make_trace, random_trace, simulate
 from policies.registry import POLICIES
-from sim.router import router_names
+from sim.cluster.router import router_names
 from test_properties import SETTINGS, _simulate, configs
 
 pytestmark = pytest.mark.engine
@@ -103,8 +103,8 @@ def test_identical_content_identical_tokens_and_vllms_own_hashes():
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    from sim.content import ContentKeys
-    from sim.vllm_engine import ProgramTokens, run_tokens
+    from sim.kv.content import ContentKeys
+    from sim.vllm_replica.engine import ProgramTokens, run_tokens
 
     assert run_tokens("<shared>", 40) == run_tokens("<shared>", 40)
     assert run_tokens("<shared>", 40)[:16] == run_tokens("<shared>", 16)
@@ -170,7 +170,7 @@ def test_programs_moving_between_replicas_twin_is_exact(router):
     which moved Continuum's memoryfulness and its TTLs: 60 programs here differed)."""
     spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.2, "seed": 0}, "engine": {"num_blocks": 1200},
             "cluster": {"replicas": 3, "router": router}, "policy": {"name": "continuum"}}
-    from sim.config import SimConfig, build_run, execute
+    from sim.run.config import SimConfig, build_run, execute
 
     res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
            for e in ("simpy", "vllm")}
@@ -183,7 +183,7 @@ def test_programs_moving_between_replicas_twin_is_exact(router):
 def test_thunderagents_proxy_in_front_of_vllm_replicas_twin_is_exact():
     """ThunderAgent is a proxy in front of engines that run vLLM's defaults: in front of
     vLLM's own schedulers it pauses, holds and places programs as in front of SimPy ones."""
-    from sim.config import SimConfig, build_run, execute
+    from sim.run.config import SimConfig, build_run, execute
 
     spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.2, "seed": 0}, "engine": {"num_blocks": 1200},
             "cluster": {"replicas": 2}, "policy": {"name": "thunderagent"}}
@@ -197,9 +197,9 @@ def test_thunderagents_proxy_in_front_of_vllm_replicas_twin_is_exact():
 @pytest.mark.parametrize("policy", ["vllm", "continuum"])
 def test_prefill_decode_disaggregation_twin_is_exact(policy):
     """1 prefill + 2 decode replicas: a remote prefill's KV reaches a vLLM decode replica
-    through a KV connector (sim/vllm_connector.py), as external tokens at admission; the
+    through a KV connector (sim/vllm_replica/connector.py), as external tokens at admission; the
     same calls, prefills, handoffs and received tokens as the SimPy replicas' Inbox."""
-    from sim.config import SimConfig, build_run, execute
+    from sim.run.config import SimConfig, build_run, execute
 
     spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_blocks": 1500},
             "cluster": {"disagg": "1P2D"}, "policy": {"name": policy}}
@@ -257,12 +257,12 @@ def test_pins_are_reviewed_once_more_after_the_last_call_finishes():
 def test_offload_tiers_twin_is_exact(policy, disagg):
     """Offload tiers (a small CPU tier before an SSD one, so chunks are evicted): vLLM's
     scheduler admits the tiers' hits through the simulator's KV connector
-    (sim/vllm_connector.py), the engine writes prefill chunks through and the adapter
+    (sim/vllm_replica/connector.py), the engine writes prefill chunks through and the adapter
     writes what the policy offloads (finished calls, dropped pins). The same calls, steps,
     loads and bytes as the SimPy replica. InferCept here failed while the SimPy replica
     looked the tier up again when it retried an admission after dropping pins (their
     swap-out had evicted chunks): vLLM retries with the lookups it made before."""
-    from sim.config import SimConfig, build_run, execute
+    from sim.run.config import SimConfig, build_run, execute
 
     spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_blocks": 1500},
             "cluster": {"offload": "cpu:512MiB,ssd:4GiB", **({"disagg": disagg} if disagg else {})},
@@ -349,7 +349,7 @@ def test_twin_on_random_busy_runs(c):
 @given(configs())
 def test_async_twin_under_random_configurations(c):
     """The same random configurations (offload tiers and disaggregation included), both
-    engines scheduling asynchronously (vLLM's AsyncScheduler on one side, sim/engine.py
+    engines scheduling asynchronously (vLLM's AsyncScheduler on one side, sim/simpy_replica/engine.py
     _loop_async on the other): every call's times, hits, preemptions, reloads and output
     agree."""
     c = {**c, "cache": "vllm"}
@@ -382,7 +382,7 @@ def test_async_twin_on_random_busy_runs(c):
 
 
 def test_async_scheduling_admits_a_call_that_arrives_mid_step_one_step_later():
-    """vLLM's asynchronous scheduling (engine.async_scheduling, sim/vllm_engine.py): the
+    """vLLM's asynchronous scheduling (engine.async_scheduling, sim/vllm_replica/engine.py): the
     next step is scheduled while one runs. A's prefill runs 0-0.11 s; B arrives at 0.05.
     Synchronously B's prefill joins the step after A's prefill; asynchronously that step
     (A's first decode) was scheduled already, so B joins the one after: its first token
@@ -437,8 +437,8 @@ def test_tied_preemption_victims_go_in_vllms_order():
 def _queue_events(monkeypatch) -> list:
     """Log both engines' schedule passes and applied steps: ("S", nonempty, changed the
     pool or pins or preempted) and ("A",) in order."""
-    from sim.scheduler import Scheduler
-    from sim.vllm_engine import VllmReplica
+    from sim.simpy_replica.scheduler import Scheduler
+    from sim.vllm_replica.engine import VllmReplica
 
     events: list = []
 

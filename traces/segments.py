@@ -11,7 +11,7 @@ turn 0 every program shares (the routers use it).
 
 Outputs need no ids: decoding is greedy in the real-engine replay, so a call's
 output is a function of its prompt, and the simulator names it by the prompt's
-content (sim/content.py).
+content (sim/kv/content.py).
 
 Where segments come from: importers hash the log's text (`text_id`); the synthetic
 generators draw them from a sharing model (traces/generate.py `--tasks`); resampling

@@ -1,7 +1,7 @@
 """The one validation layer for external input, on pydantic v2.
 
-Policy arguments (policies/registry.py), profiles (sim/profile.py), `sim run` flags
-(sim/run_cmd.py), trace metadata (traces/schema.py) and importer records
+Policy arguments (policies/registry.py), profiles (sim/hardware/profile.py), `sim run` flags
+(sim/commands/run.py), trace metadata (traces/schema.py) and importer records
 (traces/importers/common.py) each declare a pydantic model or type; `validated`
 checks data against it and turns the first problem into the project's one-line
 error (InputError, or the caller's error type) naming where and which field, so the

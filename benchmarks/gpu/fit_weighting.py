@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from calibrate.fit import fit_gpu_step_model, gpu_step_time  # noqa: E402
-from sim import profile_check as pc  # noqa: E402
+from sim.hardware import check as pc  # noqa: E402
 
 RUNS = Path(__file__).resolve().parent
 KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16", "decode B=17-64", "decode B=65-256")

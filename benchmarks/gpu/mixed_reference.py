@@ -1,5 +1,5 @@
 """Independent reference timings of MIXED steps (a prefill chunk beside a batch of decodes)
-for `sim profile check`, in the shared probe-file format (sim/profile_check.py).
+for `sim profile check`, in the shared probe-file format (sim/hardware/check.py).
 
 The shared probe scripts (../shared/measurements/*/probe_shapes.py) time fresh and cached
 prefills and decode batches, no mixed step, so a calibrated profile's mixed steps had only
@@ -15,7 +15,7 @@ events (CPU: the wall clock), the median of REPS runs after one untimed run
 
     python benchmarks/gpu/mixed_reference.py MODEL_DIR [--device cuda] [--points aic|quick] > FILE
 
-Points (`aic`, the mixed grid of sim/profile_check.py AIC_GRID): a 512 or 2,048-token chunk
+Points (`aic`, the mixed grid of sim/hardware/check.py AIC_GRID): a 512 or 2,048-token chunk
 fresh, or 512 after 8,000 cached, beside 32-256 decodes over 2,048 or 8,192 tokens.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # as a script: the repository root
 from benchmarks.gpu.attention_variants import timed  # noqa: E402
 from calibrate.torch_model import read_config  # noqa: E402  (the config's shape numbers only)
-from sim.profile_check import AIC_GRID  # noqa: E402
+from sim.hardware.check import AIC_GRID  # noqa: E402
 
 REPS = 5
 QUICK = [(64, 0, 4, 32), (64, 48, 8, 64)]  # (n, k, B, ctx): a CPU smoke test

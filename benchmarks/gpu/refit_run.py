@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from calibrate.probes import repeat_time  # noqa: E402
 from calibrate.run import refit_profile, write_profile  # noqa: E402
-from sim.profile import load_profile  # noqa: E402
-from sim.profile_check import format_table, probe_reference  # noqa: E402
+from sim.hardware.profile import load_profile  # noqa: E402
+from sim.hardware.check import format_table, probe_reference  # noqa: E402
 
 HOW = {"without-first": "the median of each probe's repeats after the first",
        "graph": "an eager step's graph replay (graph_seconds) where it has one, else the median of its repeats"}

@@ -1,0 +1,93 @@
+"""Engine limits as vLLM 0.32 (v1 engine, GPU) would compute them, for GPUs where no vLLM runs.
+
+A profile's engine section is normally read from a started engine (calibrate/limits.py).
+Where only kernel timings exist (a torch backend, a shared measurement file, a roofline
+estimate), this computes the same numbers from the model shape and the GPU's memory, the
+way vLLM does at start-up, and marks them as computed.
+
+What vLLM 0.32 does (vllm/engine/arg_utils.py, vllm/v1/worker/gpu_worker.py, as installed):
+- EngineArgs.get_batch_defaults: with >= 160 GiB of device memory, max_num_batched_tokens
+  16384 / max_num_seqs 1024 for both usage contexts; with >= 70 GiB and not an A100,
+  16384 (LLM class) or 8192 (API server) / 1024; otherwise 8192 (LLM class) or 2048 (API
+  server) / 256. Chunked prefill and prefix caching default on.
+- Worker.determine_available_memory: KV memory = total * gpu_memory_utilization - weights
+  - peak activation of a dummy forward of max_num_batched_tokens tokens (and a sampler
+  run over max_num_seqs rows) - non-torch memory - the CUDA-graph pool estimate.
+- num_gpu_blocks = KV memory // page bytes per block (over all layers), the same on every
+  tensor-parallel rank; start-up fails if one max_model_len request does not fit.
+"""
+from __future__ import annotations
+
+from agentsim.errors import InputError
+
+GiB = 1 << 30
+# Non-torch memory (CUDA context, cuBLAS/NCCL workspaces) plus the CUDA-graph pool. vLLM
+# logged 1.79 GiB non-torch for Llama-3-8B on an H100 (vllm PR #10511); graphs of an 8B
+# model add a few hundred MiB. An estimate: it is the part of this that was not measured.
+NON_TORCH_BYTES = 2.0 * GiB
+# Sampler dummy run: float32 logits plus ~2 same-sized temporaries (softmax, top-k/p sort).
+SAMPLER_BYTES_PER_LOGIT = 12
+
+REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+            "intermediate_size", "vocab_size", "dtype_bytes", "num_params")
+
+
+def batch_defaults(gpu_mem_bytes: float, gpu_name: str = "", usage_context: str = "llm") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of EngineArgs.get_batch_defaults (vLLM 0.32)."""
+    if usage_context not in ("llm", "serve"):
+        raise InputError(f"usage_context {usage_context!r}: use 'llm' (offline LLM class) or 'serve' (API server)")
+    llm = usage_context == "llm"
+    if gpu_mem_bytes >= 160 * GiB:
+        return 16384, 1024
+    if gpu_mem_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
+        return (16384 if llm else 8192), 1024
+    return (8192 if llm else 2048), 256
+
+
+def activation_bytes(model: dict, tokens: int, seqs: int, tp: int = 1) -> float:
+    """Peak activation of vLLM's profile run: the MLP's gate_up output and its activated half
+    live together (3 * intermediate per token, split over tp) next to ~4 hidden-sized
+    buffers (residual, normed input, attention output, MLP output); then the sampler's
+    full-vocab logits for max_num_seqs rows."""
+    fwd = tokens * model["dtype_bytes"] * (3 * model["intermediate_size"] / tp + 4 * model["hidden_size"])
+    return fwd + seqs * model["vocab_size"] * SAMPLER_BYTES_PER_LOGIT
+
+
+def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_memory_utilization: float = 0.9,
+                      block_size: int = 16, max_model_len: int | None = None,
+                      max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
+                      gpu_name: str = "", usage_context: str = "llm") -> dict:
+    """The engine section of a profile as vLLM 0.32 would set it up on this GPU (per replica of tp GPUs)."""
+    missing = [k for k in REQUIRED if k not in model]
+    if missing:
+        raise InputError(f"model shape is missing {', '.join(missing)}; give every one of {', '.join(REQUIRED)}")
+    if tp < 1 or model["num_attention_heads"] % tp:
+        raise InputError(f"tp={tp} must be >= 1 and divide num_attention_heads={model['num_attention_heads']}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InputError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
+    d_tokens, d_seqs = batch_defaults(gpu_mem_bytes, gpu_name, usage_context)
+    budget = int(max_num_batched_tokens or d_tokens)
+    seqs = int(max_num_seqs or d_seqs)
+    max_len = int(max_model_len or model.get("max_position_embeddings") or 0)
+    if max_len <= 0:
+        raise InputError("max_model_len unknown: give max_model_len or the model's max_position_embeddings")
+    weights = model["num_params"] * model["dtype_bytes"] / tp
+    act = activation_bytes(model, budget, min(seqs, budget), tp)
+    kv_mem = gpu_mem_bytes * gpu_memory_utilization - weights - act - NON_TORCH_BYTES
+    # KV heads are split over tp ranks; with fewer KV heads than ranks vLLM replicates them.
+    kv_heads = max(1, model["num_kv_heads"] // tp)
+    per_block = 2 * model["num_layers"] * kv_heads * model["head_dim"] * model["dtype_bytes"] * block_size
+    blocks = int(kv_mem // per_block) if kv_mem > 0 else 0
+    if blocks * block_size < max_len:
+        raise InputError(f"the model does not fit: {gpu_mem_bytes / GiB:.1f} GiB x {gpu_memory_utilization} per GPU "
+                         f"(tp={tp}) leaves {max(kv_mem, 0) / GiB:.2f} GiB for KV = {blocks * block_size} tokens, "
+                         f"less than max_model_len={max_len}; use more GPUs, a higher utilization or a shorter max_model_len")
+    return {
+        "name": "vllm", "version": "0.32 (computed)", "block_size": int(block_size), "num_gpu_blocks": blocks,
+        "max_num_batched_tokens": budget, "max_num_seqs": seqs, "max_model_len": max_len,
+        "enable_chunked_prefill": True, "enable_prefix_caching": True,
+        "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/hardware/limits.py) for "
+                     f"{gpu_mem_bytes / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, tp={tp}: minus weights "
+                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {NON_TORCH_BYTES / GiB:.1f} GiB; "
+                     f"{usage_context} batch defaults"),
+    }

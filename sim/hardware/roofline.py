@@ -1,0 +1,601 @@
+"""Roofline profiles: a labelled estimate of the step-time model for a GPU and a model
+from public specs (sim/hardware/specs/gpus.json, sim/hardware/specs/models.json), with efficiency
+constants fitted on one real measurement (H100 probes, sim/hardware/specs/roofline_fit.json).
+
+Per step, on each of the N GPUs of a replica (sim/hardware/profile.py's features):
+  c0  weights streamed once (bytes / (BW * eff_mem)) + a fixed step overhead
+      + the latency of the collectives per layer (N > 1)
+  c1  GEMM FLOPs 2 * active layer params per token / (peak * eff_gemm)
+      + collective bytes per token / link_bw (N > 1)
+      + sliding-window layers' attention at the window bound (Gemma-3)
+  c2  attention 4 * full-attention layers * q_heads * head_dim FLOPs per (query, key) pair
+      / (peak * eff_attn), halved: sum(q*k) counts a fresh chunk's full square, causal
+      attention computes half
+  c5  = c2: cached keys are attended in full, so pairs to them get the other half
+  c3  LM head per scheduled sequence (vLLM takes logits of each sequence's last token only)
+      + sliding-window layers' KV read at the window bound
+  c4  KV of the full-attention layers read once per step per context token / (BW * eff_kv)
+A linear sum, not max(compute, memory): the fitted efficiencies absorb the overlap, which is
+why they are constants of this model and not hardware efficiencies.
+
+Layouts of a replica of N GPUs (one node):
+  tp  (--tp N) heads, MLP columns and every expert's columns split N ways; 2 ring
+      all-reduces of the hidden state per layer.
+  ep  (--ep N, MoE only) experts whole, E/N per GPU; attention, dense layers, shared experts
+      and embeddings replicated, each GPU serving its own sequences (vLLM's data-parallel
+      attention with --enable-expert-parallel); per MoE layer one all-to-all dispatch and one
+      combine of top-k copies of each token's hidden state.
+MoE: compute counts the active parameters (top-k + shared experts); c0 streams all but the
+routed experts, and `routed` every routed expert, of which a step of T tokens reads the
+share 1 - (1 - k/E)^T (uniform routing: a decode of one sequence reads k of E, a batch of
+40 sequences 87% of GLM-4.5's, a prefill of hundreds of tokens all; sim/hardware/profile.py).
+FP8 (dtype_bytes 1): linear layers stored and streamed at 1 byte and multiplied at the GPU's
+FP8 rate (bf16 where it has none); embeddings, norms, router and biases stay bf16;
+kv_dtype_bytes 1 halves the KV. Attention math stays at the bf16 rate.
+"""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from agentsim.errors import InputError
+from sim.hardware.spec_tables import SPEC_DIR, spec_key, spec_table
+
+FIT_FILE = SPEC_DIR / "roofline_fit.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MEASUREMENTS = REPO_ROOT.parent / "shared/measurements/h100/llama3.1-8b-shape-torch-probes.json"
+KINDS = ("fresh_prefill", "cached_prefill", "decode")
+# The efficiencies fitted on the probes, with their bounds (efficiencies cannot exceed 1).
+EFF_NAMES = ("eff_mem", "eff_kv", "eff_gemm", "eff_attn", "step_overhead_s")
+EFF_LOW, EFF_HIGH = (0.05, 0.05, 0.05, 0.05, 0.0), (1.0, 1.0, 1.0, 1.0, 0.05)
+
+
+@lru_cache(maxsize=None)
+def _lookup(kind: str, name: str) -> tuple[str, dict]:
+    table = spec_table(f"{kind}s.json")[f"{kind}s"]
+    want = spec_key(name)
+    for canon, spec in table.items():
+        if want in {spec_key(canon), *(spec_key(a) for a in spec.get("aliases", ()))}:
+            return canon, spec
+    raise InputError(f"unknown {kind} {name!r}; known: {', '.join(table)}")
+
+
+def find_gpu(name: str) -> tuple[str, dict]:
+    return _lookup("gpu", name)
+
+
+def find_model(name: str) -> tuple[str, dict]:
+    return _lookup("model", name)
+
+
+def links() -> dict:
+    return spec_table("gpus.json")["links"]
+
+
+def load_fit() -> dict:
+    return json.loads(FIT_FILE.read_text())
+
+
+ACT_BYTES = 2  # activations, collectives' payloads, and every non-linear weight: bf16
+LAYOUTS = ("tp", "ep")
+
+
+def _lm_head_params(model: dict) -> int:
+    return model["vocab_size"] * model["hidden_size"]
+
+
+def param_counts(model: dict) -> dict:
+    """Parameters counted from the shapes (the spec's num_params must equal `total`):
+    layer_total / layer_active = all but embeddings, LM head and final norm (active: top-k
+    + shared experts of each MoE layer); linear_* = the GEMM weights (attention projections,
+    MLPs, experts), what FP8 quantizes; routed = all routed experts."""
+    H, L, q, kv, hd = (model[k] for k in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim"))
+    attn_lin = H * (q + 2 * kv) * hd + q * hd * H
+    other = ((q + 2 * kv) * hd if model.get("attention_bias") else 0) + (2 * hd if model.get("qk_norm") else 0) \
+        + model.get("norms_per_layer", 2) * H
+    moe = model.get("moe")
+    n_moe = L - moe["first_dense_layers"] if moe else 0
+    dense_mlp = 3 * H * model["intermediate_size"]
+    expert = 3 * H * moe["moe_intermediate_size"] if moe else 0
+    E, k, S = (moe["num_experts"], moe["experts_per_token"], moe["num_shared_experts"]) if moe else (0, 0, 0)
+    router = E * H + (E if moe and moe.get("router_bias") else 0)
+    lin_common = L * attn_lin + (L - n_moe) * dense_mlp
+    linear_total = lin_common + n_moe * (E + S) * expert
+    linear_active = lin_common + n_moe * (k + S) * expert
+    rest = L * other + n_moe * router
+    embed = _lm_head_params(model) * (1 if model["tie_word_embeddings"] else 2)
+    return {"total": linear_total + rest + embed + H, "layer_total": linear_total + rest, "layer_active": linear_active + rest,
+            "linear_total": linear_total, "linear_active": linear_active, "routed": n_moe * E * expert, "moe_layers": n_moe}
+
+
+def layer_params(model: dict) -> int:
+    """Params in the per-token GEMMs: all but the embedding table, the LM head and the final norm
+    (of an MoE, the active ones: top-k and shared experts)."""
+    return param_counts(model)["layer_active"]
+
+
+def _bytes(model: dict, params: int, linear: int) -> float:
+    """Bytes of `params` weights of which `linear` are GEMM weights (FP8-quantizable)."""
+    return linear * model["dtype_bytes"] + (params - linear) * ACT_BYTES
+
+
+def weight_bytes_total(model: dict) -> float:
+    """Bytes loaded on the GPUs: every parameter, plus memory-only ones (a vision tower)."""
+    pc = param_counts(model)
+    return _bytes(model, model["num_params"], pc["linear_total"]) + model.get("memory_only_params", 0) * ACT_BYTES
+
+
+def weight_bytes_streamed(model: dict) -> float:
+    """Bytes read per step: everything but the embedding table (only looked up), unless tied,
+    and memory-only parameters."""
+    skip = 0 if model["tie_word_embeddings"] else _lm_head_params(model)
+    return _bytes(model, model["num_params"] - skip, param_counts(model)["linear_total"])
+
+
+def _per_gpu(model: dict, total: float, layout: str, n: int) -> float:
+    """Bytes of `total` on one GPU: split n ways (tp), or everything but the routed experts
+    replicated and the routed experts split n ways (ep)."""
+    if layout == "tp" or n == 1:
+        return total / n
+    routed = param_counts(model)["routed"] * model["dtype_bytes"]
+    return total - routed + routed / n
+
+
+def kv_dtype_bytes(model: dict) -> int:
+    return model.get("kv_dtype_bytes", model["dtype_bytes"])
+
+
+def attention_layers(model: dict) -> tuple[int, int]:
+    """(full-attention layers, sliding-window layers): Gemma-3's pattern is 5 local then 1 global."""
+    L, pat = model["num_layers"], model.get("sliding_window_pattern")
+    if not model.get("sliding_window") or not pat:
+        return L, 0
+    glob = L // pat
+    return glob, L - glob
+
+
+def kv_heads_per_gpu(model: dict, tp: int) -> int:
+    return max(1, model["num_kv_heads"] // tp)  # fewer KV heads than ranks: vLLM replicates them
+
+
+def kv_bytes_per_token(model: dict, tp: int = 1) -> int:
+    """KV of one token in every layer, per GPU (a sliding-window model's local layers included)."""
+    return 2 * model["num_layers"] * kv_heads_per_gpu(model, tp) * model["head_dim"] * kv_dtype_bytes(model)
+
+
+# Gemma-3's local layers hold at most `sliding_window` tokens of a sequence; the block pool
+# counts blocks of one size per token, so their KV is charged as if every sequence were this
+# long (see kv_layers_charged and docs/profiles.md).
+KV_REFERENCE_TOKENS = 32768
+
+
+def kv_layers_charged(model: dict, context: int = KV_REFERENCE_TOKENS) -> float:
+    """Layers' worth of KV one token of a `context`-token sequence holds: all of them, or for
+    sliding-window models the global layers + local layers x window / context."""
+    glob, local = attention_layers(model)
+    return glob + local * min(1.0, model.get("sliding_window", 0) / context) if local else float(glob)
+
+
+def kv_bytes_per_token_charged(model: dict, heads: float) -> float:
+    """Per-token KV the profile charges (kv_bytes_per_block / block_size) for `heads` KV heads."""
+    return 2 * kv_layers_charged(model) * heads * model["head_dim"] * kv_dtype_bytes(model)
+
+
+def _link(gpu: dict, eff: dict) -> tuple[float, float, str]:
+    """(effective bytes/s, per-collective latency s, what) of the GPU-GPU link."""
+    lk, ic = links(), gpu["interconnect"]
+    if ic["kind"].lower().startswith("nvlink"):
+        return ic["GBps_per_direction"] * 1e9 * lk["nvlink_efficiency"], lk["nvlink_allreduce_latency_s"], "NVLink"
+    return ic["GBps_per_direction"] * 1e9 * eff["eff_pcie"], lk["pcie_allreduce_latency_s"], "PCIe"
+
+
+# aiconfigurator-core 0.12.0's measured all-reduce of vLLM on 4 L40S (systems/data/l40s/comm/
+# vllm/0.22.0/custom_allreduce_perf.parquet): 134,217,728 bf16 elements in 108.5 ms
+PCIE_ALLREDUCE_MEASURED = "vLLM's all-reduce measured on 4 L40S (aiconfigurator-core 0.12.0's database) is about 7x slower"
+
+
+def caveats(gpu: dict, model: dict, eff: dict, n: int) -> list[str]:
+    """What a user must know of a profile where independent measurements disagree with this
+    model (docs/profiles.md): collectives of n GPUs over PCIe, whose cost is assumed and the
+    one measurement at hand far slower; FP8 weights, priced at the FP8 rate that vLLM's
+    kernels do not reach."""
+    out = []
+    if n > 1 and gpu["interconnect"]["kind"].lower().startswith("pcie"):
+        bw, lat, _ = _link(gpu, eff)
+        out.append(f"no NVLink: the all-reduces of {n} GPUs over PCIe are priced at an assumed {bw / 1e9:.0f} GB/s and "
+                   f"{lat * 1e6:.0f} us each; {PCIE_ALLREDUCE_MEASURED}, so this profile's steps are optimistic")
+    if model["dtype_bytes"] == 1:
+        out.append("FP8 weights are priced at 1 byte and the GPU's FP8 rate, which puts Qwen3-32B-FP8's and "
+                   "Qwen3-30B-A3B-FP8's steps 7-64% below vLLM's measured kernels (aiconfigurator-core 0.12.0), small "
+                   "decode batches most: this profile's steps are optimistic")
+    return out
+
+
+def gemm_peak(gpu: dict, model: dict) -> tuple[float, str]:
+    """(FLOP/s, what) of the linear layers: the FP8 rate for FP8 weights where the GPU has one."""
+    if model["dtype_bytes"] == 1 and gpu.get("fp8_dense_TFLOPS"):
+        return gpu["fp8_dense_TFLOPS"] * 1e12, "FP8"
+    return gpu["bf16_dense_TFLOPS"] * 1e12, "bf16"
+
+
+def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = "tp") -> dict:
+    """c0..c5 (seconds) of sim/hardware/profile.py's step model on a replica of `tp` GPUs in `layout`,
+    and the parts they are made of."""
+    n = tp
+    bw = gpu["bandwidth_GBps"] * 1e9
+    peak = gpu["bf16_dense_TFLOPS"] * 1e12
+    gpeak, _ = gemm_peak(gpu, model)
+    L, H = model["num_layers"], model["hidden_size"]
+    q, hd = model["num_attention_heads"], model["head_dim"]
+    glob, local = attention_layers(model)
+    win = model.get("sliding_window", 0)
+    # KV heads one GPU reads per context token: its share of them (tp), or all of them for
+    # its 1/n of the sequences (ep)
+    kv_heads = kv_heads_per_gpu(model, n) if layout == "tp" else model["num_kv_heads"] / n
+    kv_tok = 2 * kv_heads * hd * kv_dtype_bytes(model)  # per layer
+    routed = param_counts(model)["routed"] * model["dtype_bytes"] / n  # tp: 1/n of each expert; ep: E/n whole ones
+    parts = {
+        "weights_s": (_per_gpu(model, weight_bytes_streamed(model), layout, n) - routed) / (bw * eff["eff_mem"]),
+        "routed_s": routed / (bw * eff["eff_mem"]),
+        "overhead_s": eff["step_overhead_s"],
+        "gemm_s_per_token": 2 * layer_params(model) / n / (gpeak * eff["eff_gemm"]),
+        "pair_s": 4 * glob * q / n * hd / (peak * eff["eff_attn"]),
+        "window_attn_s_per_token": 4 * local * q / n * hd * win / (peak * eff["eff_attn"]),
+        "lm_head_s_per_seq": 2 * _lm_head_params(model) / n / (peak * eff["eff_gemm"]),
+        "window_kv_s_per_seq": local * kv_tok * win / (bw * eff["eff_kv"]),
+        "kv_s_per_token": glob * kv_tok / (bw * eff["eff_kv"]),
+        "collective_latency_s": 0.0, "collective_s_per_token": 0.0,
+    }
+    if n > 1:
+        link_bw, lat, _ = _link(gpu, eff)
+        if layout == "tp":  # 2 ring all-reduces per layer
+            parts["collective_latency_s"] = 2 * L * lat
+            parts["collective_s_per_token"] = 2 * L * 2 * (n - 1) / n * H * ACT_BYTES / link_bw
+        else:  # dispatch + combine per MoE layer: each GPU sends (and receives) k copies of its 1/n
+            # of the tokens, (n-1)/n of them to other GPUs
+            m, k = param_counts(model)["moe_layers"], model["moe"]["experts_per_token"]
+            parts["collective_latency_s"] = 2 * m * lat
+            parts["collective_s_per_token"] = 2 * m * k * (n - 1) / n / n * H * ACT_BYTES / link_bw
+    c = {
+        "c0": parts["weights_s"] + parts["overhead_s"] + parts["collective_latency_s"],
+        "c1": parts["gemm_s_per_token"] + parts["collective_s_per_token"] + parts["window_attn_s_per_token"],
+        "c2": parts["pair_s"] / 2,
+        "c3": parts["lm_head_s_per_seq"] + parts["window_kv_s_per_seq"],
+        "c4": parts["kv_s_per_token"],
+        "c5": parts["pair_s"] / 2,
+    }
+    if routed:
+        moe = model["moe"]
+        c["routed"] = parts["routed_s"]
+        c["routed_share"] = moe["experts_per_token"] / moe["num_experts"]
+    return {"coef": c, "parts": parts}
+
+
+def handmade_coefficients(gpu: dict, model: dict) -> dict:
+    """A naive roofline, the baseline the fitted constants are compared with: weights + 2 ms,
+    60% MFU for 2*params per token and 4*layers*hidden per pair (full square), KV at full
+    bandwidth."""
+    bw, peak = gpu["bandwidth_GBps"] * 1e9, gpu["bf16_dense_TFLOPS"] * 1e12 * 0.6
+    p = model["num_params"]
+    return {"c0": 2 * p / bw + 2e-3, "c1": 2 * p / peak, "c2": 4 * model["num_layers"] * model["hidden_size"] / peak,
+            "c3": 0.0, "c4": kv_bytes_per_token(model) / bw, "c5": 0.0}
+
+
+# ---- the H100 measurement ----------------------------------------------------------------
+
+def read_measurements(path: str | Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"measurement file {str(path)!r} not found; give --measurements PATH") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"measurement file {str(path)!r} is not valid JSON (line {e.lineno}: {e.msg})") from None
+
+
+def probe_rows(meas: dict) -> list[tuple[str, np.ndarray, float]]:
+    """(kind, features [steps, tokens, sum_qk, seqs, sum_k, sum_q_cached], seconds) per prefill
+    or decode probe (sim/hardware/check.py reads the file; mixed probes are left out):
+    prefill, one sequence of n new tokens after k cached; decode, B sequences of 1 token
+    attending over ctx tokens. Seconds: median_s."""
+    from sim.hardware.check import read_probes
+
+    rows = []
+    for p in read_probes(meas, "measurement file"):
+        if p.kind != "mixed":
+            tokens, seqs, sum_qk, sum_k, sum_q_cached = p.features()
+            rows.append((p.group, np.array([1, tokens, sum_qk, seqs, sum_k, sum_q_cached], float), p.seconds["median_s"]))
+    if not rows:
+        raise InputError("the measurement file has no prefill/decode probes")
+    return rows
+
+
+def _vec(coef: dict) -> np.ndarray:
+    return np.array([coef[f"c{i}"] for i in range(6)])
+
+
+def mape_by_kind(coef: dict, rows) -> dict:
+    """MAPE in percent per probe kind and over all probes."""
+    err = {k: [] for k in KINDS}
+    for kind, f, y in rows:
+        err[kind].append(abs(float(f @ _vec(coef)) - y) / y * 100)
+    out = {k: round(float(np.mean(v)), 1) for k, v in err.items() if v}
+    out["all"] = round(float(np.mean([e for v in err.values() for e in v])), 1)
+    return out
+
+
+def _anchor() -> tuple[dict, dict]:
+    """The GPU and model the measurement was taken on."""
+    return find_gpu("H100")[1], find_model("llama3.1-8b")[1]
+
+
+def fit_efficiency(meas: dict, train=None) -> tuple[dict, list[str]]:
+    """Least squares on relative error of the H100 probes -> the EFF_NAMES constants (and
+    which of them sit on a bound). `train`: indices of the rows to fit on (default all)."""
+    from scipy.optimize import least_squares
+
+    gpu, model = _anchor()
+    rows = probe_rows(meas)
+    rows = [rows[i] for i in train] if train is not None else rows
+    X = np.array([f for _, f, _ in rows])
+    y = np.array([s for _, _, s in rows])
+
+    def resid(theta):
+        eff = dict(zip(EFF_NAMES, theta), eff_pcie=1.0)
+        return (X @ _vec(step_coefficients(gpu, model, 1, eff)["coef"]) - y) / y
+
+    res = least_squares(resid, [0.7, 0.9, 0.6, 0.5, 2e-3], bounds=(EFF_LOW, EFF_HIGH), x_scale=[1, 1, 1, 1, 1e-3])
+    eff = {n: float(v) for n, v in zip(EFF_NAMES, res.x)}
+    at_bound = [n for n, v, lo, hi in zip(EFF_NAMES, res.x, EFF_LOW, EFF_HIGH) if min(v - lo, hi - v) < 1e-3 * (hi - lo)]
+    return eff, at_bound
+
+
+def fit_pcie(meas: dict, nominal_GBps: float) -> dict:
+    """Host<->device copies: t = latency + bytes / (nominal * eff_pcie), on relative error."""
+    from scipy.optimize import nnls
+
+    pts = [(r["MiB"] * 2**20, r["median_s"]) for d in ("h2d", "d2h") for r in (meas.get("pcie") or {}).get(d, [])]
+    if not pts:
+        raise InputError("the measurement file has no pcie h2d/d2h copies to fit the host link on")
+    A = np.array([[1.0, b] for b, _ in pts]) / np.array([[t] for _, t in pts])
+    scale = A.max(axis=0)
+    lat, inv_bw = nnls(A / scale, np.ones(len(pts)))[0] / scale
+    return {"eff_pcie": float(1 / inv_bw / (nominal_GBps * 1e9)), "pcie_latency_s": float(lat)}
+
+
+def fit_report(meas: dict, source: str, date: str) -> dict:
+    """Everything committed in sim/hardware/specs/roofline_fit.json: constants, bounds hit, errors."""
+    gpu, model = _anchor()
+    eff, at_bound = fit_efficiency(meas)
+    eff.update(fit_pcie(meas, gpu["host_link"]["GBps_per_direction"]))
+    rows = probe_rows(meas)
+    train = [i for i in range(len(rows)) if i % 3 != 2]
+    held_eff, _ = fit_efficiency(meas, train)
+    held_coef = step_coefficients(gpu, model, 1, {**held_eff, "eff_pcie": 1.0})["coef"]
+    held = mape_by_kind(held_coef, [rows[i] for i in range(len(rows)) if i % 3 == 2])
+    return {
+        "about": "Efficiency constants of sim/hardware/roofline.py, fitted by `sim profile fit-roofline` "
+                 "(scipy least_squares on relative error, efficiencies bounded to (0.05, 1]).",
+        "fitted_on": f"{source} ({meas.get('device', '?')}, {meas.get('model', '?')}, torch {meas.get('torch', '?')})",
+        "date": date,
+        "constants": {k: float(f"{v:.5g}") for k, v in eff.items()},
+        "at_bound": at_bound,
+        "fit_mape": mape_by_kind(step_coefficients(gpu, model, 1, eff)["coef"], rows),
+        "heldout_mape": held,
+        "heldout_rule": "fit on the probes whose index % 3 != 2, error on the others",
+        "handmade_a100_method_on_h100_mape": mape_by_kind(handmade_coefficients(gpu, model), rows),
+    }
+
+
+# ---- the profile ---------------------------------------------------------------------------
+
+def check_layout(mname: str, model: dict, tp: int, ep: int) -> tuple[str, int]:
+    """(layout, GPUs) of --tp / --ep, or a one-line InputError naming what does not divide."""
+    for flag, v in (("--tp", tp), ("--ep", ep)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 8:
+            raise InputError(f"{flag} {v}: use 1 to 8 GPUs of one node")
+    if tp > 1 and ep > 1:
+        raise InputError(f"--tp {tp} --ep {ep}: give one layout, --tp N (everything split N ways) or --ep N "
+                         "(experts spread over N GPUs, attention data-parallel)")
+    moe = model.get("moe")
+    if ep > 1:
+        if not moe:
+            raise InputError(f"--ep {ep}: {mname} is not a mixture-of-experts model; use --tp")
+        if moe["num_experts"] % ep:
+            raise InputError(f"--ep {ep} does not divide the {moe['num_experts']} experts of {mname}; use a divisor of it")
+        return "ep", ep
+    if model["num_attention_heads"] % tp:
+        raise InputError(f"--tp {tp} does not divide the {model['num_attention_heads']} attention heads of {mname}; "
+                         "use 1 to 8 GPUs of one node, dividing them")
+    if moe and moe["moe_intermediate_size"] % tp:
+        raise InputError(f"--tp {tp} does not divide the experts' {moe['moe_intermediate_size']} columns of {mname}; use a divisor of it")
+    return "tp", tp
+
+
+def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_memory_utilization: float,
+                  max_model_len: int | None, block_size: int = 16) -> tuple[dict, list[str]]:
+    """The engine section as vLLM 0.32 would set it up (sim/hardware/limits.py's arithmetic
+    with this module's weight and KV bytes: FP8, MoE layouts, sliding windows), and notes.
+    ep: each of the n GPUs is its own data-parallel rank (own KV, batch and token budget);
+    the replica's pool is their sum, a sequence fits one GPU's share."""
+    from sim.hardware.limits import GiB, NON_TORCH_BYTES, activation_bytes, batch_defaults
+
+    mem = gpu["memory_bytes"]
+    usable = mem * gpu_memory_utilization
+    where = f"{gname} at {layout}={n}"
+    weights = _per_gpu(model, weight_bytes_total(model), layout, n)
+    if weights >= usable:
+        raise InputError(f"{model['hf_repo'].split('/')[-1]} does not fit {where}: {weights / 1e9:.1f} GB of weights per GPU, "
+                         f"{usable / 1e9:.1f} GB usable ({gpu_memory_utilization} x {mem / 1e9:.1f} GB); use more GPUs")
+    d_tokens, d_seqs = batch_defaults(mem, gpu["full_name"], "llm")
+    act = activation_bytes({**model, "dtype_bytes": ACT_BYTES}, d_tokens, min(d_seqs, d_tokens), n if layout == "tp" else 1)
+    kv_mem = usable - weights - act - NON_TORCH_BYTES
+    heads = kv_heads_per_gpu(model, n) if layout == "tp" else model["num_kv_heads"]
+    per_block = kv_bytes_per_token_charged(model, heads) * block_size
+    blocks = int(kv_mem // per_block) if kv_mem > 0 else 0
+    fits = blocks * block_size  # one sequence's room: one rank's pool
+    if fits < block_size:
+        raise InputError(f"{model['hf_repo'].split('/')[-1]} does not fit {where}: {weights / 1e9:.1f} GB of weights per GPU plus "
+                         f"vLLM's activation and runtime reserve leave no KV cache in {usable / 1e9:.1f} GB usable; use more GPUs")
+    notes = []
+    max_len = max_model_len
+    if max_len is None:
+        # vLLM refuses to start when one full-length request does not fit the KV cache; cap the
+        # length to what fits instead (what `--max-model-len` would be set to) and say so.
+        max_len = model["max_position_embeddings"]
+        if fits < max_len:
+            max_len = fits
+            notes.append(f"max_model_len capped to {fits} tokens (the KV cache of {where}); "
+                         f"{model['hf_repo']} allows {model['max_position_embeddings']}")
+    elif fits < max_len:
+        raise InputError(f"the model does not fit: {where} leaves {max(kv_mem, 0) / GiB:.2f} GiB per GPU for KV = {fits} tokens, "
+                         f"less than --max-model-len {max_len}; use more GPUs, a higher utilization or a shorter max_model_len")
+    ranks = n if layout == "ep" else 1
+    return {
+        "name": "vllm", "version": "0.32 (computed)", "block_size": block_size, "num_gpu_blocks": blocks * ranks,
+        "max_num_batched_tokens": d_tokens * ranks, "max_num_seqs": d_seqs * ranks, "max_model_len": int(max_len),
+        "enable_chunked_prefill": True, "enable_prefix_caching": True,
+        "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/hardware/limits.py) for "
+                     f"{mem / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, {layout}={n}: minus weights "
+                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {NON_TORCH_BYTES / GiB:.1f} GiB; "
+                     "llm batch defaults" + (f"; {n} data-parallel ranks: blocks, sequences and token budget summed" if ranks > 1 else "")),
+    }, notes
+
+
+def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_utilization: float = 0.9,
+                     max_model_len: int | None = None, ep: int = 1) -> tuple[dict, list[str]]:
+    """(profile dict in sim/hardware/profile.py's schema, notes to show the user)."""
+    gname, gpu = find_gpu(gpu_name)
+    mname, model = find_model(model_name)
+    layout, n = check_layout(mname, model, tp, ep)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
+    engine, notes = engine_limits(gname, gpu, model, layout, n, gpu_memory_utilization, max_model_len)
+    mem = gpu["memory_bytes"]
+
+    fit = load_fit()
+    eff = fit["constants"]
+    warned = caveats(gpu, model, eff, n)
+    notes += warned
+    sc = step_coefficients(gpu, model, n, eff, layout)
+    parts = sc["parts"]
+    c = {k: float(f"{v:.5g}") for k, v in sc["coef"].items()}
+    host = gpu["host_link"]
+    link_bw, ar_lat, link_kind = _link(gpu, eff)
+    pc = param_counts(model)
+    routed_gb = pc["routed"] * model["dtype_bytes"] / n / 1e9
+    gpeak, gkind = gemm_peak(gpu, model)
+    glob, local = attention_layers(model)
+    moe = model.get("moe")
+    kvb = kv_dtype_bytes(model)
+    heads = kv_heads_per_gpu(model, n) if layout == "tp" else model["num_kv_heads"]
+    kv_block = kv_bytes_per_token_charged(model, heads) * engine["block_size"]
+    split = f"/ {n} GPUs" if n > 1 else ""
+    lay = {"tp": f"tensor-parallel over {n} GPU(s)",
+           "ep": f"expert-parallel over {n} GPUs: {moe['num_experts'] // n if moe else 0} experts per GPU, attention, dense layers "
+                 "and shared experts replicated, each GPU serving its own sequences (data-parallel attention)"}[layout]
+    if n == 1:
+        coll = ""
+    elif layout == "tp":
+        coll = (f" + ring all-reduce 2 per layer x 2(N-1)/N x {model['hidden_size']} x {ACT_BYTES} B per token "
+                f"/ {link_bw / 1e9:.0f} GB/s effective {link_kind}")
+    else:
+        coll = (f" + all-to-all dispatch and combine per MoE layer ({pc['moe_layers']}): top-{moe['experts_per_token']} copies "
+                f"x (N-1)/N remote x {model['hidden_size']} x {ACT_BYTES} B per token / N GPUs / {link_bw / 1e9:.0f} GB/s effective {link_kind}")
+    prov = {
+        "method": "ROOFLINE ESTIMATE from public specs (sim/hardware/specs/*.json), not a measurement of this GPU; "
+                  "efficiency constants fitted on H100 torch-kernel probes of a Llama-3.1-8B shape "
+                  f"({fit['fitted_on']}, {fit['date']}). Written by `sim profile roofline`.",
+        "inputs": f"{gpu['full_name']}: {gpu['bandwidth_GBps']} GB/s, {gpu['bf16_dense_TFLOPS']} TFLOP/s bf16 dense"
+                  + (f", {gpu['fp8_dense_TFLOPS']} FP8" if gpu.get("fp8_dense_TFLOPS") else ", no FP8 tensor cores")
+                  + f", {mem / 1e9:.1f} GB; {model['hf_repo']}: {model['num_params'] / 1e9:.2f}e9 params"
+                  + (f" ({pc['layer_active'] / 1e9:.2f}e9 active in the layers: top-{moe['experts_per_token']} of "
+                     f"{moe['num_experts']} experts + {moe['num_shared_experts']} shared)" if moe else "")
+                  + (f" + {model['memory_only_params'] / 1e9:.2f}e9 loaded, idle for text" if model.get("memory_only_params") else "")
+                  + f", {model['num_layers']} layers, {model['num_attention_heads']} q / {model['num_kv_heads']} KV heads x "
+                    f"{model['head_dim']}; weights {'FP8' if model['dtype_bytes'] == 1 else 'bf16'}, KV {'FP8' if kvb == 1 else 'bf16'}; {lay}",
+        "layout": {"kind": layout, "gpus": n},
+        "constants": {**eff, "fit_date": fit["date"], "fit_mape_on_h100": fit["fit_mape"]},
+        "c0": f"weights {_per_gpu(model, weight_bytes_streamed(model), layout, n) / 1e9 - routed_gb:.2f} GB per GPU"
+              f"{' but the routed experts' if moe else ''} / (BW x eff_mem) = "
+              f"{parts['weights_s'] * 1e3:.3f} ms + step overhead {eff['step_overhead_s'] * 1e3:.3f} ms"
+              + (f" + {parts['collective_latency_s'] / ar_lat:.0f} collectives x {ar_lat * 1e6:.0f} us ({link_kind})" if n > 1 else ""),
+        "c1": f"2 x {layer_params(model) / 1e9:.2f}e9 {'active ' if moe else ''}layer params {split} per token / "
+              f"({gkind} peak {gpeak / 1e12:.0f} TFLOP/s x eff_gemm)" + coll
+              + (f" + {local} sliding-window layers' attention at the window bound, 4 x q_heads x head_dim x {model['sliding_window']} "
+                 "FLOPs per token" if local else ""),
+        "c2": f"half of 4 x {glob} full-attention layers x q_heads {split} x head_dim FLOPs per (query, key) pair / "
+              "(bf16 peak x eff_attn): causal chunk",
+        "c3": f"LM head 2 x vocab x hidden {split} FLOPs per scheduled sequence (logits of its last token) / (peak x eff_gemm)"
+              + (f" + {local} sliding-window layers' KV read at the window bound ({model['sliding_window']} tokens) per sequence" if local else ""),
+        "c4": f"KV read per context token: {glob * 2 * (heads if layout == 'tp' else heads / n) * model['head_dim'] * kvb:.0f} B per GPU"
+              f"{' (full-attention layers)' if local else ''} / (BW x eff_kv)",
+        "c5": "= c2: new tokens attend all cached keys (no causal half)",
+        "engine": "vLLM 0.32 start-up arithmetic (sim/hardware/roofline.py engine_limits, sim/hardware/limits.py; see engine.computed)",
+        "kv_bytes_per_block": ("per GPU (each tensor-parallel rank holds and moves its own KV heads)" if layout == "tp"
+                               else "all KV heads of a block (a sequence's blocks live on the GPU that serves it; offload "
+                                    "and disaggregation transfers are priced on one GPU's link, though the N GPUs' links "
+                                    "would move different sequences' blocks in parallel)")
+                              + (f"; KV {'FP8, 1 B' if kvb == 1 else 'bf16, 2 B'} per element"),
+        "pcie": f"{host['kind']} {host['GBps_per_direction']} GB/s per direction x eff_pcie {eff['eff_pcie']:.3f} "
+                f"(fitted on the H100's pinned copies), latency {eff['pcie_latency_s'] * 1e6:.1f} us; not measured on this GPU",
+        "sources": {"gpu": gpu["sources"], "model": model["source"]},
+    }
+    if moe:
+        prov["moe"] = (f"compute: active parameters per token; routed: every routed expert, {routed_gb:.2f} GB per GPU / "
+                       f"(BW x eff_mem) = {parts['routed_s'] * 1e3:.3f} ms, of which a step of T tokens reads the share "
+                       f"1 - (1 - {moe['experts_per_token']}/{moe['num_experts']})^T (routing taken as uniform; a skewed "
+                       "router reads fewer); routed_share = top-k / experts")
+    if local:
+        charged = kv_layers_charged(model)
+        prov["sliding_window"] = (
+            f"APPROXIMATION: {local} of {model['num_layers']} layers attend a {model['sliding_window']}-token window and hold at most "
+            f"that many tokens' KV per sequence; the block pool counts blocks of one size, so kv_bytes_per_block charges "
+            f"{charged:.2f} layers' KV per token ({glob} global + {local} x {model['sliding_window']}/{KV_REFERENCE_TOKENS}), "
+            f"exact for a {KV_REFERENCE_TOKENS}-token sequence: an 8K sequence really holds {kv_layers_charged(model, 8192):.2f} "
+            f"per token ({kv_layers_charged(model, 8192) / charged - 1:+.0%}), a 128K one {kv_layers_charged(model, 131072):.2f} "
+            f"({kv_layers_charged(model, 131072) / charged - 1:+.0%}); all {model['num_layers']} layers would be "
+            f"{model['num_layers'] / charged:.1f}x this. Step time: local layers' attention and KV read at the window bound "
+            "(c1, c3), exact for contexts of at least the window")
+    if warned:
+        prov["caveats"] = warned  # also in notes; `sim plan` repeats them per candidate
+    if notes:
+        prov["notes"] = notes
+    mfields = {k: model[k] for k in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                                     "intermediate_size", "vocab_size", "dtype_bytes", "num_params")}
+    extra = {k: model[k] for k in ("kv_dtype_bytes", "moe", "sliding_window", "sliding_window_pattern", "memory_only_params")
+             if k in model}
+    profile = {
+        "schema": "agentsim-profile/1",
+        "model": {"name": model["hf_repo"], "architecture": model["architecture"], **mfields, **extra,
+                  "tensor_parallel_size": n if layout == "tp" else 1,
+                  **({"expert_parallel_size": n, "data_parallel_size": n, "gpus": n} if layout == "ep" else {})},
+        "device": f"{gpu['full_name']}" + (f" x{n}" if n > 1 else "") + (f" (EP{n}, data-parallel attention)" if layout == "ep" else "")
+                  + " (roofline estimate, not measured)",
+        "engine": engine,
+        "kv_bytes_per_block": int(round(kv_block)),
+        "step_time": c,
+        "prefill_quadratic": {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"), "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]},
+        "pcie": {"measured": False, "bandwidth_GBps": round(host["GBps_per_direction"] * eff["eff_pcie"], 2),
+                 "latency_s": float(f"{eff['pcie_latency_s']:.3g}")},
+        "provenance": prov,
+        "fit_error": {"anchor": "MAPE % of these constants on the H100 Llama-3.1-8B-shape probes (the only measurement)",
+                      **{f"h100_{k}": v for k, v in fit["fit_mape"].items()}},
+    }
+    return profile, notes
+
+
+def h100_errors(meas: dict, profile_coef: dict | None) -> dict:
+    """MAPE on the H100 probes: of this profile's own c-terms (when it is the H100 / Llama-8B /
+    tp=1 profile), of the committed constants on the H100, and of the naive roofline."""
+    rows = probe_rows(meas)
+    gpu, model = _anchor()
+    eff = load_fit()["constants"]
+    out = {"constants": mape_by_kind(step_coefficients(gpu, model, 1, eff)["coef"], rows),
+           "handmade": mape_by_kind(handmade_coefficients(gpu, model), rows)}
+    if profile_coef is not None:
+        out["profile"] = mape_by_kind(profile_coef, rows)
+    return out

@@ -1,0 +1,1 @@
+"""Many runs: sweeps (`sweep`), capacity planning (`plan`) and their figures (`plot`)."""
