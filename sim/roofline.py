@@ -424,12 +424,14 @@ def check_layout(mname: str, model: dict, tp: int, ep: int) -> tuple[str, int]:
 
 
 def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_memory_utilization: float,
-                  max_model_len: int | None, block_size: int = 16) -> tuple[dict, list[str]]:
+                  max_model_len: int | None, block_size: int = 16, max_num_batched_tokens: int | None = None,
+                  max_num_seqs: int | None = None, enforce_eager: bool = False) -> tuple[dict, list[str]]:
     """The engine section as vLLM 0.32 would set it up (sim/vllm_limits.py's arithmetic
     with this module's weight and KV bytes: FP8, MoE layouts, sliding windows), and notes.
     ep: each of the n GPUs is its own data-parallel rank (own KV, batch and token budget);
     the replica's pool is their sum, a sequence fits one GPU's share."""
-    from sim.vllm_limits import GiB, NON_TORCH_BYTES, activation_bytes, batch_defaults
+    from sim.kv_pool import kv_pool
+    from sim.vllm_limits import GiB, batch_defaults
 
     mem = gpu["memory_bytes"]
     usable = mem * gpu_memory_utilization
@@ -437,13 +439,15 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
     weights = _per_gpu(model, weight_bytes_total(model), layout, n)
     if weights >= usable:
         raise InputError(f"{model['hf_repo'].split('/')[-1]} does not fit {where}: {weights / 1e9:.1f} GB of weights per GPU, "
-                         f"{usable / 1e9:.1f} GB usable ({gpu_memory_utilization} x {mem / 1e9:.1f} GB); use more GPUs")
+                         f"{usable / 1e9:.1f} GB usable (--gpu-memory-utilization {gpu_memory_utilization} x {mem / 1e9:.1f} GB); "
+                         "use more GPUs or a higher --gpu-memory-utilization")
     d_tokens, d_seqs = batch_defaults(mem, gpu["full_name"], "llm")
-    act = activation_bytes({**model, "dtype_bytes": ACT_BYTES}, d_tokens, min(d_seqs, d_tokens), n if layout == "tp" else 1)
-    kv_mem = usable - weights - act - NON_TORCH_BYTES
-    heads = kv_heads_per_gpu(model, n) if layout == "tp" else model["num_kv_heads"]
-    per_block = kv_bytes_per_token_charged(model, heads) * block_size
-    blocks = int(kv_mem // per_block) if kv_mem > 0 else 0
+    d_tokens = d_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    d_seqs = d_seqs if max_num_seqs is None else max_num_seqs
+    pool = kv_pool(mem, model, tp=n if layout == "tp" else 1, ep=n if layout == "ep" else 1,
+                   gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=d_tokens, max_num_seqs=d_seqs,
+                   enforce_eager=enforce_eager, block_size=block_size)
+    act, kv_mem, blocks = pool.activation_bytes, pool.available_bytes, pool.blocks
     fits = blocks * block_size  # one sequence's room: one rank's pool
     if fits < block_size:
         raise InputError(f"{model['hf_repo'].split('/')[-1]} does not fit {where}: {weights / 1e9:.1f} GB of weights per GPU plus "
@@ -468,20 +472,27 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
         "enable_chunked_prefill": True, "enable_prefix_caching": True,
         "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/vllm_limits.py) for "
                      f"{mem / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, {layout}={n}: minus weights "
-                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {NON_TORCH_BYTES / GiB:.1f} GiB; "
-                     "llm batch defaults" + (f"; {n} data-parallel ranks: blocks, sequences and token budget summed" if ranks > 1 else "")),
+                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {pool.non_torch_bytes / GiB:.2f} GiB, "
+                     f"CUDA graphs {pool.cudagraph_bytes / GiB:.2f} GiB (sim/kv_pool.py; every term in the profile's kv_pool); "
+                     f"max_num_batched_tokens {d_tokens}, max_num_seqs {d_seqs}"
+                     + (f"; {n} data-parallel ranks: blocks, sequences and token budget summed" if ranks > 1 else "")),
+        "kv_pool": {**pool.to_dict(), "per": "GPU" + (f" (x{n} data-parallel ranks)" if ranks > 1 else "")},
     }, notes
 
 
 def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_utilization: float = 0.9,
-                     max_model_len: int | None = None, ep: int = 1) -> tuple[dict, list[str]]:
+                     max_model_len: int | None = None, ep: int = 1, max_num_batched_tokens: int | None = None,
+                     max_num_seqs: int | None = None, enforce_eager: bool = False) -> tuple[dict, list[str]]:
     """(profile dict in sim/profile.py's schema, notes to show the user)."""
     gname, gpu = find_gpu(gpu_name)
     mname, model = find_model(model_name)
     layout, n = check_layout(mname, model, tp, ep)
     if not 0 < gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
-    engine, notes = engine_limits(gname, gpu, model, layout, n, gpu_memory_utilization, max_model_len)
+    engine, notes = engine_limits(gname, gpu, model, layout, n, gpu_memory_utilization, max_model_len,
+                                  max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                  enforce_eager=enforce_eager)
+    kv_pool_section = engine.pop("kv_pool")
     mem = gpu["memory_bytes"]
 
     fit = load_fit()
@@ -542,7 +553,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "c4": f"KV read per context token: {glob * 2 * (heads if layout == 'tp' else heads / n) * model['head_dim'] * kvb:.0f} B per GPU"
               f"{' (full-attention layers)' if local else ''} / (BW x eff_kv)",
         "c5": "= c2: new tokens attend all cached keys (no causal half)",
-        "engine": "vLLM 0.32 start-up arithmetic (sim/roofline.py engine_limits, sim/vllm_limits.py; see engine.computed)",
+        "engine": "vLLM 0.32 start-up arithmetic (sim/kv_pool.py; every term and its source in kv_pool)",
         "kv_bytes_per_block": ("per GPU (each tensor-parallel rank holds and moves its own KV heads)" if layout == "tp"
                                else "all KV heads of a block (a sequence's blocks live on the GPU that serves it; offload "
                                     "and disaggregation transfers are priced on one GPU's link, though the N GPUs' links "
@@ -584,6 +595,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "device": f"{gpu['full_name']}" + (f" x{n}" if n > 1 else "") + (f" (EP{n}, data-parallel attention)" if layout == "ep" else "")
                   + " (roofline estimate, not measured)",
         "engine": engine,
+        "kv_pool": kv_pool_section,
         "kv_bytes_per_block": int(round(kv_block)),
         "step_time": c,
         "prefill_quadratic": {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"), "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]},
