@@ -37,6 +37,7 @@ def ours(data: dict, case: dict):
     """(our figure in the case's unit, the KVPool)."""
     version = case["vllm_version"].split()[1] if case["vllm_version"].startswith("about") else case["vllm_version"].split()[0]
     pool = kv_pool(case["gpu_memory_bytes"], model_of(data, case["model"]), tp=case["tp"], ep=case.get("ep", 1),
+                   num_sms=case.get("gpu_sms", 132),
                    gpu_memory_utilization=case["gpu_memory_utilization"],
                    max_num_batched_tokens=case["max_num_batched_tokens"], max_num_seqs=case["max_num_seqs"],
                    enforce_eager=case["enforce_eager"], block_size=case.get("block_size", 16),
