@@ -115,14 +115,15 @@ SOURCES = {
 }
 
 
-def _param_total(model: dict) -> int:
+def _param_total(model: dict) -> float:
     from sim.roofline import param_counts
-    return int(model.get("num_params") or param_counts(model)["total"])
+    return model.get("num_params") or param_counts(model)["total"]
 
 
 def weights_per_gpu(model: dict, tp: int = 1, ep: int = 1) -> float:
     from sim.roofline import _per_gpu, weight_bytes_total
-    m = {**model, "num_params": _param_total(model)}
+    m = {"tie_word_embeddings": False, **model}
+    m["num_params"] = _param_total(m)
     return _per_gpu(m, weight_bytes_total(m), "ep" if ep > 1 else "tp", ep if ep > 1 else tp)
 
 
@@ -185,8 +186,8 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     requested = math.ceil(total * gpu_memory_utilization)
     weights = weights_per_gpu(model, tp, ep)
     if weights >= requested:
-        raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization}: {weights / GiB:.2f} GiB of weights per GPU do not fit "
-                         f"the {requested / GiB:.2f} GiB it requests of {total / GiB:.2f} GiB; raise it or use more GPUs (--tp)")
+        raise InputError(f"the model does not fit: {weights / GiB:.2f} GiB of weights per GPU, {requested / GiB:.2f} GiB requested "
+                         f"(--gpu-memory-utilization {gpu_memory_utilization} x {total / GiB:.2f} GiB); raise it or use more GPUs")
     t = 1 if ep > 1 else tp
     fwd = forward_peak(model, max_num_batched_tokens, t)
     rows = min(max_num_seqs, max_num_batched_tokens)
@@ -201,9 +202,9 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     block = per_tok * block_size
     blocks = int(available // block) if available > 0 else 0
     if blocks < 1:
-        raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization}: nothing left for the KV cache on "
-                         f"{total / GiB:.2f} GiB ({weights / GiB:.2f} GiB weights, {act / GiB:.2f} GiB activation peak at "
-                         f"--max-num-batched-tokens {max_num_batched_tokens}); raise it, lower the budget or use more GPUs")
+        raise InputError(f"the model does not fit: nothing left for the KV cache of {total / GiB:.2f} GiB x "
+                         f"--gpu-memory-utilization {gpu_memory_utilization} ({weights / GiB:.2f} GiB weights, {act / GiB:.2f} GiB "
+                         f"activation peak at --max-num-batched-tokens {max_num_batched_tokens}); raise it, lower the budget or use more GPUs")
     return KVPool(
         blocks=blocks, block_size=block_size, tokens=blocks * block_size, total_bytes=total, requested_bytes=requested,
         weights_bytes=int(weights), forward_peak_bytes=int(fwd), sampler_peak_bytes=int(smp), kept_bytes=int(kept),
