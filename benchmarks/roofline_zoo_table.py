@@ -22,6 +22,7 @@ from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 from agentsim.errors import InputError  # noqa: E402
 from sim.hardware import check as pc  # noqa: E402
+from sim.hardware import model_shape  # noqa: E402
 from sim.hardware import roofline  # noqa: E402
 from sim.hardware.profile import parse_profile  # noqa: E402
 
@@ -51,7 +52,7 @@ def holds() -> str:
         p = parse_profile(raw, model)
         m = roofline.find_model(model)[1]
         layout, n = ("ep", ep) if ep > 1 else ("tp", tp)
-        weights = roofline._per_gpu(m, roofline.weight_bytes_total(m), layout, n)
+        weights = model_shape.per_gpu(m, model_shape.weight_bytes_total(m), layout, n)
         kv_tok = raw["kv_bytes_per_block"] / p.block_size
         pool = p.engine.num_gpu_blocks * p.block_size
         dec = " / ".join(f"{p.step_time(b, b, float(b * CTX), float(b * CTX)) * 1e3:.1f}" for b in (1, 16, 32, 128))

@@ -170,13 +170,15 @@ LLAMA8B = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "nu
 
 
 def test_gpu_engine_limits_follow_vllm_defaults_and_memory_arithmetic():
-    from sim.hardware.limits import GiB, NON_TORCH_BYTES, activation_bytes, gpu_engine_limits
+    from sim.hardware.kv_pool import kv_pool
+    from sim.hardware.limits import GiB, gpu_engine_limits
 
     h100 = gpu_engine_limits(LLAMA8B, 85.0e9, gpu_name="NVIDIA H100 80GB HBM3")
     assert (h100["max_num_batched_tokens"], h100["max_num_seqs"], h100["max_model_len"]) == (16384, 1024, 131072)
     assert h100["enable_chunked_prefill"] and h100["enable_prefix_caching"] and "computed" in h100["computed"]
-    kv = 85.0e9 * 0.9 - 16.06e9 - activation_bytes(LLAMA8B, 16384, 1024) - NON_TORCH_BYTES
-    assert h100["num_gpu_blocks"] == int(kv // (2 * 32 * 8 * 128 * 2 * 16))
+    p = kv_pool(85.0e9, LLAMA8B, max_num_batched_tokens=16384, max_num_seqs=1024)  # the arithmetic: tests/test_kv_pool.py
+    kv = math.ceil(85.0e9 * 0.9) - 16.06e9 - p.activation_bytes - p.non_torch_bytes - p.cudagraph_bytes
+    assert h100["num_gpu_blocks"] == p.blocks == int(kv // (2 * 32 * 8 * 128 * 2 * 16))
     # an A100 keeps the smaller defaults (vLLM PR #17885); so does the API server on an H100
     assert gpu_engine_limits(LLAMA8B, 85.0e9, gpu_name="A100-SXM4-80GB")["max_num_batched_tokens"] == 8192
     assert gpu_engine_limits(LLAMA8B, 85.0e9, usage_context="serve")["max_num_batched_tokens"] == 8192

@@ -77,7 +77,7 @@ def test_glm_45_fp8_ep8_layout_by_hand():
     routed = 89 * 160 * 3 * 5120 * 1536                                   # 335,963,750,400 routed-expert weights (FP8)
     assert R.param_counts(m)["routed"] == routed
     # ep 8: 20 experts per GPU, everything else replicated
-    assert R._per_gpu(m, R.weight_bytes_total(m), "ep", 8) == 354_424_934_208 - routed + routed / 8
+    assert R.per_gpu(m, R.weight_bytes_total(m), "ep", 8) == 354_424_934_208 - routed + routed / 8
     raw, _ = R.roofline_profile("H100", "glm-4.5-fp8", ep=8)
     assert raw["model"]["expert_parallel_size"] == 8 and raw["model"]["tensor_parallel_size"] == 1
     assert raw["kv_bytes_per_block"] == 188_416 * 16                      # a block holds all 8 KV heads

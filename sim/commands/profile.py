@@ -1,6 +1,7 @@
 """`sim profile`: hardware profiles without a run on the hardware.
 
-  sim profile roofline --gpu H100 --model llama3.1-8b [--tp N | --ep N] [--out FILE]
+  sim profile roofline --gpu H100 --model llama3.1-8b [--tp N | --ep N] [--gpu-memory-utilization U]
+      [--max-num-batched-tokens T] [--max-num-seqs S] [--enforce-eager] [--out FILE]
   sim profile fit-roofline [--measurements FILE]   (refits sim/hardware/specs/roofline_fit.json)
   sim profile check PROFILE [--probes FILE ...] [--aiconfigurator] [--json FILE]
 """
@@ -29,7 +30,11 @@ def register(sub) -> None:
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1-8, dividing the attention heads)")
     r.add_argument("--ep", type=int, default=1,
                    help="MoE models: expert-parallel GPUs (1-8, dividing the experts; attention data-parallel), instead of --tp")
-    r.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's, in (0, 1] (default 0.9)")
+    r.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="vLLM's token budget; sizes the profile run's activation peak (default: vLLM's for the GPU)")
+    r.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's; sizes the sampler's dummy run (default: vLLM's)")
+    r.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: vLLM then reserves no graph pool")
     r.add_argument("--max-model-len", type=int, default=None,
                    help="default: the model's, capped to what the KV cache holds")
     r.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
@@ -72,7 +77,8 @@ def _source(path: str) -> str:
 
 def run_roofline(args) -> int:
     profile, notes = roofline.roofline_profile(args.gpu, args.model, args.tp, args.gpu_memory_utilization, args.max_model_len,
-                                             ep=args.ep)
+                                             ep=args.ep, max_num_batched_tokens=args.max_num_batched_tokens,
+                                             max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager)
     text = json.dumps(profile, indent=1) + "\n"
     report = sys.stdout if args.out else sys.stderr  # keep stdout pure JSON when it carries the profile
     if args.out:

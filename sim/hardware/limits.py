@@ -12,7 +12,8 @@ What vLLM 0.32 does (vllm/engine/arg_utils.py, vllm/v1/worker/gpu_worker.py, as 
   server) / 256. Chunked prefill and prefix caching default on.
 - Worker.determine_available_memory: KV memory = total * gpu_memory_utilization - weights
   - peak activation of a dummy forward of max_num_batched_tokens tokens (and a sampler
-  run over max_num_seqs rows) - non-torch memory - the CUDA-graph pool estimate.
+  run over max_num_seqs rows) - non-torch memory - the CUDA-graph pool estimate; computed
+  term by term in sim/hardware/kv_pool.py.
 - num_gpu_blocks = KV memory // page bytes per block (over all layers), the same on every
   tensor-parallel rank; start-up fails if one max_model_len request does not fit.
 """
@@ -21,13 +22,6 @@ from __future__ import annotations
 from agentsim.errors import InputError
 
 GiB = 1 << 30
-# Non-torch memory (CUDA context, cuBLAS/NCCL workspaces) plus the CUDA-graph pool. vLLM
-# logged 1.79 GiB non-torch for Llama-3-8B on an H100 (vllm PR #10511); graphs of an 8B
-# model add a few hundred MiB. An estimate: it is the part of this that was not measured.
-NON_TORCH_BYTES = 2.0 * GiB
-# Sampler dummy run: float32 logits plus ~2 same-sized temporaries (softmax, top-k/p sort).
-SAMPLER_BYTES_PER_LOGIT = 12
-
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
             "intermediate_size", "vocab_size", "dtype_bytes", "num_params")
 
@@ -42,15 +36,6 @@ def batch_defaults(gpu_mem_bytes: float, gpu_name: str = "", usage_context: str 
     if gpu_mem_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
         return (16384 if llm else 8192), 1024
     return (8192 if llm else 2048), 256
-
-
-def activation_bytes(model: dict, tokens: int, seqs: int, tp: int = 1) -> float:
-    """Peak activation of vLLM's profile run: the MLP's gate_up output and its activated half
-    live together (3 * intermediate per token, split over tp) next to ~4 hidden-sized
-    buffers (residual, normed input, attention output, MLP output); then the sampler's
-    full-vocab logits for max_num_seqs rows."""
-    fwd = tokens * model["dtype_bytes"] * (3 * model["intermediate_size"] / tp + 4 * model["hidden_size"])
-    return fwd + seqs * model["vocab_size"] * SAMPLER_BYTES_PER_LOGIT
 
 
 def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_memory_utilization: float = 0.9,
@@ -71,13 +56,10 @@ def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_mem
     max_len = int(max_model_len or model.get("max_position_embeddings") or 0)
     if max_len <= 0:
         raise InputError("max_model_len unknown: give max_model_len or the model's max_position_embeddings")
-    weights = model["num_params"] * model["dtype_bytes"] / tp
-    act = activation_bytes(model, budget, min(seqs, budget), tp)
-    kv_mem = gpu_mem_bytes * gpu_memory_utilization - weights - act - NON_TORCH_BYTES
-    # KV heads are split over tp ranks; with fewer KV heads than ranks vLLM replicates them.
-    kv_heads = max(1, model["num_kv_heads"] // tp)
-    per_block = 2 * model["num_layers"] * kv_heads * model["head_dim"] * model["dtype_bytes"] * block_size
-    blocks = int(kv_mem // per_block) if kv_mem > 0 else 0
+    from sim.hardware.kv_pool import kv_pool  # the one arithmetic: sim/hardware/kv_pool.py (every term and its source)
+    pool = kv_pool(gpu_mem_bytes, model, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
+                   max_num_batched_tokens=budget, max_num_seqs=seqs, block_size=block_size)
+    weights, act, kv_mem, blocks = pool.weights_bytes, pool.activation_bytes, pool.available_bytes, pool.blocks
     if blocks * block_size < max_len:
         raise InputError(f"the model does not fit: {gpu_mem_bytes / GiB:.1f} GiB x {gpu_memory_utilization} per GPU "
                          f"(tp={tp}) leaves {max(kv_mem, 0) / GiB:.2f} GiB for KV = {blocks * block_size} tokens, "
@@ -88,6 +70,8 @@ def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_mem
         "enable_chunked_prefill": True, "enable_prefix_caching": True,
         "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/hardware/limits.py) for "
                      f"{gpu_mem_bytes / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, tp={tp}: minus weights "
-                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {NON_TORCH_BYTES / GiB:.1f} GiB; "
-                     f"{usage_context} batch defaults"),
+                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {pool.non_torch_bytes / GiB:.2f} GiB, "
+                     f"CUDA graphs {pool.cudagraph_bytes / GiB:.2f} GiB (sim/hardware/kv_pool.py; every term in kv_pool); "
+                     f"max_num_batched_tokens {budget}, max_num_seqs {seqs}"),
+        "kv_pool": {**pool.to_dict(), "per": "GPU"},
     }

