@@ -1,13 +1,13 @@
 """The table of docs/profiles.md "Checking a profile against independent references":
 `sim profile check` (sim/hardware/check.py) of the bundled H100 profile, the H200 roofline
 profile (`sim profile roofline --gpu H200 --model llama3.1-8b`) and the calibrated H200
-profiles in SHARED/h200/calibrate-torch-cuda-*.json and benchmarks/gpu/*/ (each run of
+profiles in MEASUREMENTS/h200/calibrate-torch-cuda-*.json and benchmarks/gpu/*/ (each run of
 benchmarks/gpu/calibration_check.sh: its calibrated profiles and reference probes, same
-GPU), each against the probe files of SHARED/h100, SHARED/h200 and benchmarks/gpu/*/ whose
+GPU), each against the probe files of MEASUREMENTS/h100, MEASUREMENTS/h200 and benchmarks/gpu/*/ whose
 GPU and model are the profile's, and against aiconfigurator (when the optional extra is
-installed; --write-docs needs it).
+installed; --write-docs needs it). MEASUREMENTS: the shipped sim/hardware/measurements.
 
-    python benchmarks/profile_check_table.py [--shared ../shared/measurements] [--write-docs [PAGE]]
+    python benchmarks/profile_check_table.py [--measurements DIR] [--write-docs [PAGE]]
 
 Prints a Markdown table; --write-docs also puts it into docs/profiles.md (or PAGE) in place
 of the block between `<!-- profile_check_table: FLAGS -->` and `<!-- end profile_check_table -->`.
@@ -109,15 +109,15 @@ def agreement(shared: Path) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=str(REPO.parent / "shared" / "measurements"),
-                    help="the shared measurements folder (h100/, h200/)")
+    ap.add_argument("--measurements", default=str(roofline.MEASUREMENTS_DIR),
+                    help="a measurements folder with h100/ and h200/ (default: the shipped sim/hardware/measurements)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
                     help="also replace the table in PAGE (default docs/profiles.md) between "
                          "`<!-- profile_check_table: FLAGS -->` and `<!-- end profile_check_table -->`")
     a = ap.parse_args(argv)
-    shared = Path(a.shared)
+    shared = Path(a.measurements)
     if not (shared / "h100").is_dir() or not (shared / "h200").is_dir():
-        raise SystemExit(f"error: {shared} has no h100/ and h200/ measurement folders; give --shared DIR")
+        raise SystemExit(f"error: {shared} has no h100/ and h200/ measurement folders; give --measurements DIR")
     try:
         pc._aic()
         with_aic = True
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                  "against the probe's median_s):\n\n" + agreement(shared))
     print(body)
     if a.write_docs:
-        write_block(a.write_docs, "profile_check_table", f"--shared {_rel(shared)}", body)
+        write_block(a.write_docs, "profile_check_table", f"--measurements {_rel(shared)}", body)
         print(f"wrote {a.write_docs}", file=sys.stderr)
     return 0
 

@@ -34,6 +34,7 @@ docs/figures/serving_systems.png.
 from __future__ import annotations
 
 import argparse
+import os
 import datetime
 import json
 import math
@@ -56,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = DOCS / "serving_systems.md"
 FIGURE = DOCS / "figures" / "serving_systems.png"
 SCRIPT = "serving_systems_table"
-REAL_SESSIONS = ROOT.parent / "shared" / "external-traces" / "agentcgroup" / "experiments"
+# AgentCgroup's experiments/ folder (github.com/eunomia-bpf/agentcgroup at 5af9e7b, GPL-2.0: read in place, never copied)
+REAL_SESSIONS_ENV = "AGENTCGROUP_EXPERIMENTS"
 REAL_DRAWN = 300  # programs resampled (as docs/results.md); a cell runs the first PROGRAMS of them
 
 # label -> (policy, cluster settings); every system on 2 GPUs
@@ -133,13 +135,15 @@ def one(job):
     return key, out
 
 
-def build_real(src: Path, out_dir: Path) -> Path:
+def build_real(src: str | None, out_dir: Path) -> Path:
     """The real-session trace, built with the repo's own import and resample commands into out_dir."""
     from agentsim.cli import main as sim
 
-    if not src.is_dir():
-        raise SystemExit(f"error: --real-sessions {src} is not a directory; give AgentCgroup's experiments/ folder "
-                         f"(../shared/external-traces/agentcgroup/experiments) or drop the `real` cell")
+    if not src or not Path(src).is_dir():
+        raise SystemExit(f"error: the `real` cell needs AgentCgroup's experiments/ folder (a checkout of "
+                         f"github.com/eunomia-bpf/agentcgroup, GPL-2.0, read in place): give --real-sessions DIR or set "
+                         f"{REAL_SESSIONS_ENV}" + (f" ({src} is not a directory)" if src else "") + ", or drop the `real` cell")
+    src = Path(src)
     local, haiku, real = out_dir / "local.parquet", out_dir / "haiku.parquet", out_dir / f"real{REAL_DRAWN}.parquet"
     for argv in (["trace", "import", "claude-code", str(src / "all_images_local"), "-o", str(local)],
                  ["trace", "import", "claude-code", str(src / "all_images_haiku"), "--estimate-tokens", "-o", str(haiku)],
@@ -281,7 +285,8 @@ def parse_args(argv=None):
     ap.add_argument("--tiers", default="gpu,cpu", help="gpu: no offload; cpu: with --offload (default both)")
     ap.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"rows, of: {', '.join(SYSTEMS)}")
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
-    ap.add_argument("--real-sessions", default=str(REAL_SESSIONS), help="AgentCgroup's experiments/ folder (read in place)")
+    ap.add_argument("--real-sessions", default=os.environ.get(REAL_SESSIONS_ENV), metavar="DIR",
+                    help=f"AgentCgroup's experiments/ folder, read in place (default ${REAL_SESSIONS_ENV})")
     ap.add_argument("--workers", type=int, default=2, help="processes (1: in this one; at most 2 on a shared machine)")
     ap.add_argument("--figure", default=None, metavar="PNG", help="write the figure there (with --write-docs: docs/figures/serving_systems.png)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
@@ -310,7 +315,7 @@ def main(argv: list[str] | None = None) -> str:
     with tempfile.TemporaryDirectory(prefix="serving_systems_") as tmp:
         paths = {t: t for t, *_ in cells}
         if "real" in paths:
-            paths["real"] = str(build_real(Path(a.real_sessions), Path(tmp)))
+            paths["real"] = str(build_real(a.real_sessions, Path(tmp)))
         jobs = [((t, b, j, p, s, off, sd), paths[t], p, b, j, s, off, sd, a.profile)
                 for t, b, loads, p in cells for j in loads for s in systems for off in offs for sd in seeds]
         # the slowest first (radix caches, disaggregation), so two workers finish together

@@ -33,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
     p.add_argument("--from-probes", default=None, metavar="FILE",
                    help="fit a kernel-timing file instead of running an engine (calibrate/measured.py), e.g. "
-                        "../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json")
+                        "sim/hardware/measurements/h100/llama3.1-8b-shape-torch-probes.json")
     p.add_argument("--refit", default=None, metavar="PROFILE.json",
                    help="re-derive a profile written by `sim calibrate` from its stored probe repeats under the "
                         "current rule (median of repeats), without an engine; --out may be the same file")

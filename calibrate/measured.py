@@ -1,6 +1,6 @@
 """Probe rows from an external measurement file (kernel timings taken without vLLM).
 
-The format is that of ../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json
+The format is that of sim/hardware/measurements/h100/llama3.1-8b-shape-torch-probes.json
 (its README.md says how the numbers were taken): top-level `device`, `mem_total_GB`,
 `pcie` {h2d: [{MiB, median_s}], d2h: [...]}, and `probes`, each
 {kind: prefill, n, k, median_s, min_s} (n new tokens after k cached ones, one unchunked
@@ -102,7 +102,7 @@ def _shape(data: dict) -> dict:
 
 def _display(path: Path) -> str:
     """The file's path relative to the repository (profiles are committed), else absolute."""
-    # lexical, not resolved: a ../shared that is a symlink must read the same as a folder
+    # lexical, not resolved: a folder reached through a symlink reads as the folder
     path = Path(os.path.normpath(path.absolute()))
     return os.path.relpath(path, REPO) if path.anchor == REPO.anchor else str(path)
 

@@ -1,4 +1,4 @@
-"""The measured H100 profile: the GPU step model on the shared H100 kernel timings,
+"""The measured H100 profile: the GPU step model on the shipped H100 kernel timings,
 `sim calibrate --from-probes`, the committed profile, and the step model's compatibility."""
 import json
 import math
@@ -16,11 +16,9 @@ from sim.hardware.profile import BUNDLED_DIR, StepModel, load_profile, parse_pro
 from agentsim.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
-PROBES = REPO.parent / "shared" / "measurements" / "h100" / "llama3.1-8b-shape-torch-probes.json"
-need_probes = pytest.mark.skipif(not PROBES.is_file(), reason=f"shared H100 measurement absent: {PROBES}")
+PROBES = REPO / "sim" / "hardware" / "measurements" / "h100" / "llama3.1-8b-shape-torch-probes.json"
 
 
-@need_probes
 def test_gpu_step_model_fits_each_probe_kind_within_5_percent_held_out():
     fe = build_measured_profile(PROBES)["fit_error"]
     for kind in ("prefill", "cached_prefill", "decode"):
@@ -45,7 +43,6 @@ def _same(a, b, where="profile"):
         assert a == b, where
 
 
-@need_probes
 def test_committed_profile_is_what_the_command_writes(tmp_path, capsys):
     out = tmp_path / "h100.json"
     assert main(["calibrate", "--from-probes", str(PROBES), "--out", str(out)]) == 0
@@ -65,7 +62,6 @@ def test_committed_profile_loads_with_gpu_terms_and_measured_pcie():
     np.testing.assert_allclose(sim, fit, rtol=1e-12)
 
 
-@need_probes
 def test_rows_follow_the_file_and_the_hold_out_rule():
     data = load_measurements(PROBES)
     rows = probe_rows(data)

@@ -1,6 +1,6 @@
 """`sim profile check` (sim/hardware/check.py): a profile's step times against probe files
 and aiconfigurator, per kind; hand-worked errors on a tiny profile, the bundled H100
-profile on the shared H100 probes, and bad input as one line."""
+profile on the shipped H100 probes, and bad input as one line."""
 import json
 import sys
 from types import SimpleNamespace
@@ -13,10 +13,9 @@ from sim.hardware import roofline
 from sim.cli import main
 from sim.hardware.profile import load_profile, parse_profile
 
-SHARED = roofline.REPO_ROOT.parent / "shared" / "measurements"
-H100 = SHARED / "h100" / "llama3.1-8b-shape-torch-probes.json"
-H200 = SHARED / "h200" / "llama3.1-8b-shape-torch-probes.json"
-needs = lambda *files: pytest.mark.skipif(not all(f.is_file() for f in files), reason=f"shared measurements absent: {SHARED}")
+MEASURED = roofline.MEASUREMENTS_DIR  # the shipped probe files
+H100 = MEASURED / "h100" / "llama3.1-8b-shape-torch-probes.json"
+H200 = MEASURED / "h200" / "llama3.1-8b-shape-torch-probes.json"
 try:
     import aiconfigurator_core  # noqa: F401
     HAVE_AIC = True
@@ -115,7 +114,6 @@ def test_repeated_probes_flags_judge_every_file(tmp_path, capsys):
     assert main(["profile", "check", str(prof), "--probes", str(a), "--probes", str(b), str(c), "--json", str(out)]) == 0
     assert [r["source"] for r in json.loads(out.read_text())["references"]] == [str(a), str(b), str(c)]
 
-@needs(H100)
 def test_bundled_h100_profile_on_the_shared_h100_probes(capsys):
     assert main(["profile", "check", "llama3.1-8b-h100", "--probes", str(H100)]) == 0
     text = capsys.readouterr().out
@@ -128,7 +126,6 @@ def test_bundled_h100_profile_on_the_shared_h100_probes(capsys):
     assert all(by[k]["mape_pct"] < 2 for k in by if k.startswith("decode"))
 
 
-@needs(H100, H200)
 def test_probe_file_of_another_gpu_is_one_line(capsys):
     assert main(["profile", "check", "llama3.1-8b-h100", "--probes", str(H200)]) == 2
     err = capsys.readouterr().err.strip()
@@ -306,14 +303,13 @@ def test_aiconfigurator_without_the_model_shape_is_one_line(tmp_path):
         pc.aiconfigurator_reference(_profile(model=tiny))
 
 
-@needs(H100, H200)
 def test_the_docs_table_is_the_scripts(capsys):
     """docs/profiles.md's probe rows are what benchmarks/profile_check_table.py computes now."""
     from benchmarks import profile_check_table as t
 
     page = (roofline.REPO_ROOT / "docs" / "profiles.md").read_text()
-    block = page.split("<!-- profile_check_table: --shared ../shared/measurements -->")[1].split("<!-- end profile_check_table -->")[0]
-    rows = [ln for ln in t.table(SHARED, with_aic=False).splitlines() if ln.startswith("| `") or ln.startswith("| roofline")]
+    block = page.split("<!-- profile_check_table: --measurements sim/hardware/measurements -->")[1].split("<!-- end profile_check_table -->")[0]
+    rows = [ln for ln in t.table(MEASURED, with_aic=False).splitlines() if ln.startswith("| `") or ln.startswith("| roofline")]
     # the shared profiles on the shared probes (3); each committed GPU run's profiles on the
     # shared probes of their GPU and model and on that run's own: 3 for each of the four H100
     # runs' Llama and Qwen3 profiles (no shared Qwen3 H100 probes), 2 for the first H200 run's

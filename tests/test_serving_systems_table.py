@@ -70,9 +70,12 @@ def test_quick_run_writes_its_block_and_figure(tmp_path, capsys):
     assert drawn[0]["bars"]["no offload"]["x"] == systems
 
 
-@pytest.mark.skipif(not sst.REAL_SESSIONS.is_dir(), reason="needs ../shared/external-traces")
+REAL_SESSIONS = ROOT.parent / "shared" / "external-traces" / "agentcgroup" / "experiments"  # the team's copy
+
+
+@pytest.mark.skipif(not REAL_SESSIONS.is_dir(), reason="needs ../shared/external-traces")
 def test_real_cell_is_built_in_a_temporary_directory(capsys):
-    text = sst.main(["--cells", "real:26124:0.3:3", "--systems", "vllm,1p1d", "--workers", "1"])
+    text = sst.main(["--cells", "real:26124:0.3:3", "--systems", "vllm,1p1d", "--workers", "1", "--real-sessions", str(REAL_SESSIONS)])
     check_rows(text, ["vllm", "1p1d"], 1)
     assert "Table: real Claude Code sessions (AgentCgroup, resampled), 3 programs" in text
     assert not list(ROOT.rglob("real300.parquet"))  # the GPL-derived trace never lands in the repository
@@ -102,3 +105,9 @@ def test_the_docs_figure_is_drawn_only_for_the_default_tables_written_into_the_d
     assert sst.figure_path(sst.parse_args(["--quick", "--write-docs"])) is None
     assert sst.figure_path(sst.parse_args([])) is None
     assert sst.figure_path(sst.parse_args(["--figure", str(tmp_path / "f.png")])) == str(tmp_path / "f.png")
+
+
+def test_the_real_cell_without_its_folder_names_the_flag(monkeypatch):
+    monkeypatch.delenv(sst.REAL_SESSIONS_ENV, raising=False)
+    with pytest.raises(SystemExit, match="give --real-sessions DIR or set AGENTCGROUP_EXPERIMENTS"):
+        sst.main(["--cells", "real:26124:0.3:3", "--systems", "vllm", "--workers", "1"])

@@ -212,3 +212,36 @@ def test_the_circle_check_finds_a_circle():
     assert import_circles({p: ast.parse(s) for p, s in planted.items()}) in ("sim.run.a -> sim.run.b -> sim.run.a",
                                                                               "sim.run.b -> sim.run.a -> sim.run.b")
     assert import_circles({p: ast.parse(s) for p, s in list(planted.items())[::2]}) is None
+
+
+# ../shared is the team's folder beside the checkout: the tests may read it in place (and skip
+# without it); nothing a user installs, runs or reads may name it. The GPU device tooling
+# (benchmarks/gpu/) takes its independent reference probe scripts from there by design.
+USER_FACING = ["README.md", "Makefile", "pyproject.toml", "setup.py", "mkdocs.yml", "sim", "calibrate", "traces",
+               "policies", "agentsim", "docs", "notebooks", "benchmarks/*.py"]
+
+
+def shared_mentions(root: Path) -> list[str]:
+    files = [f for entry in USER_FACING for p in root.glob(entry)
+             for f in ([p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()))]
+    bad = []
+    for f in files:
+        try:
+            text = f.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue  # compiled files, figures
+        bad += [f"{f.relative_to(root)}:{i}" for i, line in enumerate(text.splitlines(), 1)
+                if "../shared" in line or '"shared" /' in line or "/ \"shared\"" in line]
+    return bad
+
+
+def test_nothing_a_user_runs_or_reads_names_the_teams_shared_folder():
+    assert shared_mentions(ROOT) == []
+
+
+def test_the_shared_folder_check_finds_a_mention(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("fine\nsee ../shared/measurements\n")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "b.py").write_text('X = ROOT.parent / "shared" / "x"\n')
+    assert sorted(shared_mentions(tmp_path)) == ["benchmarks/b.py:1", "docs/a.md:2"]

@@ -39,7 +39,7 @@ def register(sub) -> None:
                    help="default: the model's, capped to what the KV cache holds")
     r.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
     r.add_argument("--measurements", default=str(roofline.DEFAULT_MEASUREMENTS),
-                   help="H100 probe file to print the error on (default ../shared/measurements/h100/...)")
+                   help="H100 probe file to print the error on (default: the shipped sim/hardware/measurements/h100/...)")
     r.set_defaults(func=run_roofline)
     f = ps.add_parser("fit-roofline", help="refit the roofline efficiency constants on the H100 probes",
                       description=f"Writes {roofline.FIT_FILE.relative_to(roofline.REPO_ROOT)} (commit it).")
@@ -55,7 +55,7 @@ def register(sub) -> None:
     c.add_argument("profile", help="a bundled profile name or a profile JSON path")
     c.add_argument("--probes", nargs="+", action="extend", default=[], metavar="FILE",
                    help="probe files in the shared format (sim/hardware/check.py), e.g. "
-                        "../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json")
+                        "sim/hardware/measurements/h100/llama3.1-8b-shape-torch-probes.json")
     c.add_argument("--aiconfigurator", action="store_true",
                    help="also against aiconfigurator's estimates for the profile's GPU and model (offline)")
     c.add_argument("--json", default=None, metavar="FILE", help="also write every point and summary here")

@@ -13,7 +13,7 @@ the step slower than the reference. Per kind (fresh prefill, cached-prefix prefi
 decode by batch size, mixed) it prints the MAPE, the signed mean and the worst point.
 
 References:
-- a probe file in the shared format (../shared/measurements/h100/, h200/): top-level
+- a probe file in the shared format (the shipped sim/hardware/measurements/h100/, h200/): top-level
   `device`, `model`, and `probes`, each {kind: prefill, n, k, median_s, min_s} (n new
   tokens after k cached, one unchunked forward pass), {kind: decode, B, ctx, median_s,
   min_s} (one step of B sequences each over ctx tokens) or {kind: mixed, n, k, B, ctx,
@@ -119,7 +119,7 @@ def load_probe_file(path: str | Path, kinds=KINDS, doc: str = "sim/hardware/chec
     p = Path(path)
     if not p.is_file():
         raise InputError(f"probe file {str(p)!r} not found; give the path of a measurement JSON "
-                         "(e.g. ../shared/measurements/h100/llama3.1-8b-shape-torch-probes.json)")
+                         "(e.g. sim/hardware/measurements/h100/llama3.1-8b-shape-torch-probes.json)")
     try:
         data = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

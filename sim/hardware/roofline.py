@@ -50,7 +50,8 @@ from sim.hardware.model_shape import (ACT_BYTES, KV_REFERENCE_TOKENS, attention_
 
 FIT_FILE = SPEC_DIR / "roofline_fit.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MEASUREMENTS = REPO_ROOT.parent / "shared/measurements/h100/llama3.1-8b-shape-torch-probes.json"
+MEASUREMENTS_DIR = Path(__file__).parent / "measurements"  # shipped probe files, provenance in its README.md
+DEFAULT_MEASUREMENTS = MEASUREMENTS_DIR / "h100" / "llama3.1-8b-shape-torch-probes.json"
 KINDS = ("fresh_prefill", "cached_prefill", "decode")
 # The efficiencies fitted on the probes, with their bounds (efficiencies cannot exceed 1).
 EFF_NAMES = ("eff_mem", "eff_kv", "eff_gemm", "eff_attn", "step_overhead_s")
