@@ -112,7 +112,12 @@ class TraceReplay:
             raise RuntimeError(f"{rid}: the engine returned {len(output_ids)} tokens, not {row['output_tokens']}")
         rec.update(program_id=pid, turn=int(turn), prompt_tokens=len(p.tokens), output_tokens=len(output_ids))
         self.records.append(rec)
-        p.tokens = p.tokens + list(output_ids)
+        carry = row.get("carry") or "cached"  # how the next prompt carries this output (traces/schema.py)
+        if carry == "rerendered":
+            p.tokens = p.tokens + self._ids(self.rng, len(output_ids))
+        else:
+            drop = min(int(row["reasoning_tokens"]), len(output_ids)) if carry == "reasoning-dropped" else 0
+            p.tokens = p.tokens + list(output_ids[drop:])
         p.turn += 1
         if p.turn < len(p.rows):
             heapq.heappush(self.due, (rec["finish"] + float(row["tool_duration_s"]), len(self.records), pid))

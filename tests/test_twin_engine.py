@@ -550,3 +550,26 @@ def test_async_with_a_connector_never_preempts_a_call_a_step_in_flight_still_wri
         signal.signal(signal.SIGALRM, old)
     assert rows[0].equals(rows[1])
     assert rows[0]["preemptions"].sum() > 0
+
+
+@pytest.mark.parametrize("carry, share", [("rerendered", None), ("reasoning-dropped", 0.4), ("mixed", 0.4)])
+@pytest.mark.parametrize("policy", ["vllm", "continuum"])
+def test_carry_over_modes_twin_identical_per_call(policy, carry, share):
+    """Outputs that reach the next prompt re-rendered, or without their reasoning (and a
+    trace mixing all three modes by row): vLLM's prefix cache over the token ids made from
+    the carried content hits exactly what the SimPy pool's content keys hit, call by call."""
+    from traces.transform import carry_over
+
+    trace = random_trace(np.random.default_rng(5), 20)
+    if carry == "mixed":
+        trace = carry_over(trace, "reasoning-dropped", share)
+        trace["carry"] = np.array(["cached", "rerendered", "reasoning-dropped"], dtype=object)[np.arange(len(trace)) % 3]
+    else:
+        trace = carry_over(trace, carry, share)
+    arrivals = np.cumsum(np.random.default_rng(6).exponential(0.3, 20))
+    prof = linear_profile(c2=1e-7, blocks=150)
+    rows = {}
+    for engine in ("simpy", "vllm"):
+        rows[engine] = simulate(trace, policy, prof, arrivals, kind=engine).turns[TWIN_COLUMNS]
+    assert rows["simpy"].equals(rows["vllm"])
+    assert rows["vllm"]["cached_tokens"].sum() > 0

@@ -1,14 +1,15 @@
 """`sim trace ...` subcommands: gen, stats (traces.generate / traces.stats), import
-(traces.importers) and resample (traces.resample)."""
+(traces.importers), resample (traces.resample) and carry (traces.transform)."""
 from __future__ import annotations
 
 
 def register(sub) -> None:
     p = sub.add_parser("trace", help="generate, import and describe traces")
     tsub = p.add_subparsers(dest="trace_cmd", required=True, parser_class=type(p))
-    from traces import generate, stats, importers, resample
+    from traces import generate, importers, resample, stats, transform
 
     generate.register(tsub)
     stats.register(tsub)
     importers.register(tsub)
     resample.register(tsub)
+    transform.register(tsub)

@@ -18,6 +18,17 @@ Columns (required unless marked optional):
                                (system prompt), <= turn 0's new_input_tokens
   segments              list   optional; the new input's content as [{id, tokens}, ...]
                                (traces/segments.py): programs share KV blocks by content
+  reasoning_tokens      int    optional; the leading part of output_tokens that is
+                               reasoning, 0 <= reasoning_tokens <= output_tokens
+  carry                 str    optional; how the next prompt carries this turn's output
+                               (CARRY_MODES; null = cached):
+                               cached             as generated: its KV is reused
+                               rerendered         re-rendered by the chat template: the
+                                                  same length, other tokens, so the prefix
+                                                  cache hits up to this turn's prompt only
+                               reasoning-dropped  without its reasoning_tokens: the rest
+                                                  is recomputed where the reasoning began
+                                                  (with 0 reasoning tokens: as cached)
 
 Parquet key-value metadata (`agentsim` key, JSON) records generator, seed, source.
 """
@@ -39,7 +50,8 @@ from agentsim.files import atomic_write
 from traces.validation import validated
 
 REQUIRED = ["program_id", "turn", "new_input_tokens", "output_tokens", "tool", "tool_duration_s"]
-OPTIONAL = ["arrival_s", "shared_prefix_tokens", segments.COLUMN]
+OPTIONAL = ["arrival_s", "shared_prefix_tokens", segments.COLUMN, "reasoning_tokens", "carry"]
+CARRY_MODES = ("cached", "rerendered", "reasoning-dropped")
 META_KEY = b"agentsim"
 DATA_DIR = Path(__file__).parent / "data"
 _META = TypeAdapter(Json[dict])  # the metadata must be a JSON object
@@ -73,7 +85,7 @@ class Columns:
         import pandas as pd
 
         # object dtype with real None: pandas 3's string dtype would turn None into NaN/"nan"
-        return pd.DataFrame({c: pd.Series(v, dtype=object) if c in ("tool", segments.COLUMN) else v
+        return pd.DataFrame({c: pd.Series(v, dtype=object) if c in ("tool", "carry", segments.COLUMN) else v
                              for c, v in self.columns.items()})
 
 
@@ -188,10 +200,12 @@ def check(cols: dict[str, np.ndarray]) -> Columns:
         i = int(np.flatnonzero(pid_missing)[0])
         raise InputError(f"trace row {i} (turn {cols['turn'][i]}): field 'program_id' is missing; give every row its program's id")
     cols["program_id"] = np.array([str(p) for p in cols["program_id"]], dtype=object)
-    for col in ("turn", "new_input_tokens", "output_tokens") + (
-        ("shared_prefix_tokens",) if "shared_prefix_tokens" in cols else ()
+    for col in ("turn", "new_input_tokens", "output_tokens") + tuple(
+        c for c in ("shared_prefix_tokens", "reasoning_tokens") if c in cols
     ):
         cols[col] = _whole_numbers(cols, col)
+    if "carry" in cols:
+        cols["carry"] = np.array(["cached" if is_nan(c) else c for c in cols["carry"]], dtype=object)
     for col in ("tool_duration_s",) + (("arrival_s",) if "arrival_s" in cols else ()):
         vals = _numbers(cols[col]).astype(np.float64)
         bad = np.isnan(vals) & ~_missing(cols[col])
@@ -245,6 +259,21 @@ def check(cols: dict[str, np.ndarray]) -> Columns:
             ("shared_prefix_tokens", sp < 0, "is negative", "give 0 or more"),
             ("shared_prefix_tokens", first & (sp > new), "exceeds turn 0's new_input_tokens", "the shared prefix is part of the first prompt"),
         ]
+    if "reasoning_tokens" in cols:
+        rt = cols["reasoning_tokens"]
+        checks += [
+            ("reasoning_tokens", rt < 0, "is negative", "give 0 or more"),
+            ("reasoning_tokens", rt > cols["output_tokens"], "exceeds output_tokens", "reasoning is part of the output"),
+        ]
+    if "carry" in cols:
+        known = np.array([c in CARRY_MODES for c in cols["carry"]])
+        if not known.all():
+            i = int(np.flatnonzero(~known)[0])
+            _fail(cols, i, "carry", f"is {_show(cols['carry'][i])}", f"give one of {', '.join(CARRY_MODES)} (or null: cached)")
+        if "reasoning_tokens" not in cols and (cols["carry"] == "reasoning-dropped").any():
+            i = int(np.flatnonzero(cols["carry"] == "reasoning-dropped")[0])
+            _fail(cols, i, "carry", "is reasoning-dropped but the trace has no reasoning_tokens column",
+                  "give each row's reasoning_tokens (`sim trace carry --reasoning-share`)")
     for field, bad, problem, fix in checks:
         if bad.any():
             _fail(cols, int(np.flatnonzero(bad)[0]), field, problem, fix)

@@ -96,3 +96,17 @@ try:
     from sim.kv._content import ContentKeys
 except ImportError:  # a source checkout that was never installed: the reference runs
     ContentKeys = PyContentKeys
+
+
+def carried(content, mode: str, n: int):
+    """The context a program's next prompt continues when the last call's output (the last
+    run of `content`) reaches it other than as generated (traces/schema.py `carry`): a new
+    context with the same runs before that output, whose blocks keep their keys, then `n`
+    tokens named by the mode and the prompt they follow (re-rendered text, or the output
+    without its reasoning), which match no block of the output."""
+    *before, (_, _, _, digest) = content.runs
+    fork = ContentKeys(content.block_size)
+    for cid, _, n_run, _ in before:
+        fork.append(cid, n_run)
+    fork.append((mode, digest), n)
+    return fork

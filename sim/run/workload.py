@@ -1,6 +1,7 @@
 """Agent programs as SimPy processes: arrive, then alternate an LLM call with a tool wait.
 
-Turn t's prompt = turn t-1's prompt + its output + new input (append-only context).
+Turn t's prompt = turn t-1's prompt + its output + new input (append-only context), the
+output carried as the trace's `carry` says (as generated unless it says otherwise).
 Arrivals come from the trace (`arrival_s`) or a seeded Poisson process at `jps` (open
 loop); or, closed loop (`closed_loop_arrivals`), N programs start at 0 and each of the
 others, in trace order, when a running one finishes: a program whose arrival is NaN
@@ -16,7 +17,7 @@ import numpy as np
 
 from policies.base import Request
 from sim.replica.call import Call
-from sim.kv.content import ContentKeys
+from sim.kv.content import ContentKeys, carried
 from traces import segments
 from agentsim.errors import InputError
 
@@ -26,6 +27,14 @@ def poisson_arrivals(n: int, jps: float, seed: int) -> np.ndarray:
         raise InputError(f"--jps must be > 0 and finite (got {jps}); give programs per second, e.g. 0.2")
     gaps = np.random.default_rng(seed).exponential(1.0 / jps, size=n)
     return np.concatenate([[0.0], np.cumsum(gaps[1:])]) if n else gaps
+
+
+def dropped(row: dict, output: int) -> int:
+    """Tokens of a turn's `output` its next prompt does not carry: the reasoning, where the
+    trace says the next prompt drops it (traces/schema.py `carry`)."""
+    if row.get("carry") != "reasoning-dropped":
+        return 0
+    return min(int(row["reasoning_tokens"]), output)
 
 
 def closed_loop_arrivals(n: int, concurrency: int) -> np.ndarray:
@@ -70,9 +79,10 @@ class Workload:
             self.programs.append((str(pid), rows, float(arr)))
 
     def _check_fits(self, pid, rows, max_model_len: int, num_blocks: int, budget: int | None) -> None:
-        ctx = 0
+        ctx = drop = 0
         for r in rows:
-            ctx += int(r["new_input_tokens"]) + int(r["output_tokens"])
+            ctx += int(r["new_input_tokens"]) + int(r["output_tokens"]) - drop
+            drop = dropped(r, int(r["output_tokens"]))
             # Without chunked prefill a call is admitted only whole, so one longer than the
             # token budget would wait forever; a preempted call recomputes up to ctx - 1
             # tokens. (vLLM refuses max_num_batched_tokens < max_model_len in that mode.)
@@ -107,11 +117,14 @@ class Workload:
     def _program(self, pid: str, rows: list[dict], arrival: float):
         env = self.env
         yield env.timeout(arrival - env.now)  # processes start at 0 (open loop) or at `arrival` (closed)
-        prompt = prev_out = 0
+        prompt = prev_out = drop = 0
+        carry = "cached"
         shared = int(rows[0].get("shared_prefix_tokens", 0) or 0)
         content = ContentKeys(self.block_size)
         for r in rows:
-            prompt += prev_out + int(r["new_input_tokens"])
+            if carry == "rerendered" or drop:  # the last output does not reach this prompt as generated
+                content = carried(content, carry, prev_out - drop)
+            prompt += prev_out - drop + int(r["new_input_tokens"])
             segs = r[segments.COLUMN] if self.by_content else None
             if not segments.is_unknown(segs):
                 for s in segs:
@@ -137,5 +150,6 @@ class Workload:
             self.engine.submit(call)
             yield done
             prev_out = call.num_output
+            carry, drop = r.get("carry") or "cached", dropped(r, prev_out)
             if not last:
                 yield env.timeout(float(r["tool_duration_s"]))
