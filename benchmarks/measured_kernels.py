@@ -202,7 +202,10 @@ def _fit_link(sizes, secs) -> dict:
 
 
 def collectives(system: str) -> dict:
-    """vLLM's all-reduce (graph) and NCCL's all-to-all at 2, 4 and 8 GPUs, fitted."""
+    """vLLM's all-reduce (graph) and NCCL's all-to-all at 2, 4 and 8 GPUs, fitted on bytes: the
+    tables' message_size is an element count (aiconfigurator's comm queries take elements;
+    its engine's decode all-reduce of B tokens reads the row of B x hidden), of 2-byte
+    bf16 / half elements."""
     import pandas as pd
     from aiconfigurator_core.sdk import perf_database
 
@@ -217,20 +220,22 @@ def collectives(system: str) -> dict:
     v = latest(root / "vllm")
     if v is not None and (v / "custom_allreduce_perf.parquet").is_file():
         d = pd.read_parquet(v / "custom_allreduce_perf.parquet")
-        d = d[(d.backend == "vllm_graph") & d.message_size.between(*COMM_RANGE)]
+        d = d.assign(nbytes=d.message_size * 2)
+        d = d[(d.backend == "vllm_graph") & d.nbytes.between(*COMM_RANGE)]
         ver = str(d.version.iloc[0]) if len(d) else v.name
         out["all_reduce"] = {"source": f"comm/vllm/{v.name}/custom_allreduce_perf.parquet (vLLM {ver}, CUDA graph, bf16; "
-                                       "message = bytes of the reduced tensor)",
-                             **{str(n): _fit_link(g.message_size.to_numpy(float), (g.latency.to_numpy(float) / 1e3))
+                                       "message = 2 B x the reduced tensor's elements)",
+                             **{str(n): _fit_link(g.nbytes.to_numpy(float), (g.latency.to_numpy(float) / 1e3))
                                 for n, g in d.groupby("num_gpus")}}
     v = latest(root / "nccl")
     if v is not None and (v / "nccl_perf.parquet").is_file():
         d = pd.read_parquet(v / "nccl_perf.parquet")
-        d = d[(d.op_name == "alltoall") & (d.nccl_dtype == "half") & d.message_size.between(*COMM_RANGE)]
+        d = d.assign(nbytes=d.message_size * 2)
+        d = d[(d.op_name == "alltoall") & (d.nccl_dtype == "half") & d.nbytes.between(*COMM_RANGE)]
         if len(d):
             out["all_to_all"] = {"source": f"comm/nccl/{v.name}/nccl_perf.parquet (NCCL {v.name} alltoall, half; "
-                                            "message = bytes each GPU sends)",
-                                 **{str(n): _fit_link(g.message_size.to_numpy(float), g.latency.to_numpy(float) / 1e3)
+                                            "message = 2 B x the elements each GPU sends)",
+                                 **{str(n): _fit_link(g.nbytes.to_numpy(float), g.latency.to_numpy(float) / 1e3)
                                     for n, g in d.groupby("num_gpus")}}
     return out
 
@@ -360,13 +365,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--derive", action="store_true", help="query aiconfigurator and write the coefficients (needs the extra)")
     ap.add_argument("--out", default=str(mk.DATA_FILE))
+    ap.add_argument("--collectives-only", action="store_true",
+                    help="derive only the collectives, into the existing file (needs the extra)")
     ap.add_argument("--gpus", default=None, help="derive: only these GPUs (comma-separated)")
     ap.add_argument("--models", default=None, help="derive: only these models (comma-separated)")
     ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     data = None
-    if a.derive:
+    if a.collectives_only:
+        data = json.loads(Path(a.out).read_text())
+        for d in data["gpus"].values():
+            d["collectives"] = collectives(d["system"])
+        Path(a.out).write_text(json.dumps(data, indent=1) + "\n")
+    elif a.derive:
         data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","))
         print(f"wrote {a.out}", file=sys.stderr)
     elif not Path(a.out).is_file():
