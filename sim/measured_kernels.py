@@ -98,7 +98,8 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
         prov["notes"] = notes
     else:
         prov.pop("notes", None)
-    profile["device"] = profile["device"].replace("(roofline estimate, not measured)", f"({src})")
+    profile["device"] = profile["device"].replace("(roofline estimate, not measured)",
+                                                  f"(measured kernels: {src.split('(', 1)[1]}")
     profile["step_time"] = c
     profile["prefill_quadratic"] = {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"),
                                     "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]}

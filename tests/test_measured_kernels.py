@@ -82,7 +82,7 @@ def test_a_measured_gpu_says_measured_and_differs_from_its_roofline():
         src = meas["provenance"]["source"]
         assert re.fullmatch(r"measured-kernels \(aiconfigurator 0\.12\.0 database, vLLM 0\.\d+\.\d+\)", src), src
         assert roof["provenance"]["source"] == "roofline"
-        assert src in meas["device"] and "roofline" not in meas["device"]
+        assert meas["device"].endswith(f"(measured kernels: {src.split('(', 1)[1]}") and "roofline" not in meas["device"]
         assert meas["step_time"] != roof["step_time"]
         assert meas["engine"] == roof["engine"]  # the pool and limits are the roofline's arithmetic either way
         pm, pr = parse_profile(meas, "m"), parse_profile(roof, "r")
