@@ -1,6 +1,6 @@
 """`sim profile`: hardware profiles without a run on the hardware.
 
-  sim profile roofline --gpu H100 --model llama3.1-8b [--tp N | --ep N] [--out FILE]
+  sim profile roofline --gpu H100 --model llama3.1-8b [--tp N | --ep N] [--roofline] [--out FILE]
   sim profile fit-roofline [--measurements FILE]   (refits sim/specs/roofline_fit.json)
   sim profile check PROFILE [--probes FILE ...] [--aiconfigurator] [--json FILE]
 """
@@ -21,9 +21,11 @@ def register(sub) -> None:
     ps = p.add_subparsers(dest="profile_command", required=True)
     gpus = ", ".join(roofline.spec_table("gpus.json")["gpus"])
     models = ", ".join(roofline.spec_table("models.json")["models"])
-    r = ps.add_parser("roofline", help="a roofline-estimate profile for a GPU and a model",
-                      description=f"GPUs: {gpus}. Models: {models}. Efficiency constants are fitted on the H100 "
-                                  "probes; the command prints their error there (the only measurement).")
+    r = ps.add_parser("roofline", help="a profile for a GPU and a model: measured kernels where shipped, else a roofline",
+                      description=f"GPUs: {gpus}. Models: {models}. Step times from measured kernels (aiconfigurator's "
+                                  "vLLM database, sim/specs/measured_kernels.json) where they cover the GPU, model and "
+                                  "tp, else a roofline whose efficiency constants are fitted on the H100 probes; "
+                                  "provenance.source says which.")
     r.add_argument("--gpu", required=True, help=f"one of {gpus}")
     r.add_argument("--model", required=True, help=f"one of {models}")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1-8, dividing the attention heads)")
