@@ -277,7 +277,8 @@ def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
                     continue
                 s = _summary(res["rows"])
                 entry["models"].setdefault(m, {})[str(tp)] = {"coef": res["coef"], "points": len(res["rows"]),
-                                                              "heldout": s["heldout"], "train": s["train"]}
+                                                              "heldout": s["heldout"],
+                                                              "train": {k: v["mape_pct"] for k, v in s["train"].items()}}
                 h = s["heldout"]
                 print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in h.items()),
                       file=sys.stderr, flush=True)
