@@ -150,7 +150,8 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
         if best is None or r.cost < best.cost:
             best = r
     theta = best.x * scale
-    coef = {k: float(f"{v:.6g}") for k, v in zip(NAMES, theta) if k != "routed" or share}
+    # a term at its bound is off: 0, not 1e-18
+    coef = {k: 0.0 if v < 1e-15 else float(f"{v:.6g}") for k, v in zip(NAMES, theta) if k != "routed" or share}
     if share:
         coef["routed_share"] = float(f"{share:.6g}")
     return coef

@@ -88,8 +88,9 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
                       "Written by `sim profile roofline`.")
     for k in ("c0", "c1", "c2", "c3", "c4", "c5", "constants", "moe", "collectives"):
         prov.pop(k, None)
-    prov["step_time"] = (f"fitted on {fit['points']} steps (fresh and cached prefill, decode B 1-256 over 256-32K tokens, "
-                         f"mixed), judged on the rest ({d['held_out']})"
+    held = fit["heldout"]["all"]["points"]
+    prov["step_time"] = (f"fitted on {fit['points'] - held} steps (fresh and cached prefill, decode B 1-256 over 256-32K "
+                         f"tokens, mixed), judged on {held} others ({d['held_out']})"
                          + ("; collectives inside: aiconfigurator's step includes vLLM's measured all-reduce" if n > 1 else ""))
     # the roofline's caveats are about its own step prices
     caveats = prov.pop("caveats", [])
