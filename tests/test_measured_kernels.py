@@ -166,3 +166,19 @@ def test_held_out_error_per_kind_recomputed_live(gpu, model, tp):
     again = bm._summary(errs)["heldout"]
     assert {k: round(v["mape_pct"], 1) for k, v in again.items()} == \
         {k: round(v["mape_pct"], 1) for k, v in shipped["heldout"].items()}
+
+
+def test_the_fit_prices_steps_as_the_simulator_does():
+    """benchmarks/measured_kernels.py judges its coefficients with a vectorised copy of
+    sim/profile.py's step time; on a dense and an MoE profile the two agree."""
+    from benchmarks import measured_kernels as bm
+    from sim.profile import step_features
+
+    steps = [[(1, 300)] * 7, [(2048, 2048)], [(512, 8704)], [(512, 512)] + [(1, 4000)] * 40, [(1, 32768)]]
+    for gpu, model in (("H100", "llama3.1-8b"), ("B200", "qwen3-30b-a3b")):
+        raw, _ = R.roofline_profile(gpu, model, measured=True)
+        p = parse_profile(raw, "m")
+        rows = [{"features": dict(zip(("steps", "tokens", "sum_qk", "seqs", "sum_k", "sum_qc"),
+                                      (1.0, *map(float, (f[0], f[2], f[1], f[3], f[4])))))}
+                for f in map(step_features, steps)]
+        assert bm.predict(raw["step_time"], rows) == pytest.approx([p.step_time(*step_features(s)) for s in steps], rel=1e-12)
