@@ -333,12 +333,14 @@ def heldout_table(data: dict | None = None) -> str:
 
 # why the cells over 10% miss (found by per-op breakdowns of aiconfigurator's steps)
 MISSES = ("Why: the measured kernels are not monotone in the batch, which the step model (smooth, monotone) cannot "
-          "follow. FP8 GEMMs on Blackwell (B200, GB200, B300, GB300) take about 1.5x as long for 1-2 rows as for 4 "
-          "(block-scaled FP8 kernels), so decode B=1-16 and mixed miss on the FP8 models; vLLM's all-reduce on 8 GPUs "
-          "is slower for 24-64 tokens than for 128 (B200 Qwen3-32B: 26 us per call at 32 tokens, 18 us at 128), so "
-          "tp 8 decode B=17-64 misses; on L40S at tp 8 the PCIe all-reduce is most of the step and bends with size. "
-          "Not investigated: Qwen3-30B-A3B decode of 2-16 sequences (10-16%) and GB200 prefill of the 32B and 70B "
-          "models at tp 1 (11%).")
+          "follow. Block-scaled FP8 GEMMs: on Blackwell (B200, GB200, B300, GB300) 1-2 rows take about 1.5x as long as "
+          "4, so decode B=1-16 and mixed miss on the FP8 models; on Hopper 24-48 rows take up to 2x as long as 64 "
+          "(Qwen3-32B-FP8's output projection, all layers: 11.2 ms at 48 rows, 5.6 ms at 64), so decode B=17-64 misses. "
+          "vLLM's all-reduce on 8 GPUs is slower for 24-64 tokens than for 128 (B200 Qwen3-32B: 26 us per call at 32 "
+          "tokens, 18 us at 128), so tp 8 decode B=17-64 misses; on L40S at tp 8 the PCIe all-reduce is most of the "
+          "step and bends with size. Not investigated: Qwen3-30B-A3B decode of 2-16 sequences (10-16%), its FP8 "
+          "decode B=65-256 on GB200 and GB300 (11-23%) and at tp 8 on RTX PRO 6000 (12%), and GB200 prefill of the "
+          "32B and 70B models at tp 1 (11%).")
 
 
 def collectives_table(data: dict | None = None) -> str:
