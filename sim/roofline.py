@@ -533,6 +533,8 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
     else:
         coll = (f" + all-to-all dispatch and combine per MoE layer ({pc['moe_layers']}): top-{moe['experts_per_token']} copies "
                 f"x (N-1)/N remote x {model['hidden_size']} x {ACT_BYTES} B per token / N GPUs / {link_bw / 1e9:.0f} GB/s effective {link_kind}")
+    if "collective_measured" in parts:
+        coll = " + measured collectives per token (provenance.collectives)"
     prov = {
         "method": "ROOFLINE ESTIMATE from public specs (sim/specs/*.json), not a measurement of this GPU; "
                   "efficiency constants fitted on H100 torch-kernel probes of a Llama-3.1-8B shape "
@@ -551,7 +553,8 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
               f"{' but the routed experts' if moe else ''} / (BW x eff_mem) = "
               f"{parts['weights_s'] * 1e3:.3f} ms + step overhead {eff['step_overhead_s'] * 1e3:.3f} ms"
               + (f" + {parts['collective_latency_s'] / ar_lat:.0f} collectives x {ar_lat * 1e6:.0f} us ({link_kind})"
-                 if n > 1 and "collective_measured" not in parts else ""),
+                 if n > 1 and "collective_measured" not in parts
+                 else f" + {parts['collective_latency_s'] * 1e3:.3f} ms measured collectives' latency" if n > 1 else ""),
         "c1": f"2 x {layer_params(model) / 1e9:.2f}e9 {'active ' if moe else ''}layer params {split} per token / "
               f"({gkind} peak {gpeak / 1e12:.0f} TFLOP/s x eff_gemm)" + coll
               + (f" + {local} sliding-window layers' attention at the window bound, 4 x q_heads x head_dim x {model['sliding_window']} "
