@@ -164,11 +164,13 @@ def test_profiles_measured_where_they_exist_else_roofline(tmp_path):
 
 
 def test_a_replica_whose_gpus_talk_over_pcie_carries_a_caveat(tmp_path):
-    """An L40S has no NVLink: its tp 2 candidate is kept, with a note that its all-reduce is
-    assumed and the measured one far slower; NVLink GPUs and one-GPU replicas get none."""
-    prices = {**P.load_prices(), "L40S": 1.0}
-    _, notes, _ = P.candidates(["L40S", "H100"], ["llama3.1-8b"], [1, 2], ["vllm"], ["none"], ["round_robin"], prices, tmp_path)
-    assert [n.split(":")[0] for n in notes] == ["L40S x llama3.1-8b at tp=2"]
+    """An RTX 5090 has no NVLink and no measured collectives: its tp 2 candidate is kept, with a
+    note that its all-reduce is assumed and the measured one far slower; NVLink GPUs, one-GPU
+    replicas and the L40S (its all-reduce measured, sim/hardware/measured_kernels.py) get none."""
+    prices = {**P.load_prices(), "L40S": 1.0, "RTX-5090": 0.5}
+    _, notes, _ = P.candidates(["RTX-5090", "L40S", "H100"], ["llama3.1-8b"], [1, 2], ["vllm"], ["none"], ["round_robin"],
+                               prices, tmp_path)
+    assert [n.split(":")[0] for n in notes] == ["RTX-5090 x llama3.1-8b at tp=2"]
     assert "no NVLink" in notes[0] and "about 7x slower" in notes[0]
 
 

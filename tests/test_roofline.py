@@ -77,7 +77,7 @@ def test_physics_units():
 
 def test_spec_tables_are_consistent():
     for name, g in roofline.spec_table("gpus.json")["gpus"].items():
-        assert g["memory_bytes"] > 30e9 and g["bandwidth_GBps"] > 500 and g["bf16_dense_TFLOPS"] > 100, name
+        assert g["memory_bytes"] > 24e9 and g["bandwidth_GBps"] > 500 and g["bf16_dense_TFLOPS"] > 80, name  # RTX 4090: 24 GB, 82.6
         assert g["sources"]["datasheet"] and g["sources"]["memory_bytes"], name
     for name, m in roofline.spec_table("models.json")["models"].items():
         # num_params is the count of the shapes (catches a typo in any of them); MoE, FP8 and
@@ -122,7 +122,8 @@ def test_cli_prints_json_and_errors(capsys):
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--tp", "3"]) == 2
     assert main(["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--gpu-memory-utilization", "1.5"]) == 2
-    assert main(["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--measurements", "/nonexistent/x.json"]) == 0
+    assert main(["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--roofline",
+                 "--measurements", "/nonexistent/x.json"]) == 0
     assert "not available" in capsys.readouterr().err
 
 

@@ -1,7 +1,7 @@
 """`sim profile`: hardware profiles without a run on the hardware.
 
   sim profile roofline --gpu H100 --model llama3.1-8b [--tp N | --ep N] [--gpu-memory-utilization U]
-      [--max-num-batched-tokens T] [--max-num-seqs S] [--enforce-eager] [--out FILE]
+      [--max-num-batched-tokens T] [--max-num-seqs S] [--enforce-eager] [--roofline] [--out FILE]
   sim profile fit-roofline [--measurements FILE]   (refits sim/hardware/specs/roofline_fit.json)
   sim profile check PROFILE [--probes FILE ...] [--aiconfigurator] [--json FILE]
 """
@@ -22,9 +22,11 @@ def register(sub) -> None:
     ps = p.add_subparsers(dest="profile_command", required=True)
     gpus = ", ".join(roofline.spec_table("gpus.json")["gpus"])
     models = ", ".join(roofline.spec_table("models.json")["models"])
-    r = ps.add_parser("roofline", help="a roofline-estimate profile for a GPU and a model",
-                      description=f"GPUs: {gpus}. Models: {models}. Efficiency constants are fitted on the H100 "
-                                  "probes; the command prints their error there (the only measurement).")
+    r = ps.add_parser("roofline", help="a profile for a GPU and a model: measured kernels where shipped, else a roofline",
+                      description=f"GPUs: {gpus}. Models: {models}. Step times from measured kernels (aiconfigurator's "
+                                  "vLLM database, sim/hardware/specs/measured_kernels.json) where they cover the GPU, model and "
+                                  "tp, else a roofline whose efficiency constants are fitted on the H100 probes; "
+                                  "provenance.source says which.")
     r.add_argument("--gpu", required=True, help=f"one of {gpus}")
     r.add_argument("--model", required=True, help=f"one of {models}")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1-8, dividing the attention heads)")
@@ -37,6 +39,8 @@ def register(sub) -> None:
     r.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: vLLM then reserves no graph pool")
     r.add_argument("--max-model-len", type=int, default=None,
                    help="default: the model's, capped to what the KV cache holds")
+    r.add_argument("--roofline", action="store_true",
+                   help="price steps by the roofline even where measured kernels exist (sim/hardware/specs/measured_kernels.json)")
     r.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
     r.add_argument("--measurements", default=str(roofline.DEFAULT_MEASUREMENTS),
                    help="H100 probe file to print the error on (default: the shipped sim/hardware/measurements/h100/...)")
@@ -78,7 +82,8 @@ def _source(path: str) -> str:
 def run_roofline(args) -> int:
     profile, notes = roofline.roofline_profile(args.gpu, args.model, args.tp, args.gpu_memory_utilization, args.max_model_len,
                                              ep=args.ep, max_num_batched_tokens=args.max_num_batched_tokens,
-                                             max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager)
+                                             max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
+                                             measured=not args.roofline)
     text = json.dumps(profile, indent=1) + "\n"
     report = sys.stdout if args.out else sys.stderr  # keep stdout pure JSON when it carries the profile
     if args.out:
@@ -88,6 +93,15 @@ def run_roofline(args) -> int:
         sys.stdout.write(text)
     for n in notes:
         print(f"note: {n}", file=report)
+    src = profile["provenance"]["source"]
+    check = (f"independent check: sim profile check {args.out or 'FILE'} --aiconfigurator (vLLM's kernels measured on the "
+             "GPU, where its database has them; docs/profiles.md)")
+    if src != "roofline":
+        fe = profile["fit_error"]
+        print(f"step times of {profile['device'].split(' (')[0]}: {src}; held-out MAPE against those kernels: " + ", ".join(
+            f"{k.removeprefix('heldout_').replace('_', ' ')} {v:.1f}%" for k, v in fe.items() if k != "anchor"), file=report)
+        print(check, file=report)
+        return 0
     own = profile["model"]["name"].startswith("meta-llama/Llama-3.1-8B") and profile["device"].startswith("NVIDIA H100") \
         and args.tp == 1 and args.ep == 1
     if not Path(args.measurements).exists():
@@ -102,8 +116,7 @@ def run_roofline(args) -> int:
         print(f"MAPE of the same constants on the H100 probes (H100, Llama-3.1-8B shape, tp=1): {_fmt(err['constants'])}; "
               f"the only probes at hand (aiconfigurator below)", file=report)
     print(f"  for comparison, a naive roofline (weights + 2 ms, 60% MFU) on the H100 specs: {_fmt(err['handmade'])}", file=report)
-    print(f"independent check: sim profile check {args.out or 'FILE'} --aiconfigurator (vLLM's kernels measured on the "
-          "GPU, where its database has them; docs/profiles.md)", file=report)
+    print(check, file=report)
     return 0
 
 

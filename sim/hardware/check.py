@@ -326,7 +326,8 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     experts split the same way). prefill: predict_prefill_latency(1, n + k, prefix=k); decode:
     predict_decode_latency(B, ctx, osl=2), one decode step; mixed: its engine's mixed-step
     parts, the shared GEMMs of n + B tokens and the chunk's attention at (isl n + k, prefix
-    k), plus the decode attention of B sequences at isl ctx (its mixed step takes one isl)."""
+    k, times ceil((n + k) / n): its engine spreads a prefill's attention over its chunks),
+    plus the decode attention of B sequences at isl ctx (its mixed step takes one isl)."""
     device = str(profile.raw.get("device", ""))
     system = aic_system(device)
     engine, perf_database, utils = _aic()
@@ -363,7 +364,9 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
             else:
                 _, shared, ctx_attn, _ = h.mixed_step_breakdown(p.n, p.B, p.n + p.k, 2, p.k)
                 dec_attn = h.mixed_step_breakdown(min(p.n, p.ctx), p.B, p.ctx, 2, 0)[3]
-                ms = shared + ctx_attn + dec_attn
+                # its context attention arrives divided by ceil(isl / chunk), the chunks of a whole
+                # prefill of isl: times that, it is this chunk's (n new over n + k keys)
+                ms = shared + ctx_attn * math.ceil((p.n + p.k) / p.n) + dec_attn
             out.append(Probe(p.kind, p.n, p.k, p.B, p.ctx, seconds={STAT: ms / 1e3}))
     except (ValueError, RuntimeError, KeyError) as e:
         raise InputError(f"aiconfigurator {AIC_VERSION} could not estimate {system} / {hf_id} under {AIC_BACKEND}: "

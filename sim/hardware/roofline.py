@@ -103,7 +103,7 @@ def caveats(gpu: dict, model: dict, eff: dict, n: int) -> list[str]:
     one measurement at hand far slower; FP8 weights, priced at the FP8 rate that vLLM's
     kernels do not reach."""
     out = []
-    if n > 1 and gpu["interconnect"]["kind"].lower().startswith("pcie"):
+    if n > 1 and gpu["interconnect"]["kind"].lower().startswith("pcie") and not _measured_collective(gpu, "tp", n):
         bw, lat, _ = _link(gpu, eff)
         out.append(f"no NVLink: the all-reduces of {n} GPUs over PCIe are priced at an assumed {bw / 1e9:.0f} GB/s and "
                    f"{lat * 1e6:.0f} us each; {PCIE_ALLREDUCE_MEASURED}, so this profile's steps are optimistic")
@@ -121,9 +121,20 @@ def gemm_peak(gpu: dict, model: dict) -> tuple[float, str]:
     return gpu["bf16_dense_TFLOPS"] * 1e12, "bf16"
 
 
-def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = "tp") -> dict:
+def _measured_collective(gpu: dict, layout: str, n: int) -> dict | None:
+    """aiconfigurator's measured all-reduce (tp) or all-to-all (ep) of n of these GPUs, fitted
+    as latency + bytes / bandwidth (sim/hardware/measured_kernels.py), or None."""
+    from sim.hardware import measured_kernels as mk
+
+    name = mk.gpu_name(gpu) if n > 1 else None
+    return mk.collective(name, "all_reduce" if layout == "tp" else "all_to_all", n) if name else None
+
+
+def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = "tp",
+                      measured_collectives: bool = True) -> dict:
     """c0..c5 (seconds) of sim/hardware/profile.py's step model on a replica of `tp` GPUs in `layout`,
-    and the parts they are made of."""
+    and the parts they are made of. Collectives: measured where sim/hardware/measured_kernels.py has
+    them for the GPU and GPU count (and measured_collectives), else the link's bandwidth."""
     n = tp
     bw = gpu["bandwidth_GBps"] * 1e9
     peak = gpu["bf16_dense_TFLOPS"] * 1e12
@@ -159,6 +170,13 @@ def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = 
             m, k = param_counts(model)["moe_layers"], model["moe"]["experts_per_token"]
             parts["collective_latency_s"] = 2 * m * lat
             parts["collective_s_per_token"] = 2 * m * k * (n - 1) / n / n * H * ACT_BYTES / link_bw
+        mc = _measured_collective(gpu, layout, n) if measured_collectives else None
+        if mc:  # measured: the whole message (all-reduce: a token's hidden state; all-to-all: its k copies over n GPUs)
+            per = 2 * L if layout == "tp" else 2 * param_counts(model)["moe_layers"]
+            msg = H * ACT_BYTES if layout == "tp" else model["moe"]["experts_per_token"] * H * ACT_BYTES / n
+            parts["collective_latency_s"] = per * mc["latency_s"]
+            parts["collective_s_per_token"] = per * msg / (mc["GBps"] * 1e9)
+            parts["collective_measured"] = mc
     c = {
         "c0": parts["weights_s"] + parts["overhead_s"] + parts["collective_latency_s"],
         "c1": parts["gemm_s_per_token"] + parts["collective_s_per_token"] + parts["window_attn_s_per_token"],
@@ -373,8 +391,10 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
 
 def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_utilization: float = 0.9,
                      max_model_len: int | None = None, ep: int = 1, max_num_batched_tokens: int | None = None,
-                     max_num_seqs: int | None = None, enforce_eager: bool = False) -> tuple[dict, list[str]]:
-    """(profile dict in sim/hardware/profile.py's schema, notes to show the user)."""
+                     max_num_seqs: int | None = None, enforce_eager: bool = False, measured: bool = False) -> tuple[dict, list[str]]:
+    """(profile dict in sim/hardware/profile.py's schema, notes to show the user). measured: step times
+    from measured kernels where sim/hardware/measured_kernels.py has the GPU, model and tp (`sim
+    profile roofline` asks for them); provenance.source says which."""
     gname, gpu = find_gpu(gpu_name)
     mname, model = find_model(model_name)
     layout, n = check_layout(mname, model, tp, ep)
@@ -415,6 +435,8 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
     else:
         coll = (f" + all-to-all dispatch and combine per MoE layer ({pc['moe_layers']}): top-{moe['experts_per_token']} copies "
                 f"x (N-1)/N remote x {model['hidden_size']} x {ACT_BYTES} B per token / N GPUs / {link_bw / 1e9:.0f} GB/s effective {link_kind}")
+    if "collective_measured" in parts:
+        coll = " + measured collectives per token (provenance.collectives)"
     prov = {
         "method": "ROOFLINE ESTIMATE from public specs (sim/hardware/specs/*.json), not a measurement of this GPU; "
                   "efficiency constants fitted on H100 torch-kernel probes of a Llama-3.1-8B shape "
@@ -432,7 +454,9 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "c0": f"weights {per_gpu(model, weight_bytes_streamed(model), layout, n) / 1e9 - routed_gb:.2f} GB per GPU"
               f"{' but the routed experts' if moe else ''} / (BW x eff_mem) = "
               f"{parts['weights_s'] * 1e3:.3f} ms + step overhead {eff['step_overhead_s'] * 1e3:.3f} ms"
-              + (f" + {parts['collective_latency_s'] / ar_lat:.0f} collectives x {ar_lat * 1e6:.0f} us ({link_kind})" if n > 1 else ""),
+              + (f" + {parts['collective_latency_s'] / ar_lat:.0f} collectives x {ar_lat * 1e6:.0f} us ({link_kind})"
+                 if n > 1 and "collective_measured" not in parts
+                 else f" + {parts['collective_latency_s'] * 1e3:.3f} ms measured collectives' latency" if n > 1 else ""),
         "c1": f"2 x {layer_params(model) / 1e9:.2f}e9 {'active ' if moe else ''}layer params {split} per token / "
               f"({gkind} peak {gpeak / 1e12:.0f} TFLOP/s x eff_gemm)" + coll
               + (f" + {local} sliding-window layers' attention at the window bound, 4 x q_heads x head_dim x {model['sliding_window']} "
@@ -496,6 +520,15 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "fit_error": {"anchor": "MAPE % of these constants on the H100 Llama-3.1-8B-shape probes (the only measurement)",
                       **{f"h100_{k}": v for k, v in fit["fit_mape"].items()}},
     }
+    prov["source"] = "roofline"
+    if "collective_measured" in parts:
+        from sim.hardware.measured_kernels import collectives_text
+
+        prov["collectives"] = collectives_text(parts, layout, n)
+    if measured:
+        from sim.hardware.measured_kernels import use_measured
+
+        notes = use_measured(profile, gname, mname, layout, n, notes)
     return profile, notes
 
 

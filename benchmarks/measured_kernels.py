@@ -1,0 +1,400 @@
+"""Step-time coefficients and collectives from measured kernels: aiconfigurator's database.
+
+Derive (needs the optional extra, `pip install aiconfigurator-core==0.12.0`):
+
+    python benchmarks/measured_kernels.py --derive [--out sim/hardware/specs/measured_kernels.json]
+
+For every GPU of sim/hardware/specs/gpus.json with an `aiconfigurator_system` whose database has
+vLLM kernels, every zoo model aiconfigurator ships a config of (sim/hardware/check.py
+aic_model), and tp 1, 2, 4, 8 where the model fits and divides: the step times of a grid
+of steps (fresh prefill, cached prefill, decode by batch, mixed) as aiconfigurator's engine
+composes them from its measured GEMMs, attention, MoE and all-reduce kernels (the same
+query as `sim profile check --aiconfigurator`), then the GPU step model of sim/hardware/profile.py
+(c0..c5, w, launch, p) fitted on part of the shapes (calibrate/fit.py
+fit_gpu_step_model, each kind weighing the same) and judged on the rest, held out by
+shape (HELD below). Collectives: vLLM's all-reduce (its custom all-reduce in a CUDA
+graph, comm/vllm) and NCCL's all-to-all (comm/nccl) per GPU at 2, 4 and 8 GPUs, each
+fitted as latency + bytes / bandwidth over 8 KiB-256 MiB messages.
+
+Tables (from the shipped file; no extra needed):
+
+    python benchmarks/measured_kernels.py [--table heldout|collectives] [--write-docs [PAGE]]
+
+--write-docs puts each table into docs/profiles.md between `<!-- measured_kernels: --table
+NAME -->` and `<!-- end measured_kernels -->` (benchmarks/docs_tables.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
+
+from agentsim.errors import InputError  # noqa: E402
+from sim.hardware import measured_kernels as mk  # noqa: E402
+from sim.hardware import check as pc  # noqa: E402
+from sim.hardware import roofline  # noqa: E402
+
+TPS = (1, 2, 4, 8)
+# The grid and what is held out of the fit (by shape: a point is held out when one of its
+# sizes is in the held-out set of its kind).
+PREFILL_N = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+CACHED_N, CACHED_K = (128, 512, 1024, 2048, 4096, 8192), (1024, 4096, 8192, 16384, 32768)
+DECODE_B = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+DECODE_CTX = (256, 1024, 2048, 4096, 8192, 16384, 32768)
+MIXED_N, MIXED_K, MIXED_B, MIXED_CTX = (256, 512, 1024, 2048), (0, 8192), (16, 32, 64, 128, 256), (2048, 8192)
+HELD = {"fresh prefill": {"n": {256, 2048, 6144, 16384}},
+        "cached prefill": {"n": {512, 4096}, "k": {8192}},
+        "decode": {"B": {2, 24, 96, 192}, "ctx": {4096}},
+        "mixed": {"n": {1024}, "B": {64}}}
+HELD_RULE = ("held out by shape: fresh prefill n in {256, 2048, 6144, 16384}; cached prefill n in {512, 4096} or "
+             "k = 8192; decode B in {2, 24, 96, 192} or ctx = 4096; mixed n = 1024 or B = 64")
+COMM_RANGE = (8192, 268435456)  # message bytes the fits cover: a token's hidden state to a 16K-token step's
+
+
+def grid() -> list[pc.Probe]:
+    pts = [pc.Probe("prefill", n=n) for n in PREFILL_N]
+    pts += [pc.Probe("prefill", n=n, k=k) for n in CACHED_N for k in CACHED_K]
+    pts += [pc.Probe("decode", B=b, ctx=c) for b in DECODE_B for c in DECODE_CTX if b * c <= 256 * 8192]
+    pts += [pc.Probe("mixed", n=n, k=k, B=b, ctx=c) for n in MIXED_N for k in MIXED_K for b in MIXED_B for c in MIXED_CTX]
+    return pts
+
+
+def kind(p: pc.Probe) -> str:
+    return {"fresh_prefill": "fresh prefill", "cached_prefill": "cached prefill"}.get(p.group, p.group)
+
+
+def held_out(p: pc.Probe) -> bool:
+    return any(getattr(p, f) in vals for f, vals in HELD[kind(p)].items())
+
+
+def _rows(points: list[pc.Probe]) -> list[dict]:
+    from calibrate.fit import FEATURES
+    from calibrate.probes import step_row
+
+    out = []
+    for p in points:
+        k = {"fresh prefill": "prefill", "cached prefill": "cached_prefill"}.get(kind(p), kind(p))
+        out.append({"kind": k, "heldout": held_out(p), "seconds": p.seconds[pc.STAT], "probe": p,
+                    "features": dict(zip(FEATURES, map(float, step_row(p.chunks()))))})
+    return out
+
+
+def step_times(theta, X, share: float):
+    """sim/hardware/profile.py StepModel.time, vectorised: theta = c0..c5, w, launch, p, routed; X rows of
+    calibrate/fit.py FEATURES (one step each); share = routed_share (top-k / experts)."""
+    import numpy as np
+
+    from calibrate.fit import smooth_max
+
+    c, w, launch, p, routed = theta[:6], theta[6], theta[7], theta[8], theta[9]
+    steps, tokens, sum_qk, seqs, sum_k, sum_qc = np.asarray(X, float).T
+    gemm = smooth_max(np.full(len(tokens), w), c[1] * tokens, p) if w > 0 else c[1] * tokens
+    t = c[0] * steps + routed * (1.0 - (1.0 - share) ** tokens) + gemm + c[2] * sum_qk + c[3] * seqs + c[4] * sum_k \
+        + c[5] * sum_qc
+    if launch > 0:
+        t = np.where(tokens > seqs, smooth_max(np.full(len(t), launch), t, p), t)
+    return t
+
+
+NAMES = ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "p", "routed")
+
+
+def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
+    """The GPU step model (+ routed experts for an MoE: share = top-k / experts) fitted by least
+    squares on relative error over the training rows, each group of pc.GROUPS (fresh and
+    cached prefill, decode by batch, mixed) weighing the same; started from
+    calibrate/fit.py fit_gpu_step_model's point and a few perturbed ones."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    from calibrate.fit import fit_gpu_step_model
+
+    train = [r for r in rows if not r["heldout"]]
+    X = np.array([list(r["features"].values()) for r in train])
+    y = np.array([r["seconds"] for r in train])
+    groups = [pc._group(r["probe"]) for r in train]
+    sw = np.sqrt([len(groups) / len(set(groups)) / groups.count(g) for g in groups])
+    base = fit_gpu_step_model(rows, balance_kinds=True)["coef"]
+    guess = np.array([base[k] for k in NAMES[:9]] + [0.0])
+    if share:
+        guess[9] = max(guess[0], y.min() / 4)
+    scale = np.where(guess > 0, guess, 0.0)
+    floor = {0: y.min(), 1: y.max() / X[:, 1].max(), 2: y.max() / max(X[:, 2].max(), 1), 3: y.min() / 64,
+             4: y.max() / max(X[:, 4].max(), 1), 5: y.max() / max(X[:, 5].max(), 1), 6: y.min(), 7: y.min(), 8: 1.0, 9: y.min()}
+    scale = np.array([scale[i] if scale[i] > 0 else floor[i] for i in range(10)])
+    lo, hi = np.zeros(10), np.full(10, np.inf)
+    lo[8], hi[8] = 1.0, 64.0
+    if not share:
+        hi[9] = 1e-30  # a dense model: no routed term
+    lo_x, hi_x = lo / scale, hi / scale
+
+    def resid(x):
+        return (step_times(x * scale, X, share or 0.0) / y - 1.0) * sw
+
+    rng = np.random.default_rng(0)
+    best = None
+    for s in range(starts):
+        x0 = guess / scale * (np.exp(rng.normal(0, 0.5, 10)) if s else 1.0)
+        x0 = np.clip(x0, lo_x + 1e-9, np.minimum(hi_x, 1e9) - 1e-12)
+        if not share:
+            x0[9] = 0.0
+        r = least_squares(resid, x0, bounds=(lo_x, np.maximum(hi_x, lo_x + 1e-30)), x_scale="jac", max_nfev=3000,
+                          ftol=1e-12, xtol=1e-12, gtol=1e-12)
+        if best is None or r.cost < best.cost:
+            best = r
+    theta = best.x * scale
+    # a term at its bound is off: 0, not 1e-18
+    coef = {k: 0.0 if v < 1e-15 else float(f"{v:.6g}") for k, v in zip(NAMES, theta) if k != "routed" or share}
+    if share:
+        coef["routed_share"] = float(f"{share:.6g}")
+    return coef
+
+
+def predict(coef: dict, rows: list[dict]) -> list[float]:
+    theta = [coef.get(k, 0.0) for k in NAMES]
+    return list(map(float, step_times(theta, [list(r["features"].values()) for r in rows], coef.get("routed_share", 0.0))))
+
+
+def fit_combo(gpu: str, model: str, tp: int) -> dict | None:
+    """aiconfigurator's points for one GPU, model and tp, the fit and its errors by group;
+    None where the model does not fit the GPU at this tp or divide by it."""
+    from sim.hardware.profile import parse_profile
+
+    try:
+        raw, _ = roofline.roofline_profile(gpu, model, tp)
+    except InputError:
+        return None
+    prof = parse_profile(raw, f"{model}-{gpu}-tp{tp}")
+    pts, used = pc.aiconfigurator_points(prof, grid())
+    rows = _rows(pts)
+    moe = roofline.find_model(model)[1].get("moe")
+    coef = fit_rows(rows, moe["experts_per_token"] / moe["num_experts"] if moe else None)
+    errs = pc.error_rows(predict(coef, rows), [r["probe"] for r in rows])
+    for e, r in zip(errs, rows):
+        e["heldout"] = r["heldout"]
+    return {"coef": coef, "used": used, "rows": errs}
+
+
+def _summary(errs: list[dict]) -> dict:
+    out = {}
+    for part in ("heldout", "train"):
+        sel = [e for e in errs if e["heldout"] == (part == "heldout")]
+        out[part] = {s["kind"]: {"points": s["points"], "mape_pct": round(s["mape_pct"], 2),
+                                 "worst_pct": round(s["worst"]["error_pct"], 2), "worst_point": s["worst"]["point"]}
+                     for s in pc.summary(sel)}
+    return out
+
+
+def _fit_link(sizes, secs) -> dict:
+    """latency + bytes / bandwidth, least squares on relative error."""
+    from calibrate.fit import mape, nnls_relative
+
+    a, inv_bw = nnls_relative([[1.0, s] for s in sizes], secs)
+    pred = [a + inv_bw * s for s in sizes]
+    return {"latency_s": float(f"{a:.4g}"), "GBps": float(f"{1 / inv_bw / 1e9:.4g}") if inv_bw > 0 else None,
+            "fit_mape_pct": round(mape(pred, secs), 1), "messages": len(sizes)}
+
+
+def collectives(system: str) -> dict:
+    """vLLM's all-reduce (graph) and NCCL's all-to-all at 2, 4 and 8 GPUs, fitted on bytes: the
+    tables' message_size is an element count (aiconfigurator's comm queries take elements;
+    its engine's decode all-reduce of B tokens reads the row of B x hidden), of 2-byte
+    bf16 / half elements."""
+    import pandas as pd
+    from aiconfigurator_core.sdk import perf_database
+
+    root = Path(perf_database.__file__).resolve().parents[1] / "systems" / "data" / system / "comm"
+    out = {}
+
+    def latest(d: Path) -> Path | None:
+        vs = sorted((v for v in d.iterdir() if v.is_dir()), key=lambda v: tuple(int(x) if x.isdigit() else 0
+                                                                               for x in v.name.split("."))) if d.is_dir() else []
+        return vs[-1] if vs else None
+
+    v = latest(root / "vllm")
+    if v is not None and (v / "custom_allreduce_perf.parquet").is_file():
+        d = pd.read_parquet(v / "custom_allreduce_perf.parquet")
+        d = d.assign(nbytes=d.message_size * 2)
+        d = d[(d.backend == "vllm_graph") & d.nbytes.between(*COMM_RANGE)]
+        ver = str(d.version.iloc[0]) if len(d) else v.name
+        out["all_reduce"] = {"source": f"comm/vllm/{v.name}/custom_allreduce_perf.parquet (vLLM {ver}, CUDA graph, bf16; "
+                                       "message = 2 B x the reduced tensor's elements)",
+                             **{str(n): _fit_link(g.nbytes.to_numpy(float), (g.latency.to_numpy(float) / 1e3))
+                                for n, g in d.groupby("num_gpus")}}
+    v = latest(root / "nccl")
+    if v is not None and (v / "nccl_perf.parquet").is_file():
+        d = pd.read_parquet(v / "nccl_perf.parquet")
+        d = d.assign(nbytes=d.message_size * 2)
+        d = d[(d.op_name == "alltoall") & (d.nccl_dtype == "half") & d.nbytes.between(*COMM_RANGE)]
+        if len(d):
+            out["all_to_all"] = {"source": f"comm/nccl/{v.name}/nccl_perf.parquet (NCCL {v.name} alltoall, half; "
+                                            "message = 2 B x the elements each GPU sends)",
+                                 **{str(n): _fit_link(g.nbytes.to_numpy(float), g.latency.to_numpy(float) / 1e3)
+                                    for n, g in d.groupby("num_gpus")}}
+    return out
+
+
+def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
+    engine, perf_database, utils = pc._aic()
+    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+    supported = perf_database.get_supported_databases()
+    gpus = roofline.spec_table("gpus.json")["gpus"]
+    models = roofline.spec_table("models.json")["models"]
+    data = {"about": mk.ABOUT, "package": f"{pc.AIC_PACKAGE} {pc.AIC_VERSION}", "licence": mk.LICENCE,
+            "held_out": HELD_RULE, "fit": "calibrate/fit.py fit_gpu_step_model(balance_kinds=True) on the training points",
+            "gpus": {}}
+    for g, spec in gpus.items():
+        system = spec.get("aiconfigurator_system")
+        if not system or (only_gpus and g not in only_gpus):
+            continue
+        if "vllm" not in supported.get(system, {}):
+            print(f"{g}: {system} has no vLLM data", file=sys.stderr)
+            continue
+        version = perf_database.get_latest_database_version(system, "vllm")
+        entry = {"system": system, "vllm": version, "collectives": collectives(system), "models": {}, "missing": {}}
+        for m, mspec in models.items():
+            if only_models and m not in only_models:
+                continue
+            try:
+                pc.aic_model({**mspec, "name": mspec["hf_repo"]}, utils)
+            except InputError:
+                entry["missing"][m] = "aiconfigurator ships no config of this model"
+                continue
+            for tp in TPS:
+                try:
+                    res = fit_combo(g, m, tp)
+                except InputError as e:
+                    entry["missing"][f"{m} tp {tp}"] = str(e)[:200]
+                    print(f"{g} {m} tp{tp}: {e}", file=sys.stderr)
+                    continue
+                if res is None:
+                    continue
+                s = _summary(res["rows"])
+                entry["models"].setdefault(m, {})[str(tp)] = {"coef": res["coef"], "points": len(res["rows"]),
+                                                              "heldout": s["heldout"],
+                                                              "train": {k: v["mape_pct"] for k, v in s["train"].items()}}
+                h = s["heldout"]
+                print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in h.items()),
+                      file=sys.stderr, flush=True)
+        data["gpus"][g] = entry
+    out_path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+# ---- tables from the shipped file ---------------------------------------------------------------
+
+TABLE_KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16", "decode B=17-64", "decode B=65-256",
+               "mixed", "all")
+
+
+def heldout_table(data: dict | None = None) -> str:
+    data = data or mk.load()
+    gpus = list(data["gpus"])
+    lines = [f"Held-out error of the measured coefficients against {data['package']}'s vLLM kernels, per GPU and kind: "
+             "MAPE over every model and tp fitted (worst model and tp's MAPE), "
+             "by `python benchmarks/measured_kernels.py --derive` (table: `--table heldout`):", "",
+             "| kind | " + " | ".join(gpus) + " |", "|" + "---|" * (len(gpus) + 1)]
+    for k in TABLE_KINDS:
+        cells = []
+        for g in gpus:
+            per = [(mt["heldout"][k]["mape_pct"], mt["heldout"][k]["points"]) for mm in data["gpus"][g]["models"].values()
+                   for mt in mm.values() if k in mt["heldout"]]
+            if not per:
+                cells.append("-")
+                continue
+            pooled = sum(e * n for e, n in per) / sum(n for _, n in per)
+            cells.append(f"{pooled:.1f}% ({max(e for e, _ in per):.1f}%)")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", "Fitted: " + "; ".join(f"{g} (vLLM {d['vllm']}) {sum(len(mm) for mm in d['models'].values())} "
+                                        "model-tp pairs" for g, d in data["gpus"].items()) + "."]
+    over, cells = {}, 0
+    for g, d in data["gpus"].items():
+        for m, by_tp in d["models"].items():
+            for tp, fit in by_tp.items():
+                for k in TABLE_KINDS[:-1]:
+                    if k in fit["heldout"]:
+                        cells += 1
+                        if fit["heldout"][k]["mape_pct"] > 10:
+                            over.setdefault((g, m, k.replace("decode ", "")), []).append((tp, fit["heldout"][k]["mape_pct"]))
+    by_gm = {}
+    for (g, m, k), tps in over.items():
+        by_gm.setdefault((g, m), []).append(f"{k} (tp {','.join(tp for tp, _ in tps)}: {max(e for _, e in tps):.0f}%)")
+    lines += ["", f"Over 10% held out: {sum(len(v) for v in over.values())} of {cells} model-tp-kind cells: "
+              + "; ".join(f"{g} {m} {', '.join(v)}" for (g, m), v in by_gm.items()) + ". " + MISSES]
+    return "\n".join(lines)
+
+
+# why the cells over 10% miss (found by per-op breakdowns of aiconfigurator's steps)
+MISSES = ("Why: the measured kernels are not monotone in the batch, which the step model (smooth, monotone) cannot "
+          "follow. Block-scaled FP8 GEMMs: on Blackwell (B200, GB200, B300, GB300) 1-2 rows take about 1.5x as long as "
+          "4, so decode B=1-16 and mixed miss on the FP8 models; on Hopper 24-48 rows take up to 2x as long as 64 "
+          "(Qwen3-32B-FP8's output projection, all layers: 11.2 ms at 48 rows, 5.6 ms at 64), so decode B=17-64 misses. "
+          "vLLM's all-reduce on 8 GPUs is slower for 24-64 tokens than for 128 (B200 Qwen3-32B: 26 us per call at 32 "
+          "tokens, 18 us at 128), so tp 8 decode B=17-64 misses; on L40S at tp 8 the PCIe all-reduce is most of the "
+          "step and bends with size. Not investigated: Qwen3-30B-A3B decode of 2-16 sequences (10-16%), its FP8 "
+          "decode B=65-256 on GB200 and GB300 (11-23%) and at tp 8 on RTX PRO 6000 (12%), and GB200 prefill of the "
+          "32B and 70B models at tp 1 (11%).")
+
+
+def collectives_table(data: dict | None = None) -> str:
+    data = data or mk.load()
+    lines = ["Collectives from the same database, fitted as latency + bytes / bandwidth (8 KiB-256 MiB): vLLM's all-reduce "
+             "(tp) and NCCL's all-to-all (ep), µs and GB/s, by `python benchmarks/measured_kernels.py --table collectives`:",
+             "", "| GPU | all-reduce tp 2 | tp 4 | tp 8 | all-to-all ep 2 | ep 4 | ep 8 | worst fit MAPE |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g, d in data["gpus"].items():
+        cells, worst = [], 0.0
+        for op in ("all_reduce", "all_to_all"):
+            c = d["collectives"].get(op, {})
+            for n in ("2", "4", "8"):
+                f = c.get(n)
+                cells.append(f"{f['latency_s'] * 1e6:.0f} + {f['GBps']:.3g}" if f and f.get("GBps") else "-")
+                worst = max(worst, f["fit_mape_pct"] if f and f.get("GBps") else 0.0)
+        lines.append(f"| {g} | " + " | ".join(cells) + f" | {worst:.0f}% |")
+    lines += ["", "Sources: vLLM's `custom_allreduce_perf` (latest vLLM version of each GPU's comm data) and NCCL's "
+              "`nccl_perf` alltoall; GB200 has no 8-GPU data. "
+              "All-reduce per step: 2 per layer of a token's hidden state (bf16); all-to-all: a dispatch and a combine "
+              "per MoE layer of each GPU's top-k copies."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--derive", action="store_true", help="query aiconfigurator and write the coefficients (needs the extra)")
+    ap.add_argument("--out", default=str(mk.DATA_FILE))
+    ap.add_argument("--collectives-only", action="store_true",
+                    help="derive only the collectives, into the existing file (needs the extra)")
+    ap.add_argument("--gpus", default=None, help="derive: only these GPUs (comma-separated)")
+    ap.add_argument("--models", default=None, help="derive: only these models (comma-separated)")
+    ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE")
+    a = ap.parse_args(argv)
+    data = None
+    if a.collectives_only:
+        data = json.loads(Path(a.out).read_text())
+        for d in data["gpus"].values():
+            d["collectives"] = collectives(d["system"])
+        Path(a.out).write_text(json.dumps(data, indent=1) + "\n")
+    elif a.derive:
+        data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","))
+        print(f"wrote {a.out}", file=sys.stderr)
+    elif not Path(a.out).is_file():
+        raise SystemExit(f"error: {a.out} not found; derive it with --derive")
+    data = data or json.loads(Path(a.out).read_text())
+    names = [a.table] if a.table else ["heldout", "collectives"]
+    tables = {n: {"heldout": heldout_table, "collectives": collectives_table}[n](data) for n in names}
+    print("\n\n".join(tables.values()))
+    if a.write_docs:
+        for key, body in tables.items():
+            write_block(a.write_docs, "measured_kernels", f"--table {key}", body)
+        print(f"wrote {a.write_docs}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Step times and collectives from measured kernels (sim/hardware/specs/measured_kernels.json).
+
+The file is derived by benchmarks/measured_kernels.py from NVIDIA aiconfigurator's database
+of vLLM kernels measured per GPU (aiconfigurator-core 0.12.0, Apache-2.0): per GPU, model
+and tp, the GPU step model of sim/hardware/profile.py (c0..c5, w, launch, p) fitted on the step
+times aiconfigurator composes from its measured GEMMs, attention, MoE and all-reduce
+kernels; per GPU, vLLM's all-reduce and NCCL's all-to-all at 2, 4 and 8 GPUs as latency +
+bytes / bandwidth. The data ships: a user needs no extra to use it.
+
+`sim profile roofline` (sim/hardware/roofline.py) takes a GPU, model and tp's coefficients from here
+where they exist (`source: measured-kernels ...`), else the roofline (`source: roofline`);
+a roofline with tp or ep > 1 on a GPU listed here prices its collectives with the measured
+fits instead of the link's datasheet bandwidth.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+DATA_FILE = Path(__file__).parent / "specs" / "measured_kernels.json"
+ABOUT = ("Step-time coefficients (sim/hardware/profile.py's GPU step model: c0..c5, w, launch, p) per GPU, model and tp, and "
+         "collectives per GPU and GPU count, derived by benchmarks/measured_kernels.py from the vLLM kernel database of "
+         "aiconfigurator-core 0.12.0 (NVIDIA, Apache-2.0; step times as its engine composes them from measured GEMM, "
+         "attention, MoE and all-reduce kernels). heldout/train: MAPE in percent per kind against that database's steps. "
+         "Only kernel data set these numbers; no end-to-end server run.")
+LICENCE = ("aiconfigurator-core is Apache-2.0 (SPDX header of its systems/data files: Copyright (c) NVIDIA CORPORATION & "
+           "AFFILIATES); this file holds coefficients fitted to its data, not the data")
+COEF_KEYS = ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "p")
+
+
+@lru_cache(maxsize=1)
+def load() -> dict:
+    """The shipped file ({} of GPUs when it is absent)."""
+    if not DATA_FILE.is_file():
+        return {"gpus": {}}
+    return json.loads(DATA_FILE.read_text())
+
+
+def source_text(gpu: str) -> str:
+    d = load()
+    return f"measured-kernels ({d['package'].replace('aiconfigurator-core', 'aiconfigurator')} database, vLLM {d['gpus'][gpu]['vllm']})"
+
+
+def step_fit(gpu: str, model: str, tp: int) -> dict | None:
+    """The fitted entry {coef, points, heldout, train} of a GPU, model and tp, or None."""
+    return load()["gpus"].get(gpu, {}).get("models", {}).get(model, {}).get(str(tp))
+
+
+def collective(gpu: str, op: str, n: int) -> dict | None:
+    """{latency_s, GBps, fit_mape_pct, ...} of all_reduce or all_to_all over n GPUs, or None."""
+    c = load()["gpus"].get(gpu, {}).get("collectives", {}).get(op, {})
+    f = c.get(str(n))
+    return {**f, "source": c["source"]} if f and f.get("GBps") else None
+
+
+def gpu_name(gpu: dict) -> str | None:
+    """The canonical name (sim/hardware/specs/gpus.json) of a GPU spec that has measured data."""
+    for g, d in load()["gpus"].items():
+        if d.get("system") == gpu.get("aiconfigurator_system"):
+            return g
+    return None
+
+
+def collectives_text(parts: dict, layout: str, n: int) -> str:
+    mc = parts["collective_measured"]
+    what = "all-reduce, 2 per layer" if layout == "tp" else "all-to-all dispatch and combine per MoE layer"
+    return (f"MEASURED: {what} over {n} GPUs at {mc['latency_s'] * 1e6:.1f} us + bytes / {mc['GBps']:.0f} GB/s, fitted on "
+            f"aiconfigurator's {mc['source']} (fit MAPE {mc['fit_mape_pct']}%); in c0 (latency) and c1 (bytes per token)")
+
+
+def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes: list[str]) -> list[str]:
+    """Put the measured step coefficients of (gpu, model, tp) into a roofline profile where
+    the file has them (a tp layout); say which in provenance.source. Returns the notes."""
+    fit = step_fit(gpu, model, n) if layout == "tp" else None
+    prov = profile["provenance"]
+    if fit is None:
+        prov["source"] = "roofline"
+        return notes
+    d = load()
+    c = dict(fit["coef"])
+    src = source_text(gpu)
+    prov["source"] = src
+    prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on the "
+                      f"vLLM {d['gpus'][gpu]['vllm']} kernels of {d['package']}'s database for {d['gpus'][gpu]['system']} "
+                      "(GEMMs, attention, MoE, all-reduce, as its engine composes a step; benchmarks/measured_kernels.py, "
+                      "sim/hardware/specs/measured_kernels.json); engine limits and host link as the roofline's. "
+                      "Written by `sim profile roofline`.")
+    for k in ("c0", "c1", "c2", "c3", "c4", "c5", "constants", "moe", "collectives"):
+        prov.pop(k, None)
+    held = fit["heldout"]["all"]["points"]
+    prov["step_time"] = (f"fitted on {fit['points'] - held} steps (fresh and cached prefill, decode B 1-256 over 256-32K "
+                         f"tokens, mixed), judged on {held} others ({d['held_out']})"
+                         + ("; collectives inside: aiconfigurator's step includes vLLM's measured all-reduce" if n > 1 else ""))
+    # the roofline's caveats are about its own step prices
+    caveats = prov.pop("caveats", [])
+    notes = [x for x in notes if x not in caveats]
+    if notes:
+        prov["notes"] = notes
+    else:
+        prov.pop("notes", None)
+    profile["device"] = profile["device"].replace("(roofline estimate, not measured)",
+                                                  f"(measured kernels: {src.split('(', 1)[1]}")
+    profile["step_time"] = c
+    profile["prefill_quadratic"] = {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"),
+                                    "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]}
+    profile["fit_error"] = {"anchor": f"held-out MAPE % against {d['package']}'s vLLM kernel steps of this GPU, model and tp",
+                            **{f"heldout_{k.replace(' ', '_').replace('=', '')}": v["mape_pct"] for k, v in fit["heldout"].items()}}
+    return notes
