@@ -6,9 +6,10 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("trace", help="generate, import and describe traces")
     tsub = p.add_subparsers(dest="trace_cmd", required=True, parser_class=type(p))
-    from traces import generate, stats, importers, resample
+    from traces import fit, generate, stats, importers, resample
 
     generate.register(tsub)
     stats.register(tsub)
     importers.register(tsub)
     resample.register(tsub)
+    fit.register(tsub)
