@@ -277,7 +277,10 @@ def load_logs(paths, fmt: str | None, **opts):
     if not paths:
         raise InputError("LOGS: give one or more log files")
     if fmt is not None:
-        from traces.importers import import_trace
+        from traces.importers import FORMATS, import_trace
+
+        if fmt not in FORMATS:
+            raise InputError(f"--format {fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
 
         df, meta = import_trace(fmt, list(paths), **opts)
         return columns(df), [meta]
