@@ -41,6 +41,7 @@ SETS = {  # AgentCgroup set -> (agent label, output tokens usable)
     "all_images_haiku": ("Claude Code + Claude 3.5 Haiku", False),
     "batch_swebench_18tasks": ("Claude Code + Claude Haiku 4.5", False),
 }
+CONTEXT_WINDOW = 128_000  # llama-server -c 128000 in AgentCgroup's GLM runs: no program's context exceeds it
 CONTEXT_BANDS = (0, 32_000, 64_000)
 MIN_TOOL_CALLS = 20  # tools with fewer calls are pooled as "other" in the tool table
 # mini-swe-agent: no public trajectory reachable here logs tool time (the leaderboard's are on S3;
@@ -203,7 +204,7 @@ def claude_code_spec(logs: Path):
             "derived": ("statistics only (quantiles, fitted tails): main chains; a call's tool = its slowest tool, tool time "
                         "= gap to the next call (parallel tools overlap); new input = prompt growth beyond the previous prompt "
                         f"and output; shared prefix = {shared} tokens (the Haiku set's cached share {share:.3f} of the first "
-                        "prompt times the GLM median first prompt). Written by benchmarks/agent_log_stats.py --write-specs"),
+                        f"prompt times the GLM median first prompt); max_context {CONTEXT_WINDOW} (the llama-server's -c). Written by benchmarks/agent_log_stats.py --write-specs"),
             "counts": {}, "notes": "sessions ran one at a time; tool time includes container effects (pip, tests, 120 s timeouts)"}
     return t, prov
 
@@ -271,7 +272,7 @@ def write_specs(logs: Path, out: Path) -> list[Path]:
     cols = columns(t)
     prov["counts"] = {"programs": int((cols["turn"] == 0).sum()), "calls": len(cols),
                       "tool_calls": int(np.isfinite(cols["tool_duration_s"]).sum())}
-    cc = fit.fit_columns(cols, "claude-code", prov)
+    cc = fit.fit_columns(cols, "claude-code", prov, max_context=CONTEXT_WINDOW)
     cx = codex_trace(logs)
     rounds = [x for x in tracelab_rounds(logs) if x["provider"] == "codex"]
     rshare = sum(x.get("reasoning_output_tokens") or 0 for x in rounds) / sum(x["output_tokens"] for x in rounds)

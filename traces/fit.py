@@ -196,8 +196,10 @@ def _shared_prefix(cols) -> int:
     return 0
 
 
-def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None = None) -> WorkloadSpec:
-    """A spec from a checked trace (traces.schema.Columns) and its provenance dict."""
+def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None = None,
+                max_context: int | None = None) -> WorkloadSpec:
+    """A spec from a checked trace (traces.schema.Columns) and its provenance dict;
+    max_context: the largest context a program may reach (default: the largest logged)."""
     pid, turn = cols["program_id"], cols["turn"]
     new, out = cols["new_input_tokens"].astype(float), cols["output_tokens"].astype(float)
     tool, dur = cols["tool"], cols["tool_duration_s"]
@@ -236,7 +238,7 @@ def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None
             ContextBin(below=None, dist=fit_dist([0]))],
         output=fit_dist(out[~last]) if (~last).any() else fit_dist(out[last]),
         last_output=fit_dist(out[last]), reasoning_share=reasoning_share,
-        max_context=int(final_ctx.max()), tool_mix=mix, tools=tools,
+        max_context=int(final_ctx.max()) if max_context is None else int(max_context), tool_mix=mix, tools=tools,
     )
 
 
