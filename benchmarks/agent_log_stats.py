@@ -1,7 +1,7 @@
 """Tool times and turn structure measured in public agent logs, and the shipped workload specs.
 
-    python benchmarks/agent_log_stats.py [--logs ../shared/external-traces] [--write-docs [PAGE]]
-                                         [--write-specs DIR]
+    python benchmarks/agent_log_stats.py [--logs ../shared/external-traces] [--mini-swe DIR]
+                                         [--write-docs [PAGE]] [--write-specs DIR]
 
 Reads the logs in place (never copies them): AgentCgroup's Claude Code sessions (the
 derived per-call CSVs of its three sets: GLM-4.7-Flash on a local llama-server, Claude 3.5
@@ -14,7 +14,13 @@ wall time (count, mean, p50, p90, p99, max in seconds). Only statistics leave th
 --write-docs puts them into docs/traces.md (or PAGE) between `<!-- agent_log_stats: FLAGS -->`
 and `<!-- end agent_log_stats -->`. --write-specs writes the measured specs
 (traces/data/specs/): claude-code (AgentCgroup GLM-local main chains), codex (TraceLab's
-one Codex session) and mini-swe-agent (published statistics; see MINI_SWE below).
+one Codex session) and, with --mini-swe, mini-swe-agent.
+
+--mini-swe DIR: the 500 mini-swe-agent trajectories of the SWE-bench bash-only run with
+Gemini 3 Pro (MINI_SWE_REPO; `git clone` it and give the `trajs` folder): prints (and writes
+under its own marker) their turns, tokens, reasoning share and command mix. They log
+completions' `created` in whole seconds, not tool time, so the mini-swe-agent spec's tool
+durations come from published statistics (MINI_SWE) applied to the measured command mix.
 """
 from __future__ import annotations
 
@@ -51,6 +57,13 @@ MIN_TOOL_CALLS = 20  # tools with fewer calls are pooled as "other" in the tool 
 # (mini-swe-agent v1.15 + Gemini 3 Pro on SWE-bench Verified, bash-only leaderboard).
 MINI_SWE = {"pip_mean": 19.9, "sed_mean": 0.12, "gap_mean": 0.87, "gap_sd": 4.1, "turns_mean": 40.3,
             "pip_share": 0.01, "sed_share": 0.10, "sigma_pip": 1.0, "sigma_sed": 0.6}
+# The trajectories of that leaderboard run, committed to git by a fork of mini-swe-agent (MIT):
+# turns, tokens, reasoning and the command mix are measured there; they log no tool time.
+MINI_SWE_REPO = {"repo": "https://github.com/gruckion/mini-swe-agent", "commit": "d12a71affd95403b036b2bdbd827349b77bfffb9",
+                 "licence": "MIT (the repository's LICENSE.md)",
+                 "files": "swebench_results/20251118_gemini-3-pro-74pct/trajs/*/*.traj.json (500 trajectories, mini-swe-agent "
+                          "1.15.0, google/gemini-3-pro-preview via OpenRouter)"}
+MINI_SWE_MIN_CALLS = 100  # commands with fewer calls are the tool `other` in the spec
 
 
 def agentcgroup_calls(logs: Path, name: str) -> pd.DataFrame:
@@ -96,6 +109,55 @@ def agentcgroup_trace(d: pd.DataFrame, estimate_output: bool) -> pd.DataFrame:
 def tracelab_rounds(logs: Path) -> list[dict]:
     path = logs / "tracelab" / "example_sessions" / "derived" / "round_trace.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mini_swe_trace(folder: Path) -> pd.DataFrame:
+    """The trajectories as a trace: an assistant message is a call (usage from its raw
+    response); its tool is the command it runs (traces.toolparse); new input = prompt growth
+    beyond the previous prompt and output; tool_duration_s = the interval to the next
+    completion's `created` (whole seconds, LLM time included): a placeholder, never shipped."""
+    from traces.toolparse import parse_tool
+
+    rows = []
+    files = sorted(folder.rglob("*.traj.json"))
+    if not files:
+        raise SystemExit(f"error: --mini-swe {str(folder)!r}: no *.traj.json under it")
+    for f in files:
+        calls = [m for m in json.loads(f.read_text())["messages"] if m.get("role") == "assistant"]
+        prev = 0.0
+        for i, c in enumerate(calls):
+            r = c["extra"]["response"]
+            u = r["usage"]
+            prompt, out = float(u["prompt_tokens"]), float(u["completion_tokens"])
+            reason = float((u.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+            last = i == len(calls) - 1
+            rows.append({"program_id": f.name.removesuffix(".traj.json"), "turn": i,
+                         "new_input_tokens": int(prompt if i == 0 else max(prompt - prev, 0)), "output_tokens": int(max(out, 1)),
+                         "tool": None if last else parse_tool(c.get("content")),
+                         "tool_duration_s": np.nan if last else float(calls[i + 1]["extra"]["response"]["created"] - r["created"]),
+                         "reasoning_tokens": reason})
+            prev = prompt + out
+    return pd.DataFrame(rows)
+
+
+def mini_swe_stats(folder: Path) -> str:
+    t = mini_swe_trace(folder)
+    ctx, new = _context_new(t)
+    n = t.groupby("program_id").size()
+    share = t["reasoning_tokens"].sum() / t["output_tokens"].sum()
+    row = session_row("mini-swe-agent 1.15 + Gemini 3 Pro", len(n), n, ctx, new, t["output_tokens"].to_numpy(),
+                      f"{share:.1%} of output")
+    tools = t[t["tool_duration_s"].notna()]
+    counts = tools["tool"].fillna("(none)").value_counts()
+    trows = [f"| {k} | {v:,} | {v / len(tools):.1%} | {_s(tools.loc[tools['tool'].fillna('(none)') == k, 'tool_duration_s'].median())} |"
+             for k, v in counts.head(12).items()]
+    return ("Table: mini-swe-agent 1.15 + Gemini 3 Pro on SWE-bench Verified (bash-only leaderboard, 500 trajectories, "
+            "gruckion/mini-swe-agent @ d12a71a, MIT). Columns as above.\n\n"
+            "| agent | sessions | calls | calls per session mean / p50 / max | new tokens per call "
+            f"({' / '.join(f'{lo // 1000}K+' for lo in CONTEXT_BANDS)}) | output tokens | reasoning |\n|---|---|---|---|---|---|---|\n"
+            + row + "\n\nTable: its commands (first word of the bash block; `(none)`: none parsed): calls, share, and the median "
+            "interval to the next completion in whole seconds, which holds the next call's LLM time: not a tool time.\n\n"
+            "| command | calls | share | interval p50 (s) |\n|---|---|---|---|\n" + "\n".join(trows))
 
 
 def _q(x, p):
@@ -221,49 +283,54 @@ def lognormal_dist(rng, mean, sigma, size=20_000):
     return np.exp(mu + sigma * rng.standard_normal(size))
 
 
-def mini_swe_spec(cc):
-    """Published statistics (MINI_SWE) on the shape of the nearest measured agent (claude-code):
-    turns = its turns scaled to mean 40.3; tokens are its; tools: pip and sed lognormal with
-    the published means, `bash` (every other command) lognormal solved so that all tool calls
-    have the published mean 0.87 s and sd 4.1 s. The shares of pip (1%) and sed (10%) are not
-    published: assumed."""
+def mini_swe_spec(folder: Path):
+    """Turns, tokens and the command mix measured in the trajectories; tool durations from
+    published statistics (MINI_SWE): pip and sed lognormal with the published means, every
+    other command one lognormal solved so that all tool calls have the published mean
+    0.87 s and sd 4.1 s at the measured shares of pip and sed."""
     from traces import fit
+    from traces.schema import columns
 
     m = MINI_SWE
-    rng = np.random.default_rng(0)
-    ps, ss = m["pip_share"], m["sed_share"]
+    t = mini_swe_trace(folder)
+    counts = t.loc[t["tool_duration_s"].notna(), "tool"].value_counts()
+    keep = set(counts[counts >= MINI_SWE_MIN_CALLS].index) | {"pip", "sed"}
+    t["tool"] = [x if x in keep or x is None else "other" for x in t["tool"]]
+    cols = columns(t.drop(columns="reasoning_tokens"))
+    n_tool = int(np.isfinite(cols["tool_duration_s"]).sum())
+    names = [x for x, d in zip(cols["tool"], cols["tool_duration_s"]) if np.isfinite(d)]
+    ps, ss = names.count("pip") / n_tool, names.count("sed") / n_tool
     ex2_pip = m["pip_mean"] ** 2 * np.exp(m["sigma_pip"] ** 2)
     ex2_sed = m["sed_mean"] ** 2 * np.exp(m["sigma_sed"] ** 2)
     mean_o = (m["gap_mean"] - ps * m["pip_mean"] - ss * m["sed_mean"]) / (1 - ps - ss)
     ex2_o = (m["gap_sd"] ** 2 + m["gap_mean"] ** 2 - ps * ex2_pip - ss * ex2_sed) / (1 - ps - ss)
     sigma_o = float(np.sqrt(np.log(ex2_o / mean_o ** 2)))
-    spec = cc.model_copy(deep=True)
-    scale = m["turns_mean"] / cc.turns.mean
-    spec.turns = cc.turns.model_copy(update={"q": [round(v * scale, 4) for v in cc.turns.q], "cap": cc.turns.cap * scale,
-                                             "mean": m["turns_mean"]})
-    spec.max_turns = int(round(cc.max_turns * scale))
-    spec.tools = {"pip": fit.fit_dist(lognormal_dist(rng, m["pip_mean"], m["sigma_pip"])),
-                  "sed": fit.fit_dist(lognormal_dist(rng, m["sed_mean"], m["sigma_sed"])),
-                  "bash": fit.fit_dist(lognormal_dist(rng, mean_o, sigma_o))}
-    spec.tool_mix = [fit.ToolMix(from_turn=0, weights={"pip": ps, "sed": ss, "bash": round(1 - ps - ss, 6)})]
-    spec.name = "mini-swe-agent"
-    spec.provenance = fit.Provenance(
-        sources=[{"name": "AgentServeSim (arXiv 2606.09613): SWE-bench leaderboard mini-swe-agent trajectories",
-                  "url": "https://arxiv.org/abs/2606.09613", "licence": "published statistics (facts)"},
-                 {"name": "SWE-bench bash-only leaderboard: mini-swe-agent v1.15 + Gemini 3 Pro, 40.3 API calls per instance",
-                  "url": "https://github.com/gruckion/mini-swe-agent/blob/main/results.md", "licence": "published statistic (fact)"},
-                 *[s.model_dump() for s in cc.provenance.sources]],
-        derived=(f"NOT fitted on mini-swe-agent logs (none reachable with tool times). Tools: pip lognormal mean "
-                 f"{m['pip_mean']} s (sigma {m['sigma_pip']}), sed mean {m['sed_mean']} s (sigma {m['sigma_sed']}), bash "
-                 f"(the rest) lognormal mean {mean_o:.3f} s sigma {sigma_o:.3f}, solved so all tool calls have mean "
-                 f"{m['gap_mean']} s and sd {m['gap_sd']} s (published); pip and sed shares {ps:.0%} and {ss:.0%} assumed. "
-                 f"Turns: the claude-code spec's scaled to the published mean {m['turns_mean']}. Tokens: the claude-code "
-                 "spec's (nearest measured agent)."),
-        counts={}, notes="published-statistics fallback; treat per-tool shares as assumptions")
+    rshare = float(t["reasoning_tokens"].sum() / t["output_tokens"].sum())
+    prov = {"sources": [
+        {"name": "mini-swe-agent 1.15.0 + Gemini 3 Pro trajectories, SWE-bench Verified bash-only run (500)",
+         "url": MINI_SWE_REPO["repo"], "commit": MINI_SWE_REPO["commit"], "licence": MINI_SWE_REPO["licence"],
+         "files": MINI_SWE_REPO["files"]},
+        {"name": "AgentServeSim (arXiv 2606.09613): tool times of SWE-bench leaderboard mini-swe-agent trajectories",
+         "url": "https://arxiv.org/abs/2606.09613", "licence": "published statistics (facts)"}],
+        "derived": (f"turns, tokens (usage of each completion), reasoning share and command mix (first word of the bash block; "
+                    f"commands under {MINI_SWE_MIN_CALLS} calls are `other`) MEASURED in the trajectories; tool durations NOT "
+                    f"measured (the trajectories log no tool time): published pip mean {m['pip_mean']} s (lognormal sigma "
+                    f"{m['sigma_pip']}), sed mean {m['sed_mean']} s (sigma {m['sigma_sed']}); every other command one "
+                    f"lognormal mean {mean_o:.3f} s sigma {sigma_o:.3f}, solved so all tool calls have the published mean "
+                    f"{m['gap_mean']} s and sd {m['gap_sd']} s at the measured shares pip {ps:.2%}, sed {ss:.2%}. Written by "
+                    "benchmarks/agent_log_stats.py --mini-swe DIR --write-specs"),
+        "counts": {"programs": int((cols["turn"] == 0).sum()), "calls": len(cols), "tool_calls": n_tool},
+        "notes": "tool durations: published-statistics fallback; sigmas of pip and sed assumed"}
+    spec = fit.fit_columns(cols, "mini-swe-agent", prov, reasoning_share=round(rshare, 4))
+    rng = np.random.default_rng(0)
+    other = fit.fit_dist(lognormal_dist(rng, mean_o, sigma_o))
+    spec.tools = {k: (fit.fit_dist(lognormal_dist(rng, m["pip_mean"], m["sigma_pip"])) if k == "pip" else
+                      fit.fit_dist(lognormal_dist(rng, m["sed_mean"], m["sigma_sed"])) if k == "sed" else other)
+                  for k in spec.tools}
     return spec
 
 
-def write_specs(logs: Path, out: Path) -> list[Path]:
+def write_specs(logs: Path, out: Path, mini: Path | None = None) -> list[Path]:
     from traces import fit
     from traces.schema import columns
 
@@ -286,25 +353,29 @@ def write_specs(logs: Path, out: Path) -> list[Path]:
         "counts": {"programs": 1, "calls": len(ccols), "tool_calls": int(np.isfinite(ccols["tool_duration_s"]).sum())},
         "notes": "far too few sessions for distributions: a shape, not a measurement of Codex at large"},
         reasoning_share=round(rshare, 4))
-    mini = mini_swe_spec(cc)
-    return [fit.write_spec(s, out / f"{s.name}.json") for s in (cc, codex, mini)]
+    specs = [cc, codex] + ([mini_swe_spec(mini)] if mini is not None else [])
+    return [fit.write_spec(s, out / f"{s.name}.json") for s in specs]
 
 
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--logs", default=DEFAULT_LOGS, help=f"the external traces folder (default {DEFAULT_LOGS})")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE")
+    ap.add_argument("--mini-swe", default=None, metavar="DIR", help="the mini-swe-agent trajectories (MINI_SWE_REPO)")
     ap.add_argument("--write-specs", default=None, metavar="DIR", help="write the measured specs there")
     a = ap.parse_args(argv)
     logs = Path(a.logs) if Path(a.logs).is_absolute() else (ROOT / a.logs)
     if not logs.is_dir():
         raise SystemExit(f"error: --logs {a.logs!r}: no such folder; it holds the AgentCgroup and TraceLab logs")
-    text = stats(logs)
+    mini = Path(a.mini_swe) if a.mini_swe else None
+    if mini is not None and not mini.is_dir():
+        raise SystemExit(f"error: --mini-swe {a.mini_swe!r}: no such folder")
+    text = mini_swe_stats(mini) if mini is not None else stats(logs)
     print(text)
     if a.write_docs:
-        write_block(a.write_docs, "agent_log_stats", f"--logs {a.logs}", text)
+        write_block(a.write_docs, "agent_log_stats", f"--logs {a.logs}" + (f" --mini-swe {a.mini_swe}" if mini else ""), text)
     if a.write_specs:
-        for p in write_specs(logs, Path(a.write_specs)):
+        for p in write_specs(logs, Path(a.write_specs), mini):
             print(f"wrote {p}")
     return text
 

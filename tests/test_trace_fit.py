@@ -14,6 +14,7 @@ from traces.schema import columns, read_columns, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 EXT = ROOT.parent / "shared" / "external-traces"
+MINI = Path("/tmp/mini-swe-agent-trajs")  # gruckion/mini-swe-agent's trajs folder, as docs/traces.md builds it
 needs_ext = pytest.mark.skipif(not (EXT / "agentcgroup").is_dir(), reason=f"{EXT} not present (logs are read in place, never bundled)")
 PROV = {"sources": [], "derived": "test", "counts": {}}
 ROUND_TRIP_KS = 0.05  # stated in docs/traces.md: per marginal, N = 2,000 programs
@@ -90,20 +91,20 @@ def test_shipped_specs_say_what_they_rest_on():
     assert "GPL-2.0" in cc.provenance.sources[0].licence and cc.provenance.sources[0].commit.startswith("5af9e7b")
     assert cx.provenance.counts["programs"] == 1 and "ONE session" in cx.provenance.derived
     assert cx.reasoning_share == pytest.approx(0.30, abs=0.01)
-    assert "NOT fitted" in mini.provenance.derived and "2606.09613" in mini.provenance.sources[0].url
+    assert "MEASURED" in mini.provenance.derived and "tool durations NOT measured" in mini.provenance.derived
+    assert mini.provenance.counts == {"programs": 500, "calls": 20163, "tool_calls": 19663}
+    assert mini.provenance.sources[0].licence.startswith("MIT") and "2606.09613" in mini.provenance.sources[1].url
     assert set(fit.shipped()) == {"claude-code", "codex", "mini-swe-agent"}
 
 
 def test_mini_swe_agent_spec_keeps_the_published_tool_statistics():
     s = fit.read_spec("mini-swe-agent")
-    rng = np.random.default_rng(0)
-    names = list(s.tool_mix[0].weights)
-    k = rng.choice(len(names), 400_000, p=[s.tool_mix[0].weights[n] for n in names])
-    x = np.empty(len(k))
-    for j, n in enumerate(names):
-        x[k == j] = s.tools[n].sample(rng, int((k == j).sum()))
-    assert x.mean() == pytest.approx(0.87, rel=0.10) and x.std() == pytest.approx(4.1, rel=0.25)
+    df, _ = fit.generate_from_spec(s, 2000, 0)
+    c = columns(df)
+    d = c["tool_duration_s"][np.isfinite(c["tool_duration_s"])]
+    assert d.mean() == pytest.approx(0.87, rel=0.10) and d.std() == pytest.approx(4.1, rel=0.25)
     assert s.tools["pip"].mean == pytest.approx(19.9, rel=0.05) and s.tools["sed"].mean == pytest.approx(0.12, rel=0.05)
+    assert s.turns.mean == pytest.approx(40.3, abs=0.05)  # the leaderboard run's 40.3 calls per instance
 
 
 def test_cli_fit_then_gen_from_the_file(tmp_path, capsys):
@@ -175,7 +176,9 @@ def test_fit_reads_raw_claude_code_logs(tmp_path):
 def test_shipped_specs_are_what_the_logs_give(tmp_path):
     from benchmarks import agent_log_stats as als
 
-    for p in als.write_specs(EXT, tmp_path):
+    written = als.write_specs(EXT, tmp_path, MINI if MINI.is_dir() else None)
+    assert len(written) == (3 if MINI.is_dir() else 2)
+    for p in written:
         assert p.read_text() == (fit.SPECS_DIR / p.name).read_text(), p.name
 
 
@@ -187,3 +190,13 @@ def test_the_docs_table_is_what_the_logs_give():
     m = re.search(r"^<!-- agent_log_stats: --logs ../shared/external-traces -->\n\n(.*?)\n\n<!-- end agent_log_stats -->$",
                   text, re.S | re.M)
     assert m and m[1] == als.stats(EXT)
+
+
+@pytest.mark.skipif(not MINI.is_dir(), reason=f"{MINI} not present (docs/traces.md says how to build it)")
+def test_the_mini_swe_agent_docs_table_is_what_the_trajectories_give():
+    from benchmarks import agent_log_stats as als
+
+    text = (ROOT / "docs" / "traces.md").read_text()
+    m = re.search(rf"^<!-- agent_log_stats: --logs ../shared/external-traces --mini-swe {MINI} -->\n\n(.*?)\n\n"
+                  r"<!-- end agent_log_stats -->$", text, re.S | re.M)
+    assert m and m[1] == als.mini_swe_stats(MINI)
