@@ -298,7 +298,8 @@ def load_logs(paths, fmt: str | None, **opts):
         f["program_id"] = f"{i}:" + f["program_id"].astype(str)
         frames.append(f)
         metas.append(m)
-    return columns(pd.concat(frames, ignore_index=True)), metas
+    common = set.intersection(*(set(f.columns) for f in frames))  # an optional column only some traces have is dropped
+    return columns(pd.concat([f[[c for c in f.columns if c in common]] for f in frames], ignore_index=True)), metas
 
 
 def fit_logs(paths, fmt: str | None = None, name: str | None = None, **opts) -> WorkloadSpec:
