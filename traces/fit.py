@@ -25,7 +25,7 @@ empirical quantile function (no tail).
 
 Generation (`generate_from_spec`) draws programs turn by turn from
 numpy.random.default_rng(seed), as traces/generate.py does: the same spec and seed give
-the same trace. The tool after a turn is independent of the previous ones (no tool
+the same trace. Turns per program are stratified (one draw per 1/N quantile slice). The tool after a turn is independent of the previous ones (no tool
 sequences), and a turn's new input depends on its context only.
 """
 from __future__ import annotations
@@ -354,7 +354,11 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"--seed {seed!r}: give a whole number >= 0")
     rng = np.random.default_rng(seed)
-    n = np.clip(np.rint(spec.turns.sample(rng, programs)), 1, spec.max_turns).astype(np.int64)
+    # turns by stratified draws (one per 1/programs quantile slice, in random order): the trace's
+    # turn distribution follows the spec's closely even at 100 programs, as resampling's balanced
+    # draws do; iid draws moved the mean by 2 sd of the mean at seed 0 (56.5 calls against 50.7)
+    u = (rng.permutation(programs) + rng.random(programs)) / programs
+    n = np.clip(np.rint(spec.turns.ppf(u)), 1, spec.max_turns).astype(np.int64)
     shared = spec.shared_prefix_tokens
     tool_names = sorted(spec.tools)
     ctx = np.zeros(programs)
