@@ -2,13 +2,14 @@
 policy table on the generated trace and on the other half's resampled sessions.
 
     python benchmarks/trace_fit_holdout.py [--logs ../shared/external-traces] [--programs 100]
-        [--num-blocks 26124] [--jps 0.05] [--seeds 0] [--policies vllm,...] [--workers 1] [--write-docs [PAGE]]
+        [--num-blocks 26124] [--jps 0.05] [--seeds 0] [--gen-seeds 0] [--policies vllm,...] [--workers 1] [--write-docs [PAGE]]
 
 Corpus: AgentCgroup's 111 Claude Code + GLM-4.7-Flash sessions (main chains, as
 benchmarks/agent_log_stats.py reads them: a call's tool is its slowest, tool time the gap
 to the next call, the shared prefix as in the claude-code spec). Sessions sorted by id;
 even positions are the fit half, odd the held-out half. The fit half's spec generates
---programs programs (seed 0); the held-out half is resampled to as many (`sim trace
+--programs programs per --gen-seeds seed (their mean JCT is compared; the range shows the
+generator's own sample noise); the held-out half is resampled to as many (`sim trace
 resample --jitter`, seed 0). Each policy runs on both at --jps on the default profile with
 its KV pool cut to --num-blocks. Passes when the policies rank the same by mean JCT and
 every mean JCT is within 10% of the held-out one. The fit half's own sessions, resampled
@@ -50,7 +51,7 @@ def halves(logs: Path):
     return t[t["program_id"].isin(fit_ids)].reset_index(drop=True), t[t["program_id"].isin(held_ids)].reset_index(drop=True), prov
 
 
-def build(logs: Path, programs: int, tmp: Path) -> tuple[str, str, dict]:
+def build(logs: Path, programs: int, tmp: Path, gen_seeds=(0,)):
     from benchmarks import agent_log_stats as als
     from traces import fit
     from traces.resample import resample
@@ -58,10 +59,12 @@ def build(logs: Path, programs: int, tmp: Path) -> tuple[str, str, dict]:
 
     a, b, prov = halves(logs)
     spec = fit.fit_columns(columns(a), "holdout-fit", {**prov, "counts": {}}, max_context=als.CONTEXT_WINDOW)
-    gen, gmeta = fit.generate_from_spec(spec, programs, 0)
-    g = tmp / "generated.parquet"
-    write_trace(gen, g, gmeta)
-    paths = [str(g)]
+    gens = []
+    for seed in gen_seeds:
+        gen, gmeta = fit.generate_from_spec(spec, programs, seed)
+        gens.append(str(tmp / f"generated-{seed}.parquet"))
+        write_trace(gen, gens[-1], gmeta)
+    paths = [gens]
     for label, half in (("held-out", b), ("fit", a)):  # the fit half resampled: the split's own difference
         rs, rmeta = resample([(label, half, {"importer": "agentsim", "synthetic": False})], programs, seed=0,
                              max_context=als.CONTEXT_WINDOW, jitter=0.05)
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--programs", type=int, default=100)
     ap.add_argument("--num-blocks", type=int, default=26124)
     ap.add_argument("--jps", type=float, default=0.05)
-    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--seeds", default="0", help="arrival seeds")
+    ap.add_argument("--gen-seeds", default="0", help="seeds of the generated traces (their mean is compared)")
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "traces.md"), default=None, metavar="PAGE")
@@ -89,21 +93,26 @@ def main(argv: list[str] | None = None) -> str:
 
     pols, seeds = a.policies.split(","), [int(s) for s in a.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="holdout_") as tmp:
-        g, r, f, info = build(logs, a.programs, Path(tmp))
-        jobs = [(tr, a.programs, a.num_blocks, a.jps, p, s) for tr in (g, r, f) for p in pols for s in seeds]
+        gseeds = [int(x) for x in a.gen_seeds.split(",")]
+        gs, r, f, info = build(logs, a.programs, Path(tmp), gseeds)
+        jobs = [(tr, a.programs, a.num_blocks, a.jps, p, s) for tr in (*gs, r, f) for p in pols for s in seeds]
         res = dict(map_points(one, jobs, a.workers))
-    jct = {(tr, p): float(np.mean([res[(path, p, s)] for s in seeds]))
-           for tr, path in (("gen", g), ("held", r), ("fit", f)) for p in pols}
+    each = {(g, p): float(np.mean([res[(g, p, s)] for s in seeds])) for g in gs for p in pols}
+    jct = {(tr, p): float(np.mean([res[(path, p, s)] for s in seeds])) for tr, path in (("held", r), ("fit", f)) for p in pols}
+    jct.update({("gen", p): float(np.mean([each[(g, p)] for g in gs])) for p in pols})
+    spread = {p: (min(each[(g, p)] for g in gs) / jct[("held", p)] - 1, max(each[(g, p)] for g in gs) / jct[("held", p)] - 1)
+              for p in pols}
     rank = {tr: sorted(pols, key=lambda p: jct[(tr, p)]) for tr in ("gen", "held")}
     err = {p: jct[("gen", p)] / jct[("held", p)] - 1 for p in pols}
     split = {p: jct[("fit", p)] / jct[("held", p)] - 1 for p in pols}
     ok = rank["gen"] == rank["held"] and all(abs(e) <= TOLERANCE for e in err.values())
     lines = [f"Table: fit on {info['fit_sessions']} AgentCgroup GLM-local sessions, held out {info['held_sessions']}; "
-             f"{a.programs} programs each, JPS {a.jps:g}, {a.num_blocks} KV blocks, seeds {a.seeds}; mean JCT (s)",
-             "", "| policy | generated from the fit half | held-out half resampled | difference | fit half resampled | "
-                 "its difference |", "|---|---|---|---|---|---|"]
-    lines += [f"| {p} | {jct[('gen', p)]:.1f} | {jct[('held', p)]:.1f} | {err[p]:+.1%} | {jct[('fit', p)]:.1f} | "
-              f"{split[p]:+.1%} |" for p in pols]
+             f"{a.programs} programs each, JPS {a.jps:g}, {a.num_blocks} KV blocks, arrival seeds {a.seeds}, "
+             f"generation seeds {a.gen_seeds}; mean JCT (s)",
+             "", "| policy | generated from the fit half | held-out half resampled | difference | per generation seed | "
+                 "fit half resampled | its difference |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {p} | {jct[('gen', p)]:.1f} | {jct[('held', p)]:.1f} | {err[p]:+.1%} | "
+              f"{spread[p][0]:+.1%} to {spread[p][1]:+.1%} | {jct[('fit', p)]:.1f} | {split[p]:+.1%} |" for p in pols]
     lines += ["", f"Ranking (best first): generated {' < '.join(rank['gen'])}; held-out {' < '.join(rank['held'])}. "
                   f"{'PASS' if ok else 'FAIL'}: ranking {'equal' if rank['gen'] == rank['held'] else 'differs'}, "
                   f"largest mean-JCT difference {max(abs(e) for e in err.values()):.1%} (bound {TOLERANCE:.0%}); "
@@ -111,7 +120,8 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join(lines)
     print(text)
     if a.write_docs:
-        key = (f"--logs {a.logs} --programs {a.programs} --num-blocks {a.num_blocks} --jps {a.jps:g} --seeds {a.seeds}"
+        key = (f"--logs {a.logs} --programs {a.programs} --num-blocks {a.num_blocks} --jps {a.jps:g} --seeds {a.seeds} "
+               f"--gen-seeds {a.gen_seeds}"
                + ("" if a.policies == POLICIES else f" --policies {a.policies}"))
         write_block(a.write_docs, "trace_fit_holdout", key, text)
     return text

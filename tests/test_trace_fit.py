@@ -143,6 +143,9 @@ def test_bad_logs_refused_with_one_line_and_nothing_written(tmp_path, capsys):
     ]
     for args, pattern in cases:
         _refused(["trace", "fit", *args, "-o", out], capsys, pattern, tmp_path, "w.json")
+    # an output that cannot be written is refused before any log is read
+    _refused(["trace", "fit", str(tmp_path / "junk.jsonl"), "-o", str(tmp_path)], capsys, r"--output .* is a directory",
+             tmp_path, "w.json")
 
 
 def test_bad_specs_refused_with_one_line(tmp_path, capsys):
