@@ -106,6 +106,28 @@ def agentcgroup_trace(d: pd.DataFrame, estimate_output: bool) -> pd.DataFrame:
                          "tool_duration_s": np.where(last, np.nan, m["gap_to_next_ms"].to_numpy(float) / 1000)})
 
 
+def thinking_share(logs: Path, name: str) -> tuple[float, int] | None:
+    """Share of the main chains' generated characters (thinking + text + tool input JSON) that
+    is thinking, over the set's raw sessions kept in ../shared (8 per set; None: none kept)."""
+    files = sorted((logs / "agentcgroup" / "experiments" / name).glob("*/attempt_1/trace.jsonl"))
+    if not files:
+        return None
+    think = other = 0
+    for f in files:
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("type") != "assistant" or r.get("isSidechain"):
+                continue
+            for b in r["message"].get("content") or []:
+                if isinstance(b, dict) and b.get("type") == "thinking":
+                    think += len(b.get("thinking", ""))
+                elif isinstance(b, dict) and b.get("type") == "text":
+                    other += len(b.get("text", ""))
+                elif isinstance(b, dict) and b.get("type") == "tool_use":
+                    other += len(json.dumps(b.get("input", {})))
+    return think / (think + other), len(files)
+
+
 def tracelab_rounds(logs: Path) -> list[dict]:
     path = logs / "tracelab" / "example_sessions" / "derived" / "round_trace.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -200,8 +222,9 @@ def stats(logs: Path) -> str:
         t = agentcgroup_trace(d, estimate_output=False)
         ctx, new = _context_new(t)
         n = t.groupby("program_id").size()
+        th = thinking_share(logs, name)
         srows.append(session_row(label, len(n), n, ctx, new, t["output_tokens"].to_numpy() if real_out else None,
-                                 "not logged"))
+                                 "not logged" if th is None else f"{th[0]:.0%} of output chars ({th[1]} raw sessions)"))
         trows += tool_rows(label, tool_walls(d[d["chain"] == "main"]))
     rounds = tracelab_rounds(logs)
     for prov, label in (("claude", "Claude Code + Opus (TraceLab)"), ("codex", "Codex CLI + gpt-5.4 (TraceLab)")):
@@ -339,7 +362,10 @@ def write_specs(logs: Path, out: Path, mini: Path | None = None) -> list[Path]:
     cols = columns(t)
     prov["counts"] = {"programs": int((cols["turn"] == 0).sum()), "calls": len(cols),
                       "tool_calls": int(np.isfinite(cols["tool_duration_s"]).sum())}
-    cc = fit.fit_columns(cols, "claude-code", prov, max_context=CONTEXT_WINDOW)
+    share, raw = thinking_share(logs, "all_images_local")
+    prov["derived"] += (f"; reasoning_share {share:.3f} = thinking characters / generated characters of the {raw} raw "
+                        "GLM sessions kept in ../shared (the per-call table has no thinking column)")
+    cc = fit.fit_columns(cols, "claude-code", prov, max_context=CONTEXT_WINDOW, reasoning_share=round(share, 4))
     cx = codex_trace(logs)
     rounds = [x for x in tracelab_rounds(logs) if x["provider"] == "codex"]
     rshare = sum(x.get("reasoning_output_tokens") or 0 for x in rounds) / sum(x["output_tokens"] for x in rounds)
