@@ -375,7 +375,7 @@ def write_specs(logs: Path, out: Path, mini: Path | None = None) -> list[Path]:
                      "url": TRACELAB["repo"], "commit": TRACELAB["commit"], "licence": TRACELAB["licence"]}],
         "derived": ("ONE session of 9 LLM calls (8 tool gaps): every marginal is that session's empirical values, no "
                     "tail; turns are always 9. Read by `sim trace import tracelab`; gaps with no tool (the user's turns, "
-                    "3 of 8) are tool `(unknown)`. reasoning_share = logged reasoning / output tokens"),
+                    "2 of 8) are tool `(unknown)`. reasoning_share = logged reasoning / output tokens"),
         "counts": {"programs": 1, "calls": len(ccols), "tool_calls": int(np.isfinite(ccols["tool_duration_s"]).sum())},
         "notes": "far too few sessions for distributions: a shape, not a measurement of Codex at large"},
         reasoning_share=round(rshare, 4))

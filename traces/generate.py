@@ -377,7 +377,7 @@ def register(tsub) -> None:
     p.add_argument("kind", nargs="?", default=None, metavar="{" + ",".join(SPECS) + "}", help="which workload to imitate")
     p.add_argument("--spec", default=None, metavar="SPEC",
                    help="sample a workload spec instead: a JSON from `sim trace fit`, or a shipped name "
-                        "(claude-code, codex, mini-swe-agent, openhands; traces/data/specs/)")
+                        "(claude-code, codex, mini-swe-agent; traces/data/specs/)")
     p.add_argument("--programs", type=int, default=500, help="number of programs (default 500)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--tokens-mode", default="sum", metavar="{sum,final}",
