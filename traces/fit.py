@@ -448,7 +448,8 @@ def ks(a, b) -> float:
 
 def _fit_cmd(args) -> int:
     check_output(args.output, "file", "--output")
-    spec = fit_logs(args.logs, args.format, args.name, subagents=args.subagents, chars_per_token=args.chars_per_token)
+    spec = fit_logs(args.logs, args.format, args.name, subagents=args.subagents, chars_per_token=args.chars_per_token,
+                    estimate_tokens=args.estimate_tokens or None)
     path = write_spec(spec, args.output)
     c = spec.provenance.counts
     print(f"wrote {path}: spec {spec.name!r} from {c['programs']} programs, {c['calls']} calls, "
@@ -467,5 +468,7 @@ def register(tsub) -> None:
     p.add_argument("--name", default=None, help="the spec's name (default: the first log's stem)")
     p.add_argument("--subagents", choices=["drop", "keep"], default=None, help="claude-code: as `sim trace import`")
     p.add_argument("--chars-per-token", type=float, default=None, help="as `sim trace import`")
+    p.add_argument("--estimate-tokens", action="store_true",
+                   help="as `sim trace import`: output tokens from characters where the log's counts are placeholders")
     p.add_argument("-o", "--output", required=True, metavar="workload.json", help="where to write the spec")
     p.set_defaults(func=_fit_cmd)
