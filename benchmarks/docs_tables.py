@@ -23,6 +23,7 @@ docs/validation.md are benchmarks/twin_check.py's (`Run:` line in each).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import subprocess
@@ -90,8 +91,12 @@ def marked_blocks(docs: Path = DOCS) -> list[Block]:
 
 
 def missing_input(key: str) -> str | None:
-    """The first path among the flags that does not exist (relative to the repository)."""
+    """The first path among the flags that does not exist (relative to the repository), or
+    names an environment variable that is not set."""
     for tok in shlex.split(key):
+        if "$" in os.path.expandvars(tok):
+            return tok
+        tok = os.path.expandvars(tok)
         path = tok.split(":", 1)[0]  # a cell is PATH:BLOCKS:LOADS
         if path.startswith(("/", "./", "../")) and not (ROOT / path).exists():
             return path
@@ -101,7 +106,7 @@ def missing_input(key: str) -> str | None:
 def command(blocks: list[Block], page: Path) -> list[str]:
     """The command that writes these blocks (one script's) into page."""
     script = ROOT / "benchmarks" / f"{blocks[0].script}.py"
-    return [sys.executable, str(script), *[t for b in blocks for t in shlex.split(b.key)], "--write-docs", str(page)]
+    return [sys.executable, str(script), *[os.path.expandvars(t) for b in blocks for t in shlex.split(b.key)], "--write-docs", str(page)]
 
 
 def redo(check: bool, only: set[str] | None = None, docs: Path = DOCS, out=print) -> int:
@@ -147,3 +152,18 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+EXTERNAL_TRACES_ENV = "AGENTSIM_EXTERNAL_TRACES"
+
+
+def external_logs(arg: str) -> Path:
+    """The agent-log folder a benchmark reads in place (`--logs`, default $AGENTSIM_EXTERNAL_TRACES):
+    agentcgroup/ (AgentCgroup's experiments and per-call tables derived from them, GPL-2.0) and
+    tracelab/ (TraceLab's example sessions, CC BY 4.0). Nothing of it is copied."""
+    path = os.path.expandvars(arg)
+    if "$" in path:
+        raise SystemExit(f"error: --logs {arg}: set {EXTERNAL_TRACES_ENV} to the folder holding agentcgroup/ and "
+                         f"tracelab/ (the agent logs, read in place), or give --logs DIR")
+    p = Path(path)
+    return p if p.is_absolute() else ROOT / p

@@ -352,6 +352,17 @@ def bundle(data_dir: Path = DATA_DIR) -> list[Path]:
 
 
 def _gen_cmd(args) -> int:
+    if (args.kind is None) == (args.spec is None):
+        raise InputError("give a generator name (" + ", ".join(SPECS) + ") or --spec SPEC (a workload spec "
+                         "from `sim trace fit`, or a shipped one), not both or neither")
+    if args.spec is not None:
+        from traces import fit
+
+        spec = fit.read_spec(args.spec)
+        df, meta = fit.generate_from_spec(spec, args.programs, args.seed)
+        path = write_trace(df, args.output, meta)
+        print(f"wrote {path}: {meta['programs']} programs of spec {spec.name!r}, {len(df)} calls (seed {args.seed})")
+        return 0
     df, meta = generate(args.kind, args.programs, args.seed, args.tokens_mode, args.shared_prefix, args.tasks)
     try:
         path = write_trace(df, args.output, meta)
@@ -363,7 +374,10 @@ def _gen_cmd(args) -> int:
 
 def register(tsub) -> None:
     p = tsub.add_parser("gen", help="generate a synthetic trace matching the paper's statistics")
-    p.add_argument("kind", metavar="{" + ",".join(SPECS) + "}", help="which workload to imitate")
+    p.add_argument("kind", nargs="?", default=None, metavar="{" + ",".join(SPECS) + "}", help="which workload to imitate")
+    p.add_argument("--spec", default=None, metavar="SPEC",
+                   help="sample a workload spec instead: a JSON from `sim trace fit`, or a shipped name "
+                        "(claude-code, codex, mini-swe-agent; traces/data/specs/)")
     p.add_argument("--programs", type=int, default=500, help="number of programs (default 500)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--tokens-mode", default="sum", metavar="{sum,final}",

@@ -1,0 +1,133 @@
+"""Held-out check of `sim trace fit`: fit on half of a real corpus, generate, and run the
+policy table on the generated trace and on the other half's resampled sessions.
+
+    python benchmarks/trace_fit_holdout.py [--logs DIR] [--programs 100]
+        [--num-blocks 26124] [--jps 0.05] [--seeds 0] [--gen-seeds 0] [--policies vllm,...] [--workers 1] [--write-docs [PAGE]]
+
+Corpus: AgentCgroup's 111 Claude Code + GLM-4.7-Flash sessions (main chains, as
+benchmarks/agent_log_stats.py reads them: a call's tool is its slowest, tool time the gap
+to the next call, the shared prefix as in the claude-code spec). Sessions sorted by id;
+even positions are the fit half, odd the held-out half. The fit half's spec generates
+--programs programs per --gen-seeds seed (their mean JCT is compared; the range shows the
+generator's own sample noise); the held-out half is resampled to as many (`sim trace
+resample --jitter`, seed 0). Each policy runs on both at --jps on the default profile with
+its KV pool cut to --num-blocks. Passes when the policies rank the same by mean JCT and
+every mean JCT is within 10% of the held-out one. The fit half's own sessions, resampled
+alike, show how far the two halves differ without any fit. Prints a Markdown table; --write-docs puts
+it into docs/traces.md between `<!-- trace_fit_holdout: FLAGS -->` and its end marker.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.docs_tables import DOCS, external_logs, write_block  # noqa: E402
+
+DEFAULT_LOGS = "$AGENTSIM_EXTERNAL_TRACES"  # a folder with agentcgroup/ and tracelab/
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = "vllm,program-fcfs,static-ttl,continuum-static,continuum"
+TOLERANCE = 0.10
+
+
+def one(args):
+    from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+
+    trace, programs, num_blocks, jps, policy, seed = args
+    res = execute(build_run(SimConfig(workload=WorkloadConfig(trace=trace, programs=programs, jps=jps, seed=seed),
+                                      policy=PolicyConfig(name=policy), engine=EngineLimits(num_blocks=num_blocks))))
+    return (trace, policy, seed), res.summary["mean_jct"]
+
+
+def halves(logs: Path):
+    from benchmarks import agent_log_stats as als
+
+    t, prov = als.claude_code_spec(logs)
+    ids = sorted(t["program_id"].unique())
+    fit_ids, held_ids = set(ids[0::2]), set(ids[1::2])
+    return t[t["program_id"].isin(fit_ids)].reset_index(drop=True), t[t["program_id"].isin(held_ids)].reset_index(drop=True), prov
+
+
+def build(logs: Path, programs: int, tmp: Path, gen_seeds=(0,)):
+    from benchmarks import agent_log_stats as als
+    from traces import fit
+    from traces.resample import resample
+    from traces.schema import columns, write_trace
+
+    a, b, prov = halves(logs)
+    spec = fit.fit_columns(columns(a), "holdout-fit", {**prov, "counts": {}}, max_context=als.CONTEXT_WINDOW)
+    gens = []
+    for seed in gen_seeds:
+        gen, gmeta = fit.generate_from_spec(spec, programs, seed)
+        gens.append(str(tmp / f"generated-{seed}.parquet"))
+        write_trace(gen, gens[-1], gmeta)
+    paths = [gens]
+    for label, half in (("held-out", b), ("fit", a)):  # the fit half resampled: the split's own difference
+        rs, rmeta = resample([(label, half, {"importer": "agentsim", "synthetic": False})], programs, seed=0,
+                             max_context=als.CONTEXT_WINDOW, jitter=0.05)
+        paths.append(str(tmp / f"{label}.parquet"))
+        write_trace(rs, paths[-1], rmeta)
+    info = {"fit_sessions": a["program_id"].nunique(), "held_sessions": b["program_id"].nunique()}
+    return *paths, info
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--logs", default=DEFAULT_LOGS, help=f"the folder holding agentcgroup/ and tracelab/ (default {DEFAULT_LOGS})")
+    ap.add_argument("--programs", type=int, default=100)
+    ap.add_argument("--num-blocks", type=int, default=26124)
+    ap.add_argument("--jps", type=float, default=0.05)
+    ap.add_argument("--seeds", default="0", help="arrival seeds")
+    ap.add_argument("--gen-seeds", default="0", help="seeds of the generated traces (their mean is compared)")
+    ap.add_argument("--policies", default=POLICIES)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "traces.md"), default=None, metavar="PAGE")
+    a = ap.parse_args(argv)
+    logs = external_logs(a.logs)
+    if not logs.is_dir():
+        raise SystemExit(f"error: --logs {a.logs!r}: no such folder")
+    from sim.study.sweep import map_points
+
+    pols, seeds = a.policies.split(","), [int(s) for s in a.seeds.split(",")]
+    with tempfile.TemporaryDirectory(prefix="holdout_") as tmp:
+        gseeds = [int(x) for x in a.gen_seeds.split(",")]
+        gs, r, f, info = build(logs, a.programs, Path(tmp), gseeds)
+        jobs = [(tr, a.programs, a.num_blocks, a.jps, p, s) for tr in (*gs, r, f) for p in pols for s in seeds]
+        res = dict(map_points(one, jobs, a.workers))
+    each = {(g, p): float(np.mean([res[(g, p, s)] for s in seeds])) for g in gs for p in pols}
+    jct = {(tr, p): float(np.mean([res[(path, p, s)] for s in seeds])) for tr, path in (("held", r), ("fit", f)) for p in pols}
+    jct.update({("gen", p): float(np.mean([each[(g, p)] for g in gs])) for p in pols})
+    spread = {p: (min(each[(g, p)] for g in gs) / jct[("held", p)] - 1, max(each[(g, p)] for g in gs) / jct[("held", p)] - 1)
+              for p in pols}
+    rank = {tr: sorted(pols, key=lambda p: jct[(tr, p)]) for tr in ("gen", "held")}
+    err = {p: jct[("gen", p)] / jct[("held", p)] - 1 for p in pols}
+    split = {p: jct[("fit", p)] / jct[("held", p)] - 1 for p in pols}
+    ok = rank["gen"] == rank["held"] and all(abs(e) <= TOLERANCE for e in err.values())
+    lines = [f"Table: fit on {info['fit_sessions']} AgentCgroup GLM-local sessions, held out {info['held_sessions']}; "
+             f"{a.programs} programs each, JPS {a.jps:g}, {a.num_blocks} KV blocks, arrival seeds {a.seeds}, "
+             f"generation seeds {a.gen_seeds}; mean JCT (s)",
+             "", "| policy | generated from the fit half | held-out half resampled | difference | per generation seed | "
+                 "fit half resampled | its difference |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {p} | {jct[('gen', p)]:.1f} | {jct[('held', p)]:.1f} | {err[p]:+.1%} | "
+              f"{spread[p][0]:+.1%} to {spread[p][1]:+.1%} | {jct[('fit', p)]:.1f} | {split[p]:+.1%} |" for p in pols]
+    lines += ["", f"Ranking (best first): generated {' < '.join(rank['gen'])}; held-out {' < '.join(rank['held'])}. "
+                  f"{'PASS' if ok else 'FAIL'}: ranking {'equal' if rank['gen'] == rank['held'] else 'differs'}, "
+                  f"largest mean-JCT difference {max(abs(e) for e in err.values()):.1%} (bound {TOLERANCE:.0%}); "
+                  f"between the halves' own sessions {max(abs(e) for e in split.values()):.1%}."]
+    text = "\n".join(lines)
+    print(text)
+    if a.write_docs:
+        key = (f"--logs {a.logs} --programs {a.programs} --num-blocks {a.num_blocks} --jps {a.jps:g} --seeds {a.seeds} "
+               f"--gen-seeds {a.gen_seeds}"
+               + ("" if a.policies == POLICIES else f" --policies {a.policies}"))
+        write_block(a.write_docs, "trace_fit_holdout", key, text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
