@@ -235,7 +235,7 @@ def _server_run(args) -> int:
     rep = validate_server_run(args.server_run, args.profile)
     print(render(rep["rows"], f"{rep['requests']} requests of {rep['model_id']} ({rep['failed_left_out']} failed, left out) "
                               f"over {rep['span_s']:.1f} s, replayed on profile {rep['profile']}; error = (sim - real) / "
-                              "real, unscaled; engine view"))
+                              f"real, unscaled; the simulator's metrics at the {rep['view']}"))
     if args.json:
         atomic_write(Path(args.json), lambda p: Path(p).write_text(json.dumps(rep, indent=2) + "\n"))
         print(f"wrote {args.json}")

@@ -15,7 +15,10 @@ A benchmark's requests are independent, so no agent trace is involved (`--trace`
 refused with `--server-run`); a random dataset's prompts share no prefix, and the
 simulator's prompts share none either. The metrics are vLLM's (`vllm bench serve`'s
 names and definitions: ttft, tpot, itl, e2el; mean, median, p99; ms), computed the same
-way on both sides, and the error of the simulator is (sim - real) / real, unscaled.
+way on both sides, and the error of the simulator is (sim - real) / real, unscaled. A
+profile with a `server` section is read as a client sees it (`--metrics-at client`: the
+API server's time added), one without as the engine sees it (the client's extra time
+then counts as the simulator's error).
 """
 from __future__ import annotations
 
@@ -160,7 +163,8 @@ def simulate_run(run: ServerRun, profile_name: str | None, path, engine: str = "
     if too_long > profile.engine.max_model_len:
         raise _bad(path, f"a request of {too_long} tokens (prompt + output) exceeds max_model_len "
                          f"{profile.engine.max_model_len} of profile {profile.name!r}")
-    cfg = SimConfig(engine=EngineLimits(profile=profile_name, kind=engine))
+    view = "client" if profile.server is not None else "engine"
+    cfg = SimConfig(engine=EngineLimits(profile=profile_name, kind=engine, metrics_at=view))
     built = build_run(cfg, trace=trace_of(run), arrivals=run.arrivals)
     return execute(built).summary, profile
 
@@ -193,4 +197,4 @@ def validate_server_run(path, profile_name: str | None, engine: str = "simpy") -
     rows = compare(real_metrics(run), sim_metrics(summary))
     return {"result": str(path), "model_id": run.model_id, "profile": profile.name, "requests": len(run.arrivals),
             "failed_left_out": run.failed, "span_s": float(run.arrivals.max()), "engine": engine,
-            "view": "engine (the simulator prices no API-server or client time)", "rows": rows}
+            "view": summary.get("metrics_at", "engine"), "rows": rows}

@@ -109,3 +109,21 @@ def test_json_without_server_run_refused():
         from calibrate.cli import _validate
         import argparse
         _validate(argparse.Namespace(server_run=None, json="x.json"))
+
+
+def test_a_profile_with_a_server_section_is_read_as_a_client_sees_it(tmp_path, capsys):
+    from sim.hardware.profile import load_profile
+
+    path = _write(tmp_path, _result())
+    raw = dict(load_profile(PROFILE).raw)
+    raw["server"] = {"request_s": 0.01, "per_prompt_token_s": 0.0, "per_output_token_s": 0.0, "source": "test"}
+    prof = tmp_path / "tiny-llama.json"
+    prof.write_text(json.dumps(raw))
+    reps = {}
+    for name, p in (("engine", PROFILE), ("client", str(prof))):
+        assert main(["validate", "--server-run", path, "--profile", p, "--json", str(tmp_path / f"{name}.json")]) == 0
+        reps[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert reps["engine"]["view"] == "engine" and reps["client"]["view"] == "client"
+    ttft = {k: next(r["sim_ms"] for r in v["rows"] if r["metric"] == "ttft" and r["stat"] == "mean") for k, v in reps.items()}
+    assert ttft["client"] == pytest.approx(ttft["engine"] + 10.0)
+    assert "metrics at the client" in capsys.readouterr().out
