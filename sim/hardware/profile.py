@@ -42,7 +42,9 @@ Required keys:
               routed (optional, 0 s), routed_share (optional, 1)}
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
-  {step_s, per_seq_s, per_token_s, measured}.
+  {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
+  per_output_token_s, host_cpu_factor (optional, 1), cpu, source} (the API server's time
+  per request a client sees, benchmarks/server_time.py; read by `--metrics-at client`).
 
 A GPU profile prices the device. vLLM's own host work per step (scheduling, inputs,
 sampling, outputs; `host`, measured apart by benchmarks/vllm_host_time.py) adds to a
