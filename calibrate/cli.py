@@ -84,7 +84,7 @@ def register(sub) -> None:
     v.add_argument("--model", default=None, help="model dir (default: the shipped tiny Llama config)")
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="engine device (default cpu)")
     v.set_defaults(func=_validate)
-    _VALIDATE_DEFAULTS.update({a.dest: a.default for a in v._actions if a.dest not in ("help", "func")})
+    _VALIDATE_DEFAULTS.update({k: d for k, d in vars(v.parse_args([])).items() if k != "func"})
 
 
 _VALIDATE_DEFAULTS: dict = {}

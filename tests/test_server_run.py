@@ -127,3 +127,8 @@ def test_a_profile_with_a_server_section_is_read_as_a_client_sees_it(tmp_path, c
     ttft = {k: next(r["sim_ms"] for r in v["rows"] if r["metric"] == "ttft" and r["stat"] == "mean") for k, v in reps.items()}
     assert ttft["client"] == pytest.approx(ttft["engine"] + 10.0)
     assert "metrics at the client" in capsys.readouterr().out
+
+
+def test_validate_without_out_or_server_run_refused(capsys):
+    assert main(["validate", "--trace", "swebench"]) == 2
+    assert "needs --out DIR" in capsys.readouterr().err
