@@ -23,9 +23,10 @@ def profile_with_server(tmp_path):
     return str(p)
 
 
-def _run(profile, view, kind="simpy"):
+def _run(profile, view, kind="simpy", async_scheduling=False):
     cfg = SimConfig.model_validate({"workload": {"trace": "swebench", "programs": 6, "jps": 2.0},
-                                    "engine": {"profile": profile, "metrics_at": view, "kind": kind}})
+                                    "engine": {"profile": profile, "metrics_at": view, "kind": kind,
+                                               "async_scheduling": async_scheduling}})
     return execute(build_run(cfg))
 
 
@@ -70,10 +71,16 @@ def test_bad_server_section_refused(tmp_path):
 
 
 @pytest.mark.engine
-def test_twin_stays_exact_with_the_client_view(profile_with_server):
-    """vLLM's own scheduler (--engine vllm) and the SimPy one see the same step ends; the
-    client view, computed after the run, is then the same too."""
-    a, b = _run(profile_with_server, "client", "simpy"), _run(profile_with_server, "client", "vllm")
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_twin_stays_exact_with_the_client_view(profile_with_server, tmp_path, async_scheduling):
+    """vLLM's own scheduler (--engine vllm) and the SimPy one see the same step ends, host
+    time per step on; the client view, computed after the run, is then the same too."""
+    raw = json.loads(open(profile_with_server).read())
+    raw["host"] = {"step_s": 0.0008, "per_seq_s": 1e-5, "per_token_s": 1e-7}
+    prof = tmp_path / "h100-server-host.json"
+    prof.write_text(json.dumps(raw))
+    a, b = (_run(str(prof), "client", k, async_scheduling) for k in ("simpy", "vllm"))
+    assert a.summary["host_time"] == ("overlapped" if async_scheduling else "added")
     for k in ("steps", "mean_jct", "mean_ttft_ms", "p99_ttft_ms", "mean_e2el_ms", "mean_tpot_ms"):
         assert a.summary[k] == b.summary[k], k
     assert np.array_equal(a.turns["ttft"], b.turns["ttft"])
