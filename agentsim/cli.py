@@ -33,7 +33,7 @@ OUTPUTS = {
     "plan": [("out", "--out", "dir"), ("md", "--md", "file")],
     "trace gen": [("output", "--output", "file")], "trace import": [("out", "--out", "file")],
     "trace resample": [("output", "--output", "file")],
-    "calibrate": [("out", "--out", "file")], "validate": [("out", "--out", "dir")],
+    "calibrate": [("out", "--out", "file")], "validate": [("out", "--out", "dir"), ("json", "--json", "file")],
     "profile roofline": [("out", "--out", "file")], "profile fit-roofline": [("out", "--out", "file")],
     "profile check": [("json", "--json", "file")],
 }

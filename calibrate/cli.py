@@ -53,7 +53,12 @@ def register(sub) -> None:
     v.add_argument("--shape", default=None, metavar="NAME[,NAME]",
                    help="run the built-in workload shapes (calibrate/validate.py SHAPES: swebench, bfcl) instead of "
                         "--trace and its cut options; writes DIR/<shape>/ and a report over all shapes")
-    v.add_argument("--trace", default="swebench", help="bundled trace name or parquet path (default swebench)")
+    v.add_argument("--server-run", default=None, metavar="RESULT.json",
+                   help="judge --profile on your own vLLM server run instead: a `vllm bench serve --save-result "
+                        "--save-detailed` result; its requests are replayed with their arrivals and token counts and the "
+                        "simulator's TTFT/TPOT/ITL/E2EL errors printed (calibrate/server_run.py); no engine is started")
+    v.add_argument("--json", default=None, metavar="FILE", help="with --server-run: also write the comparison as JSON")
+    v.add_argument("--trace", default=None, help="bundled trace name or parquet path (default swebench)")
     v.add_argument("--policy", default="vllm,continuum",
                    help="comma-separated policies, or 'all' (every policy that runs inside vLLM); default vllm,continuum")
     v.add_argument("--repeats", type=int, default=1, help="real runs per policy, for the run-to-run spread (default 1)")
@@ -63,7 +68,8 @@ def register(sub) -> None:
     v.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
                    help="policy parameter (repeatable), given to each listed policy that has it, on both sides")
     v.add_argument("--profile", default=None, help="profile name or JSON; default: calibrate the engine first (quick)")
-    v.add_argument("--out", required=True, metavar="DIR", help="report folder (report.md, report.json, plot, profile)")
+    v.add_argument("--out", default=None, metavar="DIR",
+                   help="report folder (report.md, report.json, plot, profile); required unless --server-run")
     v.add_argument("--jps", type=float, default=2.0, help="program arrivals per second, seeded Poisson (default 2.0)")
     v.add_argument("--seed", type=int, default=0, help="seed of arrivals and prompt token ids")
     v.add_argument("--programs", type=int, default=16, help="first N programs of the trace (default 16)")
@@ -78,6 +84,11 @@ def register(sub) -> None:
     v.add_argument("--model", default=None, help="model dir (default: the shipped tiny Llama config)")
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="engine device (default cpu)")
     v.set_defaults(func=_validate)
+    _VALIDATE_DEFAULTS.update({k: d for k, d in vars(v.parse_args([])).items() if k != "func"})
+
+
+_VALIDATE_DEFAULTS: dict = {}
+_SERVER_RUN_FLAGS = ("server_run", "json", "profile")  # the rest of `sim validate`'s flags run a real engine
 
 
 def _summary(profile: dict) -> str:
@@ -176,6 +187,14 @@ def _validate(args) -> int:
     from sim.run.simulate import arrivals_for
     from traces.schema import read_trace
 
+    if args.server_run:
+        return _server_run(args)
+    if args.json:
+        raise InputError("--json applies only with --server-run")
+    if args.out is None:
+        raise InputError("sim validate needs --out DIR (the report folder), or --server-run RESULT.json")
+    if args.trace is None:
+        args.trace = "swebench"
     policies = list(RUNNABLE) if args.policy.strip() == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
     if args.shape:
         if args.policy_arg:
@@ -199,4 +218,25 @@ def _validate(args) -> int:
                          num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len)
     print(render_markdown(rep))
     print(f"report: {Path(args.out) / 'report.md'} (+ report.json, jct_sim_vs_real.png)")
+    return 0
+
+
+def _server_run(args) -> int:
+    import json
+
+    from calibrate.server_run import render, validate_server_run
+    from agentsim.files import atomic_write
+
+    given = [k for k, d in _VALIDATE_DEFAULTS.items() if k not in _SERVER_RUN_FLAGS and getattr(args, k, d) != d]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise InputError(f"{flags} does not apply with --server-run (the requests, arrivals and token counts are the "
+                         "result's; only --profile and --json do); drop it")
+    rep = validate_server_run(args.server_run, args.profile)
+    print(render(rep["rows"], f"{rep['requests']} requests of {rep['model_id']} ({rep['failed_left_out']} failed, left out) "
+                              f"over {rep['span_s']:.1f} s, replayed on profile {rep['profile']}; error = (sim - real) / "
+                              f"real, unscaled; the simulator's metrics at the {rep['view']}"))
+    if args.json:
+        atomic_write(Path(args.json), lambda p: Path(p).write_text(json.dumps(rep, indent=2) + "\n"))
+        print(f"wrote {args.json}")
     return 0

@@ -42,7 +42,9 @@ Required keys:
               routed (optional, 0 s), routed_share (optional, 1)}
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
-  {step_s, per_seq_s, per_token_s, measured}.
+  {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
+  per_output_token_s, host_cpu_factor (optional, 1), cpu, source} (the API server's time
+  per request a client sees, benchmarks/server_time.py; read by `--metrics-at client`).
 
 A GPU profile prices the device. vLLM's own host work per step (scheduling, inputs,
 sampling, outputs; `host`, measured apart by benchmarks/vllm_host_time.py) adds to a
@@ -149,6 +151,18 @@ class StepModel:
                                 for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed", "host", "host_seq", "host_token")})
 
 
+@dataclass(frozen=True)
+class ServerTime:
+    """The API server's time per request a benchmark client sees beside the engine's
+    metrics (the profile's `server` section, host_cpu_factor applied): before the request
+    reaches the engine request_s + per_prompt_token_s * prompt tokens, and per output token
+    after the first per_output_token_s (sim/run/metrics.client_view)."""
+
+    request_s: float
+    per_prompt_token_s: float
+    per_output_token_s: float
+
+
 @dataclass
 class Profile:
     name: str
@@ -159,6 +173,7 @@ class Profile:
     pcie_latency: float = 0.0
     kv_bytes_per_block: int = 0
     raw: dict = field(default_factory=dict, repr=False)
+    server: ServerTime | None = None  # the `server` section; None = not measured
     # prefill_time by token count: policies ask it for every finished call (Continuum's
     # benefit) and context lengths recur; the fields it reads are never reassigned.
     _prefill: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -256,6 +271,16 @@ class _Host(Model):  # vLLM's host work per step, measured apart (benchmarks/vll
     measured: str | None = None
 
 
+class _Server(Model):  # the API server's time per request, as a client sees it (benchmarks/server_time.py)
+    model_config = {**Model.model_config, "extra": "forbid"}
+    request_s: JSONFloat = Field(ge=0)  # s per request: HTTP both ways, parsing, first chunk
+    per_prompt_token_s: JSONFloat = Field(ge=0)  # s per prompt token: rendering/tokenization before arrival
+    per_output_token_s: JSONFloat = Field(ge=0)  # s per output token after the first: detokenize, stream
+    host_cpu_factor: JSONFloat = Field(1.0, gt=0)  # the serving host's CPU time per the measuring CPU's
+    cpu: str | None = None
+    source: str
+
+
 class _Link(Model):  # pcie, ssd
     bandwidth_GBps: JSONFloat | None = Field(None, gt=0)
     latency_s: JSONFloat | None = Field(None, ge=0)
@@ -269,6 +294,7 @@ class _ProfileModel(Model):
     ssd: _Link | None = None
     kv_bytes_per_block: JSONInt | None = Field(None, gt=0)
     host: _Host | None = None
+    server: _Server | None = None
 
 
 def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
@@ -300,6 +326,9 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         pcie_bandwidth=None if pcie.bandwidth_GBps is None else pcie.bandwidth_GBps * 1e9,
         pcie_latency=pcie.latency_s or 0.0,
         kv_bytes_per_block=int(kv), raw=raw,
+        server=None if m.server is None else ServerTime(
+            m.server.request_s * m.server.host_cpu_factor, m.server.per_prompt_token_s * m.server.host_cpu_factor,
+            m.server.per_output_token_s * m.server.host_cpu_factor),
     )
 
 

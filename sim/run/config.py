@@ -34,6 +34,7 @@ from sim.hardware.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.cluster.router import Router, make_router, router_args
 from sim.hardware.engine_config import EngineConfig
 from sim.run.simulate import arrivals_for, engine_config, execute  # noqa: F401 - execute: runs are built and run here
+from sim.run.metrics import METRICS_AT
 from sim.run.workload import closed_loop_arrivals
 from agentsim.errors import InputError
 from traces.schema import Columns, columns, read_columns
@@ -96,9 +97,21 @@ class EngineLimits(_Section):
     async_scheduling: JSONBool = Field(
         False, description="schedule asynchronously, as vLLM 0.32 does by default on a GPU (the next step is scheduled "
                            "while one runs); not with --cache radix")
+    metrics_at: str = Field(
+        "engine", description="TTFT, TPOT, ITL and E2EL (vLLM bench's names) as the engine sees them, from a call's "
+                              "arrival at the engine, or as a benchmark client does: plus the API server's time per "
+                              "request (HTTP, tokenizing, streaming) from the profile's `server` section, added after "
+                              "the run (the steps do not change); client or engine")
     kind: str = Field(
         "simpy", description="the replica's scheduler: simpy (the simulator's model of vLLM, fast) or vllm (the installed "
                              "vLLM 0.32's own Scheduler and KV cache manager, no model, same step times; docs/validation.md)")
+
+    @field_validator("metrics_at")
+    @classmethod
+    def _known_view(cls, v: str) -> str:
+        if v not in METRICS_AT:
+            raise ValueError(f"no such view; give one of: {', '.join(METRICS_AT)}")
+        return v
 
     @field_validator("kind")
     @classmethod
@@ -322,6 +335,10 @@ class Run:
     def fast_forward(self) -> bool:
         return self.config.engine.fast_forward
 
+    @property
+    def metrics_at(self) -> str:
+        return self.config.engine.metrics_at
+
 
 def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None, profile: Profile | None = None,
               arrivals: np.ndarray | None = None, policy: Policy | None = None) -> Run:
@@ -341,6 +358,9 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
         profile = load_profile(e.profile)
         check_limits(profile, e)
     profile = profile.scheduled(e.async_scheduling)
+    if e.metrics_at == "client" and profile.server is None:
+        raise InputError(f"--metrics-at client needs the API server's time per request, the profile's `server` section; "
+                         f"profile {profile.name!r} has none: add it with benchmarks/server_time.py --into, or drop the flag")
     tiers = parse_offload(c.offload)
     router = make_router(c.router, c.router_args)  # an unknown router or parameter fails here, before the trace is read
     disagg = make_disagg(c.disagg, c.disagg_link, c.disagg_local_prefill, c.disagg_prefill_queue)  # bad spec or link: here too

@@ -136,6 +136,21 @@ def summarize(turns: dict[str, np.ndarray], extra: dict) -> dict:
 REQUEST_METRICS = ("ttft", "tpot", "e2el", "queue_time")
 
 
+METRICS_AT = ("engine", "client")
+
+
+def client_view(turns: dict[str, np.ndarray], server) -> dict[str, np.ndarray]:
+    """`turn_columns` with first_token and finish as a benchmark client sees them: the
+    API server's time (sim.hardware.profile.ServerTime) added after the run to the
+    engine's timestamps, so the steps are the engine's own. The client sends at the
+    call's arrival; the engine sees it request_s + per_prompt_token_s * prompt later (a
+    constant shift of what follows: the first token and the last come that much later),
+    and each output token after the first costs per_output_token_s more to reach it."""
+    pre = server.request_s + server.per_prompt_token_s * turns["prompt_tokens"]
+    post = server.per_output_token_s * np.maximum(turns["output_tokens"] - 1, 0)
+    return {**turns, "first_token": turns["first_token"] + pre, "finish": turns["finish"] + pre + post}
+
+
 def _ms_stats(name: str, x: np.ndarray) -> dict[str, float]:
     x = x if len(x) else np.zeros(1)  # vLLM: np.mean(values or 0)
     return {f"mean_{name}_ms": float(np.mean(x)) * 1000, f"median_{name}_ms": float(np.median(x)) * 1000,

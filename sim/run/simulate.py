@@ -17,7 +17,7 @@ from sim.run.bound import Stopped
 from sim.cluster.cluster import Cluster
 from sim.kv.tiers import TierSpec
 from sim.cluster.disagg import Disagg
-from sim.run.metrics import Recorder, kv_table, program_table, summarize, turn_columns, turn_table
+from sim.run.metrics import Recorder, client_view, kv_table, program_table, request_metrics, summarize, turn_columns, turn_table
 from sim.hardware.profile import Profile
 from sim.cluster.router import Router
 from sim.hardware.engine_config import EngineConfig
@@ -84,6 +84,7 @@ class BuiltRun(Protocol):
     engine_kind: str  # "simpy" or "vllm" (EngineLimits.kind)
     replicas: int
     fast_forward: bool
+    metrics_at: str  # "engine" or "client" (sim/run/metrics.client_view)
 
 
 def execute(run: BuiltRun, progress=None, watch=None) -> Result:
@@ -174,7 +175,15 @@ def execute(run: BuiltRun, progress=None, watch=None) -> Result:
         extra["decisions"] = {k: sum(p.decisions.get(k, 0) for p in pols) for k in policy.DECISIONS}
     if cluster.controller is not None:  # ThunderAgent's proxy
         extra["proxy"] = dict(cluster.controller.stats)
-    return Result(rows, [(e.index, e.kv_samples) for e in engines], summarize(turns, extra))
+    summary = summarize(turns, extra)
+    if getattr(run, "metrics_at", "engine") == "client":  # after the run, from the engine's timestamps
+        seen = client_view(turns, profile.server)
+        summary.update(request_metrics(seen), metrics_at="client")
+        for row, f, e in zip(rows, seen["first_token"], seen["finish"]):
+            n = row["output_tokens"]
+            row.update(ttft=float(f) - row["arrival"], e2el=float(e) - row["arrival"],
+                       tpot=(float(e) - float(f)) / (n - 1) if n > 1 else float("nan"))
+    return Result(rows, [(e.index, e.kv_samples) for e in engines], summary)
 
 
 def check_end(cluster: Cluster, rec: Recorder, trace) -> None:

