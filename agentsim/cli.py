@@ -66,9 +66,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv else None)
-    args = parser.parse_args(argv)
     try:
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
         check_outputs(args)
         return int(args.func(args) or 0)
     except (InputError, PolicyError, SimulationError) as e:

@@ -118,6 +118,8 @@ def policy_params(name: str) -> dict[str, object]:
 
 def _cls(name: str) -> type[Policy]:
     if name not in POLICIES:
+        load_plugins()
+    if name not in POLICIES:
         raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(sorted(POLICIES))}")
     return POLICIES[name]
 
@@ -134,3 +136,12 @@ def make_policy(name: str, **params) -> Policy:
             params[k] = None  # 'none' for a parameter whose default is None
     m = validated(params_model(name), params, f"policy {name!r} (--policy-arg)", error=PolicyError)
     return cls(**{k: getattr(m, k) for k in params})
+
+
+@cache
+def load_plugins() -> tuple[str, ...]:
+    """Register the installed packages' policies (entry-point group agentsim.policies,
+    agentsim/plugins.py), once per process; a name lookup calls it."""
+    from agentsim.plugins import POLICY_GROUP, load_group
+
+    return tuple(load_group(POLICY_GROUP, lambda cls: POLICIES.get(cls.name) is cls or register_policy(cls), Policy))

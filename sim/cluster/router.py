@@ -25,6 +25,8 @@ ties always go to the lowest replica index, so runs stay deterministic.
 """
 from __future__ import annotations
 
+import functools
+
 import inspect
 import math
 
@@ -180,6 +182,8 @@ def make_router(name: str | None, args: dict | None = None) -> Router:
 def _router_class(name: str | None) -> type[Router]:
     name = "round_robin" if name is None else str(name).replace("-", "_")
     if name not in _CLASSES:
+        load_plugins()
+    if name not in _CLASSES:
         raise InputError(f"--router {name!r} is not a router; choose one of {', '.join(_CLASSES)}")
     return _CLASSES[name]
 
@@ -229,3 +233,13 @@ def _as(kind: type, v):
     if kind is float and not math.isfinite(x):
         raise ValueError(v)
     return x
+
+
+@functools.cache
+def load_plugins() -> tuple[str, ...]:
+    """Register the installed packages' routers (entry-point group agentsim.routers,
+    agentsim/plugins.py), once per process; a name lookup calls it."""
+    from agentsim.plugins import ROUTER_GROUP, load_group
+
+    return tuple(load_group(ROUTER_GROUP, lambda cls: _CLASSES.get(cls.name.replace("-", "_")) is cls or register_router(cls),
+                            Router))
