@@ -1,4 +1,10 @@
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 # The environment this test run started with, before any test or import changed it:
 # tests that must measure a real engine as a user's shell would start it run their
@@ -122,3 +128,32 @@ def engine_log(request):
             reporter.write_line(f"  [{request.node.name} +{time.perf_counter() - t0:.0f}s] {msg}")
 
     return log
+
+
+@contextlib.contextmanager
+def vllm_server(model, *args: str, start_s: int = 240):
+    """A vLLM OpenAI server (the CPU engine, dummy weights) of `model` on a free port, with
+    `args` added; its URL while the block runs, then stopped."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from calibrate.engine import engine_dtype
+
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
+           "--dtype", engine_dtype("cpu"), "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30), "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(start_s):
+            try:
+                urllib.request.urlopen(url + "/v1/models", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None, "the vLLM server exited during start-up"
+                time.sleep(1)
+        else:
+            pytest.fail(f"the vLLM server did not come up in {start_s} s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

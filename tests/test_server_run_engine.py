@@ -4,17 +4,15 @@ the server tokenizes and the bench makes random prompts offline)."""
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
 from agentsim.cli import main
-from calibrate.engine import default_model, engine_dtype
+from calibrate.engine import default_model
 from calibrate.word_tokenizer import with_word_tokenizer
+from conftest import vllm_server
 
 MODEL = default_model("cpu")
 
@@ -25,36 +23,11 @@ BENCH = ("import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
          "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = with_word_tokenizer(MODEL, tmp_path_factory.mktemp("model") / MODEL.name)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--load-format", "dummy", "--dtype", engine_dtype("cpu"), "--enforce-eager",
-           "--kv-cache-memory-bytes", str(1 << 30), "--max-model-len", "2048", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None, "the vLLM server exited during start-up"
-                time.sleep(1)
-        else:
-            pytest.fail("the vLLM server did not come up in 240 s")
+    with vllm_server(model, "--max-model-len", "2048") as url:
         yield url, model
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 def test_server_run_on_a_vllm_bench_serve_result(server, tmp_path, capsys):
