@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from policies.base import Policy, PolicyError
 from policies.registry import make_policy, params_model, policy_params
@@ -45,10 +45,25 @@ if TYPE_CHECKING:
     import pandas as pd
 
 Count = Annotated[JSONInt, Field(ge=1)]
+
+
+def OneOf(names: tuple[str, ...], what: str):  # noqa: N802 - a type, used as one
+    """A string that must be one of `names` (a field's validator, one line naming the choices)."""
+    def known(v: str) -> str:
+        if v not in names:
+            raise ValueError(f"no such {what}; give one of: {', '.join(names)}")
+        return v
+    return Annotated[str, AfterValidator(known)]
+
+
 CACHES = ("vllm", "radix")  # KV cache models of a replica (sim/kv/block_pool.py, sim/kv/radix_cache.py)
 WORKLOAD_MODES = ("open", "closed")  # arrivals, or N programs in flight (sim/run/workload.py)
 FLAG_NAMES = {"mode": "workload", "kind": "engine"}  # leaf -> `sim run` flag where they differ (`--workload closed`)
 ENGINES = ("simpy", "vllm")  # a replica's scheduling: the SimPy model, or vLLM's own Scheduler (sim/vllm_replica/engine.py)
+WorkloadMode = OneOf(WORKLOAD_MODES, "workload mode")
+MetricsView = OneOf(METRICS_AT, "view")
+EngineKind = OneOf(ENGINES, "engine")
+CacheModel = OneOf(CACHES, "cache model")
 
 
 class _Section(BaseModel):
@@ -65,17 +80,11 @@ class WorkloadConfig(_Section):
     seed: Annotated[JSONInt, Field(ge=0, lt=2**63)] = Field(0, description="arrival seed")
     rep: Annotated[JSONInt, Field(ge=0)] = Field(
         0, description="repetition: rep r > 0 draws arrivals from SeedSequence([seed, r])")
-    mode: str = Field(
+    mode: WorkloadMode = Field(
         "open", description="open: programs arrive (the trace's arrivals, or Poisson at jps); closed: --concurrency programs "
                             "in flight, the next one (in trace order) starting when one finishes, as RL rollouts or a batch evaluation")
     concurrency: Count | None = Field(None, description="with --workload closed: programs in flight at once")
 
-    @field_validator("mode")
-    @classmethod
-    def _known_mode(cls, v: str) -> str:
-        if v not in WORKLOAD_MODES:
-            raise ValueError(f"no such workload mode; give one of: {', '.join(WORKLOAD_MODES)}")
-        return v
 
 
 class PolicyConfig(_Section):
@@ -97,28 +106,16 @@ class EngineLimits(_Section):
     async_scheduling: JSONBool = Field(
         False, description="schedule asynchronously, as vLLM 0.32 does by default on a GPU (the next step is scheduled "
                            "while one runs); not with --cache radix")
-    metrics_at: str = Field(
+    metrics_at: MetricsView = Field(
         "engine", description="TTFT, TPOT, ITL and E2EL (vLLM bench's names) as the engine sees them, from a call's "
                               "arrival at the engine, or as a benchmark client does: plus the API server's time per "
                               "request (HTTP, tokenizing, streaming) from the profile's `server` section, added after "
                               "the run (the steps do not change); client or engine")
-    kind: str = Field(
+    kind: EngineKind = Field(
         "simpy", description="the replica's scheduler: simpy (the simulator's model of vLLM, fast) or vllm (the installed "
                              "vLLM 0.32's own Scheduler and KV cache manager, no model, same step times; docs/validation.md)")
 
-    @field_validator("metrics_at")
-    @classmethod
-    def _known_view(cls, v: str) -> str:
-        if v not in METRICS_AT:
-            raise ValueError(f"no such view; give one of: {', '.join(METRICS_AT)}")
-        return v
 
-    @field_validator("kind")
-    @classmethod
-    def _known_engine(cls, v: str) -> str:
-        if v not in ENGINES:
-            raise ValueError(f"no such engine; give one of: {', '.join(ENGINES)}")
-        return v
 
 
 class ClusterConfig(_Section):
@@ -141,16 +138,10 @@ class ClusterConfig(_Section):
     disagg_prefill_queue: Annotated[JSONInt, Field(ge=0)] = Field(
         MAX_PREFILL_QUEUE, description="with --disagg, prefill on the decode replica while this many calls wait for a "
                                        "prefill replica (Dynamo's max_prefill_queue_size)")
-    cache: str = Field(
+    cache: CacheModel = Field(
         "vllm", description="each replica's KV cache model: vllm (vLLM's block pool, the default) or radix (SGLang's radix tree: "
                             "unlocked leaves evicted LRU first; matched in whole blocks; docs/model.md)")
 
-    @field_validator("cache")
-    @classmethod
-    def _known_cache(cls, v: str) -> str:
-        if v not in CACHES:
-            raise ValueError(f"no such cache model; give one of: {', '.join(CACHES)}")
-        return v
 
 
 class SimConfig(_Section):
