@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from agentsim.errors import InputError
+from sim.run.metrics import ms_stats
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATS = ("mean", "median", "p99")
@@ -119,26 +120,18 @@ def check_model(run: ServerRun, profile, path) -> None:
                          "give --profile of the served model")
 
 
-def _stats(x: np.ndarray) -> dict[str, float]:
-    x = x if len(x) else np.zeros(1)  # as vLLM: a metric with no values is 0
-    return {"mean": float(np.mean(x)) * 1000, "median": float(np.median(x)) * 1000,
-            "p99": float(np.percentile(x, 99)) * 1000}
-
-
 def real_metrics(run: ServerRun) -> dict[str, dict[str, float]]:
     """vLLM's request metrics of the run (ms), as `vllm bench serve` computes them."""
     multi = run.output_lens > 1
     itl = np.array([x for r in run.itls for x in r], dtype=float)
-    return {"ttft": _stats(run.ttfts),
-            "tpot": _stats((run.latencies[multi] - run.ttfts[multi]) / (run.output_lens[multi] - 1)),
-            "itl": _stats(itl), "e2el": _stats(run.latencies)}
+    return sim_metrics({**ms_stats("ttft", run.ttfts), **ms_stats("itl", itl), **ms_stats("e2el", run.latencies),
+                        **ms_stats("tpot", (run.latencies[multi] - run.ttfts[multi]) / (run.output_lens[multi] - 1))})
 
 
 def sim_metrics(summary: dict) -> dict[str, dict[str, float | None]]:
-    """The same metrics from a simulator summary (sim/run/metrics.request_metrics). The
-    simulator keeps no per-token times: its ITL has a mean only."""
-    out = {m: {s: summary.get(f"{s}_{m}_ms") for s in STATS} for m in METRICS}
-    return out
+    """The metrics of a summary (sim/run/metrics.request_metrics's keys) by metric and
+    statistic. The simulator keeps no per-token times: its ITL has a mean only."""
+    return {m: {s: summary.get(f"{s}_{m}_ms") for s in STATS} for m in METRICS}
 
 
 def trace_of(run: ServerRun):

@@ -151,7 +151,7 @@ def client_view(turns: dict[str, np.ndarray], server) -> dict[str, np.ndarray]:
     return {**turns, "first_token": turns["first_token"] + pre, "finish": turns["finish"] + pre + post}
 
 
-def _ms_stats(name: str, x: np.ndarray) -> dict[str, float]:
+def ms_stats(name: str, x: np.ndarray) -> dict[str, float]:
     x = x if len(x) else np.zeros(1)  # vLLM: np.mean(values or 0)
     return {f"mean_{name}_ms": float(np.mean(x)) * 1000, f"median_{name}_ms": float(np.median(x)) * 1000,
             f"std_{name}_ms": float(np.std(x)) * 1000, f"p99_{name}_ms": float(np.percentile(x, 99)) * 1000}
@@ -164,11 +164,11 @@ def request_metrics(turns: dict[str, np.ndarray]) -> dict[str, float]:
     decode = finish - first
     gaps = int((n[multi] - 1).sum())
     return {
-        **_ms_stats("ttft", first - turns["arrival"]),
-        **_ms_stats("tpot", decode[multi] / (n[multi] - 1)),
+        **ms_stats("ttft", first - turns["arrival"]),
+        **ms_stats("tpot", decode[multi] / (n[multi] - 1)),
         "mean_itl_ms": float(decode[multi].sum()) / gaps * 1000 if gaps else 0.0,
-        **_ms_stats("e2el", finish - turns["arrival"]),
-        **_ms_stats("queue_time", turns["queue_delay"]),
+        **ms_stats("e2el", finish - turns["arrival"]),
+        **ms_stats("queue_time", turns["queue_delay"]),
     }
 
 
