@@ -256,10 +256,7 @@ def _cmd(args) -> int:
     df, meta = resample(sources, args.programs, args.seed, args.max_context, jitter)
     for src, p in zip(meta["sources"], srcs):
         src["path"] = str(p)
-    try:
-        path = write_trace(df, args.output, meta)
-    except OSError as e:
-        raise InputError(f"cannot write {args.output!r} ({e.strerror}); give a writable .parquet path") from None
+    path = write_trace(df, args.output, meta)
     extra = (f"; {meta['sessions_scaled']} sessions scaled to {args.max_context} tokens" if args.max_context else "") + \
             (f"; jitter {jitter}" if jitter else "")
     print(f"wrote {path}: {args.programs} programs from {meta['sessions']} sessions in {len(sources)} sources, "

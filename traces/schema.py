@@ -329,12 +329,16 @@ def read_trace(name_or_path: str):
 
 
 def write_trace(df, path: str | os.PathLike, meta: dict) -> Path:
-    """Validate and write atomically (temp file + rename): never a half-written trace."""
+    """Validate and write atomically (temp file + rename): never a half-written trace. A
+    path the system refuses is the user's input: one line (InputError)."""
     df = validate(df)
     cols = REQUIRED + [c for c in OPTIONAL if c in df.columns]
     table = pa.Table.from_pandas(df[cols], preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(meta, sort_keys=True).encode()})
-    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    try:
+        return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    except OSError as e:
+        raise InputError(f"cannot write {str(path)!r} ({e.strerror}); give a writable .parquet path") from None
 
 
 def programs(df):

@@ -91,10 +91,7 @@ def _cmd(args) -> int:
     df, meta = read_trace(args.trace)
     out = carry_over(df, args.mode, args.reasoning_share)
     meta = {**meta, "carry": {"mode": args.mode, "reasoning_share": args.reasoning_share, "source": str(args.trace)}}
-    try:
-        path = write_trace(out, args.output, meta)
-    except OSError as e:
-        raise InputError(f"cannot write {args.output!r} ({e.strerror}); give a writable .parquet path") from None
+    path = write_trace(out, args.output, meta)
     share = f", reasoning share {args.reasoning_share:g}" if args.reasoning_share is not None else ""
     print(f"wrote {path}: {out['program_id'].nunique()} programs, {len(out)} calls, carry {args.mode}{share}")
     return 0
