@@ -72,9 +72,10 @@ def table(data: dict) -> str:
     lines = ["Ours: blocks = (ceil(total x utilization) - weights - activation - non-torch - graph estimate) // block bytes, "
              "per GPU, by the case's vLLM version's rules (sim/hardware/kv_pool.py accounting_for); activation = what the "
              "profile run keeps (MoE workspaces; the top-k/top-p buffer from 0.17) + the larger of one forward of the token "
-             "budget and the sampler over min(max_num_seqs, budget) rows; non-torch = graph capture 0.25 GiB (from 0.18, not "
-             "eager) + NCCL 1.85 GiB with TP over NVLink (none without P2P); graph estimate 0.84 GiB from 0.21 (none eager); "
-             "constants measured in vLLM 0.19 logs of a model not judged here. Not modelled: the V0 engine's accounting (before "
+             "budget and the sampler over min(max_num_seqs, budget) rows; non-torch 0.25 GiB at TP1, 2.10 with TP (graph capture "
+             "in the profiling window: 0.18 on, not eager; H100 logs of vLLM 0.19), else 0.13 and 0.55 (logs of a 0.11-0.17 "
+             "release), the TP1 figure without P2P; graph estimate 0.84 GiB from 0.21 (none eager); the logs are of models "
+             "or releases not judged here. Not modelled: the V0 engine's accounting (before "
              "0.9), MLA, hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal encoders, KV connectors, "
              "pipeline parallelism.", "",
              f"vLLM's start-up figure against it ({within} of {len(rs)} within {TOLERANCE:.0%}; "

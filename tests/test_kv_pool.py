@@ -9,8 +9,8 @@ from agentsim.errors import InputError
 from benchmarks import kv_pool_table
 from benchmarks.docs_tables import DOCS, marked_blocks
 from sim.hardware import roofline
-from sim.hardware.kv_pool import (CUDAGRAPH_POOL_BYTES, GRAPH_CAPTURE_NON_TORCH_BYTES, NCCL_NVLINK_BYTES, accounting_for,
-                                  kv_bytes_per_token, kv_pool)
+from sim.hardware.kv_pool import (CUDAGRAPH_POOL_BYTES, NON_TORCH_PROFILE_TP1_BYTES, NON_TORCH_PROFILE_TP_BYTES,
+                                  NON_TORCH_TP1_BYTES, NON_TORCH_TP_BYTES, accounting_for, kv_bytes_per_token, kv_pool)
 
 H100 = 85017493504
 LLAMA = roofline.find_model("llama3.1-8b")[1]
@@ -66,7 +66,7 @@ def test_eager_and_versions_before_0_21_reserve_no_graph_pool():
     assert graphs.cudagraph_bytes == CUDAGRAPH_POOL_BYTES > 0 and eager.cudagraph_bytes == 0
     # eager: no estimate subtracted and no capture in the profiling window (its non-torch memory)
     assert eager.available_bytes - graphs.available_bytes == pytest.approx(
-        CUDAGRAPH_POOL_BYTES + GRAPH_CAPTURE_NON_TORCH_BYTES, abs=1)
+        CUDAGRAPH_POOL_BYTES + NON_TORCH_TP1_BYTES - NON_TORCH_PROFILE_TP1_BYTES, abs=1)
     assert pool(vllm_version="0.20").cudagraph_bytes == 0 and pool(vllm_version="0.21").cudagraph_bytes > 0
 
 
@@ -80,9 +80,14 @@ def test_each_version_is_sized_by_its_own_rules():
     assert new.topk_topp_buffer and new.graphs_in_profile and new.graph_estimate_subtracted
     a, b = pool(vllm_version="0.16"), pool(vllm_version="0.17")
     assert a.kept_bytes == 0 and b.kept_bytes == 132 * 128256 * 4
-    assert pool(vllm_version="0.17").non_torch_bytes == 0 and pool(vllm_version="0.18").non_torch_bytes == GRAPH_CAPTURE_NON_TORCH_BYTES
-    assert pool(vllm_version="0.17", tp=2).non_torch_bytes == NCCL_NVLINK_BYTES
-    assert pool(vllm_version="0.17", tp=2, p2p=False).non_torch_bytes == 0  # NCCL through host memory: not charged
+    # non-torch measured without the capture in the window (before 0.18, or eager) and with it
+    assert pool(vllm_version="0.17").non_torch_bytes == NON_TORCH_PROFILE_TP1_BYTES < NON_TORCH_TP1_BYTES
+    assert pool(vllm_version="0.18").non_torch_bytes == NON_TORCH_TP1_BYTES
+    assert pool(vllm_version="0.18", enforce_eager=True).non_torch_bytes == NON_TORCH_PROFILE_TP1_BYTES
+    assert pool(vllm_version="0.17", tp=2).non_torch_bytes == NON_TORCH_PROFILE_TP_BYTES
+    assert pool(vllm_version="0.32", tp=2).non_torch_bytes == NON_TORCH_TP_BYTES
+    # no P2P: NCCL through host memory, only the single-GPU growth charged
+    assert pool(vllm_version="0.17", tp=2, p2p=False).non_torch_bytes == NON_TORCH_PROFILE_TP1_BYTES
     for bad in ("0.8.5", "0.2.4", "x.y"):
         with pytest.raises(InputError, match="vllm_version") as e:
             pool(vllm_version=bad)
@@ -95,11 +100,11 @@ def test_a_0_10_case_from_the_file_is_judged_by_0_10_rules():
     data = kv_pool_table.load()
     case = next(c for c in data["cases"] if c["vllm_version"].startswith("0.10") and c["tp"] == 2 and c.get("p2p") is False)
     got, p = kv_pool_table.ours(data, case)
-    assert p.non_torch_bytes == 0 and p.kept_bytes == 0 and p.cudagraph_bytes == 0
+    assert p.non_torch_bytes == NON_TORCH_PROFILE_TP1_BYTES and p.kept_bytes == 0 and p.cudagraph_bytes == 0
     assert abs(got / case["figure"]["value"] - 1) <= kv_pool_table.TOLERANCE
     as_032 = kv_pool(case["gpu_memory_bytes"], kv_pool_table.model_of(data, case["model"]), tp=2, num_sms=case["gpu_sms"],
                      gpu_memory_utilization=case["gpu_memory_utilization"], max_num_batched_tokens=case["max_num_batched_tokens"],
-                     max_num_seqs=case["max_num_seqs"], vllm_version="0.32")
+                     max_num_seqs=case["max_num_seqs"], vllm_version="0.32", p2p=False)
     assert abs(as_032.tokens / case["figure"]["value"] - 1) > kv_pool_table.TOLERANCE
 
 

@@ -31,11 +31,12 @@ them by `vllm_version`, V1 engine only):
 - v1/sample/ops/topk_topp_triton.py (the kept top-k/top-p buffer) first ships in 0.17.0.
 - Worker.determine_available_memory calls profile_cudagraph_memory() inside the
   memory_profiling window from 0.18.0: the capture's non-torch memory lands in
-  "non-torch forward increase". Before 0.18 the graphs are captured after the KV cache is
+  "non-torch forward increase" (0.19's logs: 0.25 GiB at TP1, 2.1 with TP, against 0.13 and
+  0.55 without the capture). Before 0.18 the graphs are captured after the KV cache is
   allocated, outside the window, and with enforce_eager nothing is captured at all.
 - Up to 0.10.x init_device takes the snapshot before init_worker_distributed_environment
-  (0.11.0 moved it after), so NCCL's init buffers count too; 0.19's logs still show NCCL-sized
-  growth with TP after the move (buffers made on the first collective, in the profile run).
+  (0.11.0 moved it after), so NCCL's init buffers count too (not modelled: no log measures
+  them apart).
 - From 0.9 (read in 0.9.2) the V1 worker profiles as above; 0.8.5's V1 worker and the V0
   engine (worker/worker.py determine_num_available_blocks) charge every non-torch byte on
   the device, CUDA context included, and V0's executor takes the smallest rank's blocks:
@@ -61,15 +62,19 @@ ACT_BYTES = 2  # activations are bf16/fp16 whatever the weight format (vLLM dtyp
 # llm-d-incubation/llm-d-planner (accuracy/results/v0.19.0/logs, commit d3121e0), of
 # meta-llama/Llama-3.1-8B-Instruct only; that model is kept out of the judged table
 # (benchmarks/data/vllm_kv_pool_cases.json), which takes its other models.
-# Non-torch growth from the init snapshot to the end of the profile window: "non-torch
-# forward increase memory" 0.25 GiB at TP1, 2.07 at TP2, 2.13 at TP4 (H100s on NVLink). In
-# 0.19 the window holds the graph capture (profile_cudagraph_memory), and nothing else the
-# profile run allocates bypasses torch's allocator (its workspaces are torch tensors), so the
-# TP1 figure is charged to the capture; the TP growth above it to NCCL's buffers.
+# Non-torch growth from the init snapshot to the end of the profiling window ("non-torch
+# forward increase memory"), with the graph capture in the window (vLLM 0.18 on, not eager):
+# 0.25 GiB at TP1, 2.07 at TP2, 2.13 at TP4 (H100s on NVLink).
 NON_TORCH_TP1_BYTES = int(0.25 * GiB)
 NON_TORCH_TP_BYTES = int(2.10 * GiB)
-GRAPH_CAPTURE_NON_TORCH_BYTES = NON_TORCH_TP1_BYTES
-NCCL_NVLINK_BYTES = NON_TORCH_TP_BYTES - NON_TORCH_TP1_BYTES
+# The same without the capture (before 0.18, or eager): "0.13 GiB for non-torch memory" of
+# Llama-3.1-8B at TP1 and 0.55 of Llama-3.3-70B-FP8 at TP2, H100s, in the start-up logs
+# summarised by llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md
+# (commit 2593348): a release of 0.11-0.17 (the line first ships in 0.11.0; its KV figure is
+# requested - weights - activation - non-torch, so no graph estimate, and its non-torch is
+# half 0.19's for the same model and GPU). Neither model's runs of that release are judged.
+NON_TORCH_PROFILE_TP1_BYTES = int(0.13 * GiB)
+NON_TORCH_PROFILE_TP_BYTES = int(0.55 * GiB)
 # CUDA-graph estimate (profile_cudagraph_memory; subtracted from vLLM 0.21 on): 0.84 GiB,
 # "Estimated CUDA graph memory" of the TP1 Llama-3.1-8B runs, also the median of the 59
 # runs of those logs (0.49-1.92 GiB; larger for TP2 70B-class models). A flat constant:
@@ -119,13 +124,13 @@ def accounting_for(version: str) -> Accounting:
 
 
 def non_torch(acc: Accounting, n_gpus: int, enforce_eager: bool, p2p: bool = True) -> int:
-    """Non-torch growth vLLM counts: the graph capture's (when it is inside the window) plus
-    NCCL's buffers with more than one GPU. NCCL's figure is the NVLink one; without P2P (the
-    log says custom all-reduce is disabled for it) NCCL goes through host memory and is not
-    charged (unmeasured; ~0.1 GiB)."""
-    capture = GRAPH_CAPTURE_NON_TORCH_BYTES if acc.graphs_in_profile and not enforce_eager else 0
-    nccl = NCCL_NVLINK_BYTES if n_gpus > 1 and p2p else 0
-    return capture + nccl
+    """Non-torch growth vLLM counts, measured with the graph capture in the profiling window
+    (0.18 on, not eager) or without it. With more than one GPU the measured figures are those
+    of NVLink-connected H100s; without P2P (the log says custom all-reduce is disabled for it)
+    NCCL goes through host memory and only the single-GPU figure is charged."""
+    tp1, tp = ((NON_TORCH_TP1_BYTES, NON_TORCH_TP_BYTES) if acc.graphs_in_profile and not enforce_eager
+               else (NON_TORCH_PROFILE_TP1_BYTES, NON_TORCH_PROFILE_TP_BYTES))
+    return tp if n_gpus > 1 and p2p else tp1
 
 
 @dataclass(frozen=True)
@@ -165,8 +170,9 @@ SOURCES = {
                   "topk_topp_triton.py's min(SMs, rows) x vocab fp32 buffer (vLLM 0.17 on)",
     "activation_bytes": "utils/mem_utils.py memory_profiling: what the run leaves allocated plus its transient peak "
                         "(torch peak - torch allocated): kept + max(forward, sampler)",
-    "non_torch_bytes": "measured (vLLM 0.19.0 H100 logs of Llama-3.1-8B, llm-d-planner): 0.25 GiB of graph capture, counted "
-                       "from vLLM 0.18 unless eager, + 1.85 GiB of NCCL buffers with TP > 1 over NVLink (none charged without P2P)",
+    "non_torch_bytes": "measured on H100s: 0.25 GiB at TP1, 2.10 with TP > 1 with the graph capture in the profiling window "
+                       "(vLLM 0.19 logs of Llama-3.1-8B, llm-d-planner; 0.18 on, not eager); 0.13 and 0.55 without it (a 0.11-0.17 "
+                       "release, llm-d-benchmark's empirical-vllm-memory-results.md); without P2P the TP1 figure",
     "cudagraph_bytes": "measured: 0.84 GiB (vLLM 0.19.0 'Estimated CUDA graph memory', same logs); subtracted by "
                        "determine_available_memory from vLLM 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on)",
     "blocks": "v1/core/kv_cache_utils.py: available // (block_size x sum over layers of 2 x KV heads per rank x head_dim x KV bytes)",
