@@ -53,8 +53,11 @@ def ours(data: dict, case: dict):
                    gpu_memory_utilization=case["gpu_memory_utilization"],
                    max_num_batched_tokens=case["max_num_batched_tokens"], max_num_seqs=case["max_num_seqs"],
                    enforce_eager=case["enforce_eager"], block_size=case.get("block_size", 16),
-                   kv_dtype_bytes=case.get("kv_dtype_bytes"), vllm_version=version, p2p=case.get("p2p", True))
-    return (pool.tokens if case["figure"]["kind"] == "tokens" else pool.blocks), pool
+                   kv_dtype_bytes=case.get("kv_dtype_bytes"), vllm_version=version, p2p=case.get("p2p", True),
+                   sampler=case.get("sampler"))
+    kind = case["figure"]["kind"]
+    got = pool.tokens if kind == "tokens" else pool.blocks if kind == "blocks" else round(pool.available_bytes / GiB, 2)
+    return got, pool
 
 
 def rows(data: dict) -> list[dict]:
@@ -73,8 +76,9 @@ def table(data: dict) -> str:
              "per GPU, by the case's vLLM version's rules (sim/hardware/kv_pool.py accounting_for); activation = what the "
              "profile run keeps (MoE workspaces; the top-k/top-p buffer from 0.17) + the larger of one forward of the token "
              "budget and the sampler over min(max_num_seqs, budget) rows; non-torch 0.25 GiB at TP1, 2.10 with TP (graph capture "
-             "in the profiling window: 0.18 on, not eager; H100 logs of vLLM 0.19), else 0.13 and 0.55 (logs of a 0.11-0.17 "
-             "release), the TP1 figure without P2P; graph estimate 0.84 GiB from 0.21 (none eager); the logs are of models "
+             "in the profiling window: 0.18 on, not eager; H100 logs of vLLM 0.19), else 0.13 and 0.55 (vLLM 0.11.0 "
+             "logs), the TP1 figure without P2P; sampler bytes a logit by the top-k/top-p path the log names or the "
+             "version's default (14 Triton or FlashInfer, 38 sort); graph estimate 0.84 GiB from 0.21 (none eager); the logs are of models "
              "or releases not judged here. Not modelled: the V0 engine's accounting (before "
              "0.9), MLA, hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal encoders, KV connectors, "
              "pipeline parallelism.", "",
@@ -85,9 +89,10 @@ def table(data: dict) -> str:
     for r in rs:
         c = r["case"]
         gpu = c["gpu"].split(" x")[0]
+        fmt = ",.2f" if c["figure"]["kind"] == "GiB" else ","
         lines.append(f"| [{c['id']}]({c['source'].split()[0]}) | {c['vllm_version'].split(' (')[0]} | {gpu} x{c['tp']} "
                      f"| {c['gpu_memory_utilization']} | {c['max_num_batched_tokens']} / {c['max_num_seqs']} "
-                     f"| {c['figure']['kind']} | {r['vllm']:,} | {'not modelled' if r['ours'] is None else format(r['ours'], ',')} "
+                     f"| {c['figure']['kind']} | {format(r['vllm'], fmt)} | {'not modelled' if r['ours'] is None else format(r['ours'], fmt)} "
                      f"| {'-' if r['error'] is None else format(r['error'], '+.1%')} | {c.get('note', '')} |")
     return "\n".join(lines)
 

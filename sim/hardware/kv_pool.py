@@ -68,11 +68,10 @@ ACT_BYTES = 2  # activations are bf16/fp16 whatever the weight format (vLLM dtyp
 NON_TORCH_TP1_BYTES = int(0.25 * GiB)
 NON_TORCH_TP_BYTES = int(2.10 * GiB)
 # The same without the capture (before 0.18, or eager): "0.13 GiB for non-torch memory" of
-# Llama-3.1-8B at TP1 and 0.55 of Llama-3.3-70B-FP8 at TP2, H100s, in the start-up logs
-# summarised by llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md
-# (commit 2593348): a release of 0.11-0.17 (the line first ships in 0.11.0; its KV figure is
-# requested - weights - activation - non-torch, so no graph estimate, and its non-torch is
-# half 0.19's for the same model and GPU). Neither model's runs of that release are judged.
+# Llama-3.1-8B at TP1 and 0.55 of Llama-3.3-70B-FP8 at TP2, H100s, vLLM 0.11.0, in the
+# start-up logs summarised by llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-
+# results.md (commit 4f4d449; its KV figures are requested - weights - activation - non-torch:
+# no graph in the window). Those two runs are not judged; the page's other runs are.
 NON_TORCH_PROFILE_TP1_BYTES = int(0.13 * GiB)
 NON_TORCH_PROFILE_TP_BYTES = int(0.55 * GiB)
 # CUDA-graph estimate (profile_cudagraph_memory; subtracted from vLLM 0.21 on): 0.84 GiB,
@@ -82,8 +81,19 @@ NON_TORCH_PROFILE_TP_BYTES = int(0.55 * GiB)
 CUDAGRAPH_POOL_BYTES = int(0.84 * GiB)
 # Sampler dummy run (v1/worker/gpu_model_runner.py _dummy_sampler_run, v1/sample): bf16
 # logits from compute_logits (2 B) kept while the sampler makes an fp32 copy (4 B), then
-# the native top-k/top-p path's softmax probabilities (4 B) and exponential noise (4 B).
-SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
+# per top-k/top-p path (v1/sample/ops/topk_topp_sampler.py, the dummy run asks for both):
+# - "triton" (0.17 on, 8 rows or more): masks in place; softmax probabilities (4 B) and
+#   exponential noise (4 B);
+# - "flashinfer" (V1 up to 0.11 when FlashInfer is installed, opt-in from 0.12):
+#   top_k_top_p_sampling_from_logits's masked logits (4 B) and probabilities (4 B);
+# - "sort" (apply_top_k_top_p, otherwise): logits.sort's values (4 B) and int64 indices
+#   (8 B), with torch's segmented radix sort working beside them on an int64 index input
+#   (8 B) and alternate key and value buffers (4 + 8 B). Checked on an unjudged run: the
+#   llm-d-benchmark vLLM 0.11.0 H100 log's Llama-3.1-8B activation (4.76 GiB over 1024 rows
+#   x 128,256 logits) is 38.4 B a logit.
+SAMPLER_BYTES = {"triton": 2 + 4 + 4 + 4, "flashinfer": 2 + 4 + 4 + 4, "sort": 2 + 4 + 4 + 8 + 8 + 4 + 8}
+SAMPLER_BYTES_PER_LOGIT = SAMPLER_BYTES["triton"]
+TRITON_TOPK_MIN_ROWS = 8  # apply_top_k_top_p: the Triton kernel from 8 rows, the sort below
 # v1/sample/ops/topk_topp_triton.py keeps a buffer of min(SMs, rows) x vocab fp32 per
 # device (cached, so it stays); SMs per GPU from NVIDIA's specifications.
 SMS = {"H100": 132, "H200": 132, "B200": 148, "A100-40GB": 108, "A100-80GB": 108, "L40S": 142,
@@ -111,6 +121,7 @@ class Accounting:
     topk_topp_buffer: bool          # the Triton top-k/top-p buffer stays after the profile run
     graphs_in_profile: bool         # graph capture inside the profiling window: its non-torch memory counts
     graph_estimate_subtracted: bool  # the capture's estimate is subtracted from the pool
+    sampler: str                    # the default top-k/top-p path (SAMPLER_BYTES)
 
 
 def accounting_for(version: str) -> Accounting:
@@ -118,7 +129,10 @@ def accounting_for(version: str) -> Accounting:
     v = _v(version)
     if v < V1_FROM:
         raise InputError(f"vllm_version {version}: the accounting before 0.9 (V0's: every non-torch byte) is not modelled")
-    return Accounting(version=str(version), topk_topp_buffer=v >= TOPK_TOPP_BUFFER_FROM,
+    # FlashInfer's sampler is no dependency of the wheel before 0.12 and opt-in from 0.12:
+    # without the log saying "Using FlashInfer for top-p & top-k sampling", the sort path
+    sampler = "triton" if v >= TOPK_TOPP_BUFFER_FROM else "sort"
+    return Accounting(version=str(version), topk_topp_buffer=v >= TOPK_TOPP_BUFFER_FROM, sampler=sampler,
                       graphs_in_profile=v >= GRAPHS_IN_PROFILE_FROM,
                       graph_estimate_subtracted=v >= CUDAGRAPH_COUNTED_FROM)
 
@@ -164,15 +178,16 @@ SOURCES = {
     "forward_peak_bytes": "first principles of GPUModelRunner.profile_run's _dummy_run(max_num_batched_tokens): residual, normed input "
                           "and output (3H) + the larger of attention (qkv + output) and the MLP (gate_up 2I + activated I; MoE: "
                           "router logits, top-k ids and weights) per token, split over tp",
-    "sampler_peak_bytes": f"_dummy_sampler_run over min(max_num_seqs, budget) rows x vocab x {SAMPLER_BYTES_PER_LOGIT} B "
+    "sampler_peak_bytes": "_dummy_sampler_run over min(max_num_seqs, budget) rows x vocab x B a logit by top-k/top-p path "
+                          f"({', '.join(f'{k} {v}' for k, v in SAMPLER_BYTES.items())}) "
                           "(bf16 logits, fp32 copy, probs, exponential noise) + the forward's hidden states it keeps",
     "kept_bytes": "fused_moe/modular_kernel.py workspaces M x k x (max(I, H) + max(2I, H)) bf16 for the budget's M tokens; "
                   "topk_topp_triton.py's min(SMs, rows) x vocab fp32 buffer (vLLM 0.17 on)",
     "activation_bytes": "utils/mem_utils.py memory_profiling: what the run leaves allocated plus its transient peak "
                         "(torch peak - torch allocated): kept + max(forward, sampler)",
     "non_torch_bytes": "measured on H100s: 0.25 GiB at TP1, 2.10 with TP > 1 with the graph capture in the profiling window "
-                       "(vLLM 0.19 logs of Llama-3.1-8B, llm-d-planner; 0.18 on, not eager); 0.13 and 0.55 without it (a 0.11-0.17 "
-                       "release, llm-d-benchmark's empirical-vllm-memory-results.md); without P2P the TP1 figure",
+                       "(vLLM 0.19 logs of Llama-3.1-8B, llm-d-planner; 0.18 on, not eager); 0.13 and 0.55 without it (vLLM 0.11.0 "
+                       "logs of Llama-3.1-8B and Llama-3.3-70B-FP8, llm-d-benchmark); without P2P the TP1 figure",
     "cudagraph_bytes": "measured: 0.84 GiB (vLLM 0.19.0 'Estimated CUDA graph memory', same logs); subtracted by "
                        "determine_available_memory from vLLM 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on)",
     "blocks": "v1/core/kv_cache_utils.py: available // (block_size x sum over layers of 2 x KV heads per rank x head_dim x KV bytes)",
@@ -219,8 +234,10 @@ def forward_peak(model: dict, tokens: int, tp: int = 1) -> float:
     return tokens * ACT_BYTES * (base + max(attn, mlp))
 
 
-def sampler_peak(model: dict, tokens: int, rows: int) -> float:
-    return rows * model["vocab_size"] * SAMPLER_BYTES_PER_LOGIT + tokens * model["hidden_size"] * ACT_BYTES
+def sampler_peak(model: dict, tokens: int, rows: int, path: str = "triton") -> float:
+    if path == "triton" and rows < TRITON_TOPK_MIN_ROWS:
+        path = "sort"
+    return rows * model["vocab_size"] * SAMPLER_BYTES[path] + tokens * model["hidden_size"] * ACT_BYTES
 
 
 def kv_bytes_per_token(model: dict, tp: int = 1, kv_dtype_bytes: int | None = None, ep: int = 1) -> float:
@@ -236,7 +253,7 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
             max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, enforce_eager: bool = False,
             block_size: int = 16, kv_dtype_bytes: int | None = None, vllm_version: str = "0.32",
             non_torch_bytes: float | None = None, cudagraph_bytes: float | None = None,
-            num_sms: int = DEFAULT_SMS, p2p: bool = True) -> KVPool:
+            num_sms: int = DEFAULT_SMS, p2p: bool = True, sampler: str | None = None) -> KVPool:
     """Blocks per GPU as vLLM sizes them; InputError (one line, naming the flag) when the
     inputs are out of range or nothing is left for the KV cache."""
     if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
@@ -247,6 +264,9 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
             raise InputError(f"{flag} {v}: must be a positive integer")
     n = ep if ep > 1 else tp
     acc = accounting_for(vllm_version)
+    if sampler is not None and sampler not in SAMPLER_BYTES:
+        raise InputError(f"sampler {sampler!r}: expected one of {', '.join(SAMPLER_BYTES)}")
+    path = sampler or acc.sampler
     total = int(gpu_memory_bytes)
     requested = math.ceil(total * gpu_memory_utilization)
     weights = weightsper_gpu(model, tp, ep)
@@ -256,7 +276,7 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     t = 1 if ep > 1 else tp
     fwd = forward_peak(model, max_num_batched_tokens, t)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    smp = sampler_peak(model, max_num_batched_tokens, rows)
+    smp = sampler_peak(model, max_num_batched_tokens, rows, path)
     topk = min(num_sms, rows) * model["vocab_size"] * 4 if acc.topk_topp_buffer else 0
     kept = moe_workspace(model, max_num_batched_tokens, t) + topk
     act = kept + max(fwd, smp)
@@ -280,5 +300,5 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
                 "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
                 "enforce_eager": enforce_eager, "block_size": block_size, "vllm_version": vllm_version,
                 "kv_dtype_bytes": kv_dtype_bytes or model.get("kv_dtype_bytes", model["dtype_bytes"]), "num_sms": num_sms,
-                "p2p": p2p, "accounting": asdict(acc)},
+                "p2p": p2p, "sampler": path, "accounting": asdict(acc)},
         sources=dict(SOURCES))
