@@ -78,8 +78,8 @@ def table(data: dict) -> str:
              "budget and the sampler over min(max_num_seqs, budget) rows; non-torch 0.25 GiB at TP1, 2.10 with TP (graph capture "
              "in the profiling window: 0.18 on, not eager; H100 logs of vLLM 0.19), else 0.13 and 0.55 (vLLM 0.11.0 "
              "logs), the TP1 figure without P2P; sampler bytes a logit by the top-k/top-p path the log names or the "
-             "version's default (14 Triton or FlashInfer, 38 sort); graph estimate 0.84 GiB from 0.21 (none eager); the logs are of models "
-             "or releases not judged here. Not modelled: the V0 engine's accounting (before "
+             "version's default (14 Triton or FlashInfer, 38 sort); graph estimate 0.84 GiB from 0.21 (none eager); the constants' logs are of "
+             "runs not judged here. Not modelled: the V0 engine's accounting (before "
              "0.9), MLA, hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal encoders, KV connectors, "
              "pipeline parallelism.", "",
              f"vLLM's start-up figure against it ({within} of {len(rs)} within {TOLERANCE:.0%}; "
