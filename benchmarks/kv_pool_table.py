@@ -80,7 +80,7 @@ def table(data: dict) -> str:
              "logs), the TP1 figure without P2P; sampler bytes a logit by the top-k/top-p path the log names or the "
              "version's default (14 Triton or FlashInfer, 38 sort); graph estimate 0.84 GiB from 0.21 (none eager); the constants' logs are of "
              "runs not judged here. Not modelled: the V0 engine's accounting (before "
-             "0.9), MLA, hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal encoders, KV connectors, "
+             "0.9.1), MLA, hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal encoders, KV connectors, "
              "pipeline parallelism.", "",
              f"vLLM's start-up figure against it ({within} of {len(rs)} within {TOLERANCE:.0%}; "
              "`python benchmarks/kv_pool_table.py`, cases and sources in benchmarks/data/vllm_kv_pool_cases.json):", "",

@@ -39,7 +39,7 @@ them by `vllm_version`, V1 engine only):
 - Up to 0.10.x init_device takes the snapshot before init_worker_distributed_environment
   (0.11.0 moved it after), so NCCL's init buffers count too (not modelled: no log measures
   them apart).
-- From 0.9 (read in 0.9.2) the V1 worker profiles as above. Before, the rules moved from
+- From 0.9.1 (not in 0.9.0) the V1 worker profiles as above. Before, the rules moved from
   release to release (worker/worker.py: 0.2.4 torch's peak only; 0.6.4, and 0.8.5's V1
   worker, every non-torch byte on the device, CUDA context included; 0.7.3 an increase from
   a baseline) and V0's executor takes the smallest rank's blocks: not modelled.
@@ -102,18 +102,21 @@ SMS = {"H100": 132, "H200": 132, "B200": 148, "A100-40GB": 108, "A100-80GB": 108
        "RTX-6000-Ada": 142, "RTX-5090": 170, "RTX 4090": 128, "RTX 3090": 82}
 DEFAULT_SMS = 132
 # vLLM version from which the CUDA-graph estimate is subtracted before sizing the pool.
-CUDAGRAPH_COUNTED_FROM = (0, 21)
-GRAPHS_IN_PROFILE_FROM = (0, 18)   # profile_cudagraph_memory inside memory_profiling
-TOPK_TOPP_BUFFER_FROM = (0, 17)    # v1/sample/ops/topk_topp_triton.py
-V1_FROM = (0, 9)  # memory_profiling around the profile run (read in 0.9.2; 0.8.5 charges every non-torch byte, as V0)
+CUDAGRAPH_COUNTED_FROM = (0, 21, 0)
+GRAPHS_IN_PROFILE_FROM = (0, 18, 0)   # profile_cudagraph_memory inside memory_profiling
+TOPK_TOPP_BUFFER_FROM = (0, 17, 0)    # v1/sample/ops/topk_topp_triton.py
+V1_FROM = (0, 9, 1)  # memory_profiling around the profile run: in 0.9.1, not in 0.9.0 (which charges every non-torch byte, as V0)
 
 
-def _v(version: str) -> tuple[int, int]:
+def _v(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch); a patch that is not a number ("0.7.x") counts as 0."""
     parts = str(version).split(".")
     try:
-        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
     except ValueError:
         raise InputError(f"vllm_version {version!r}: expected MAJOR.MINOR such as 0.32") from None
+    patch = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0
+    return major, minor, patch
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def accounting_for(version: str) -> Accounting:
     """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for the V0 engine's releases."""
     v = _v(version)
     if v < V1_FROM:
-        raise InputError(f"vllm_version {version}: the accounting before 0.9 (the V0 engine's) is not modelled")
+        raise InputError(f"vllm_version {version}: the accounting before 0.9.1 (the V0 engine's, or like it) is not modelled")
     # FlashInfer's sampler is no dependency of the wheel before 0.12 and opt-in from 0.12:
     # without the log saying "Using FlashInfer for top-p & top-k sampling", the sort path
     sampler = "triton" if v >= TOPK_TOPP_BUFFER_FROM else "sort"
