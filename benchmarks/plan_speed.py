@@ -6,9 +6,9 @@ The question is the `sim plan` command at the top of docs/planning.md, read from
 (so the two cannot drift), run whole — a fresh `python -m agentsim.cli plan ... --workers N`
 process per run, into a fresh --out — alternately in this tree and in the baseline
 (checked out with `git worktree add` under /tmp and its compiled parts built in place, as
-benchmarks/sim_speed.py does; AGENTSIM_PURE_PYTHON=1 for both with --pure), rep by rep,
-so machine noise hits both alike. `--programs N` asks the same question of the trace's
-first N programs (a reduced version, for a machine where the full one takes too long).
+benchmarks/sim_speed.py does), rep by rep, so machine noise hits both alike. `--programs N`
+asks the same question of the trace's first N programs (a reduced version, for a machine
+where the full one takes too long).
 Prints each run's wall time and answer, the medians, the baseline/current ratio and
 whether the answers are the same.
 """
@@ -70,10 +70,8 @@ def with_flag(args: list[str], flag: str, value: str) -> list[str]:
     return out + [flag, value]
 
 
-def run_plan(tree: Path, args: list[str], out: Path, pure: bool) -> dict:
+def run_plan(tree: Path, args: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    if pure:
-        env["AGENTSIM_PURE_PYTHON"] = "1"
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "agentsim.cli", "plan", *args, "--out", str(out), "--no-progress"],
                        cwd=tree, env=env, capture_output=True, text=True)
@@ -92,7 +90,6 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--reps", type=int, default=2, help="runs per tree, interleaved (default 2)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--programs", type=int, default=None, help="ask the question of the first N programs only (reduced)")
-    ap.add_argument("--pure", action="store_true", help="both trees from their .py sources (AGENTSIM_PURE_PYTHON=1)")
     a = ap.parse_args(argv)
     args = with_flag(documented_question(), "--workers", str(a.workers))
     if a.programs is not None:
@@ -102,7 +99,7 @@ def main(argv: list[str] | None = None) -> str:
     with tempfile.TemporaryDirectory() as d:
         for rep in range(a.reps):
             for name in (("current", "baseline") if rep % 2 == 0 else ("baseline", "current")):
-                out = run_plan(trees[name], args, Path(d) / f"{name}-{rep}", a.pure)
+                out = run_plan(trees[name], args, Path(d) / f"{name}-{rep}")
                 res[name].append(out)
                 print(f"  rep {rep} {name}: {out['wall_s']:.1f} s, {out['points']} points; {out['answer']}",
                       file=sys.stderr, flush=True)
@@ -112,8 +109,7 @@ def main(argv: list[str] | None = None) -> str:
     walls = {k: ", ".join(f"{x['wall_s']:.1f}" for x in v) for k, v in res.items()}
     text = "\n".join([
         f"sim plan {' '.join(shlex.quote(x) for x in args)}",
-        f"baseline {a.baseline} against this tree, {a.reps} interleaved runs each"
-        + (", both from .py sources" if a.pure else "") + ":",
+        f"baseline {a.baseline} against this tree, {a.reps} interleaved runs each:",
         f"  baseline: median {med['baseline']:.1f} s ({walls['baseline']}); "
         f"{res['baseline'][0]['points']} points; {res['baseline'][0]['answer']}",
         f"  current:  median {med['current']:.1f} s ({walls['current']}); "

@@ -121,7 +121,7 @@ def test_both_engines_take_the_policy_rules_from_one_place():
 
 # What each of sim's sub-packages may import of sim besides itself, every import counted
 # (inside functions too). The modules at sim/'s top are entry points (sim.cli, the
-# vllm_scheduler name vLLM loads) and the compiled-module hook.
+# vllm_scheduler name vLLM loads).
 ENGINES = {"simpy_replica", "vllm_replica"}
 BELOW_REPLICAS = {"replica", "kv", "hardware"}
 DIRECTIONS = {
