@@ -573,3 +573,36 @@ def test_carry_over_modes_twin_identical_per_call(policy, carry, share):
         rows[engine] = simulate(trace, policy, prof, arrivals, kind=engine).turns[TWIN_COLUMNS]
     assert rows["simpy"].equals(rows["vllm"])
     assert rows["vllm"]["cached_tokens"].sum() > 0
+
+
+SOFT = [("continuum-soft", {}), ("continuum-soft", {"half_life": 0.5}), ("client-ttl", {}),
+        ("client-ttl", {"ttl_mode": "fixed", "ttl": 1.0, "priority": 80, "half_life": 0.3}), ("client-ttl-pin", {})]
+
+
+@pytest.mark.parametrize("policy, args", SOFT)
+def test_soft_retention_policies_twin_identical_per_call(policy, args):
+    """Soft retention (sim/kv/retention.py in the SimPy pool, sim/vllm_replica/retention.py in
+    vLLM's BlockPool) on the tiny pool of the random twin: retained blocks evicted under
+    pressure, expiring and decaying, call by call the same in both engines."""
+    from policies.registry import make_policy
+
+    prof = linear_profile(c2=1e-7, blocks=120)
+    trace = random_trace(np.random.default_rng(3), 24)
+    arrivals = np.cumsum(np.random.default_rng(4).exponential(0.3, 24))
+    rows, pols = {}, {}
+    for engine in ("simpy", "vllm"):
+        pols[engine] = make_policy(policy, **args)
+        rows[engine] = simulate(trace, pols[engine], prof, arrivals, kind=engine).turns[TWIN_COLUMNS]
+    assert rows["simpy"].equals(rows["vllm"])
+    assert pols["vllm"].decisions == pols["simpy"].decisions
+    assert rows["vllm"]["preemptions"].sum() > 0
+
+
+@pytest.mark.parametrize("policy", ["continuum-soft", "client-ttl"])
+def test_soft_retention_at_the_reduced_twins_spec_is_exact(policy):
+    """The CI twin's spec (SPEC): the soft policies agree to the last bit, as `vllm` and
+    `continuum` do (test_reduced_twin_is_exact)."""
+    r = twin_check.compare(twin_check.run_pair(SPEC, policy, log=False))
+    assert r["mean_jct"][0] == r["mean_jct"][1] and r["mape"] == 0.0
+    assert r["steps"][0] == r["steps"][1] and r["cached"][0] == r["cached"][1]
+    assert min(r["peak_kv_usage"]) >= 0.9  # under memory pressure
