@@ -305,7 +305,7 @@ def _hint_columns(cols: dict) -> None:
             continue
         vals = _numbers(cols[col]).astype(np.float64)
         bad = np.isnan(vals) & ~_missing(cols[col])
-        bad |= ~np.isnan(vals) & ~((vals >= lo) & (vals <= hi) & (~whole | (vals == np.floor(vals))))
+        bad |= ~np.isnan(vals) & ~((vals >= lo) & (vals <= hi) & ((vals == np.floor(vals)) | (not whole)))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             _fail(cols, i, col, f"is {_show(cols[col][i])}",

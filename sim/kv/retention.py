@@ -35,13 +35,24 @@ from agentsim.errors import InputError
 MAX_PRIORITY = 100
 
 
+def _steps(until: float, half_life: float, now: float) -> int:
+    """How many of the decay's change points until + j * half_life (j = 0, 1, ...) are
+    <= now (now >= until), computed as those points are, so no rounding can disagree."""
+    j = int((now - until) // half_life)
+    while until + (j + 1) * half_life <= now:
+        j += 1
+    while j > 0 and until + j * half_life > now:
+        j -= 1
+    return j + 1
+
+
 def level_at(priority: int, until: float, half_life: float | None, now: float) -> int:
     """A spec's priority at `now`; -1 once it reverted to default (expired)."""
     if now < until:
         return priority
     if half_life is None:
         return -1
-    level = priority >> (1 + int((now - until) // half_life))
+    level = priority >> _steps(until, half_life, now)
     return level if level > 0 else -1
 
 
@@ -51,7 +62,13 @@ def next_change(priority: int, until: float, half_life: float | None, now: float
         return until
     if half_life is None or level_at(priority, until, half_life, now) < 0:
         return math.inf
-    return until + (1 + int((now - until) // half_life)) * half_life
+    return until + _steps(until, half_life, now) * half_life
+
+
+def reverted_at(priority: int, until: float, half_life: float | None) -> float:
+    """When a spec reverts to default: its duration's end, or with decay the change point
+    at which the halved priority reaches 0."""
+    return until if half_life is None else until + max(0, priority.bit_length() - 1) * half_life
 
 
 class Retainer:
@@ -123,10 +140,7 @@ class Retainer:
             s = self.spec[b]
             level = level_at(*s, now)
             if level < 0:
-                end = s[1]  # when it reached default: the first change time at which it is -1
-                while level_at(*s, end) >= 0:
-                    end = next_change(*s, end)
-                out.append((end, stamp, b))
+                out.append((reverted_at(*s), stamp, b))
                 del retained[b]
                 del self.spec[b]
             else:
@@ -162,7 +176,7 @@ class RetainingPool:
 
     def __init__(self, pool) -> None:
         self.pool = pool
-        self.r = Retainer()
+        self.retainer = Retainer()
         self.now = 0.0
         self.num_blocks, self.block_size = pool.num_blocks, pool.block_size
 
@@ -171,14 +185,14 @@ class RetainingPool:
 
     @property
     def num_free(self) -> int:
-        return self.pool.num_free + len(self.r.retained)
+        return self.pool.num_free + len(self.retainer.retained)
 
     @property
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 
     def retain(self, blocks: list[int], priority: int, until: float, half_life: float | None) -> None:
-        self.r.set(blocks, priority, until, half_life)
+        self.retainer.set(blocks, priority, until, half_life)
 
     def lookup(self, keys, owner=None):
         return self.pool.lookup(keys, owner)
@@ -188,8 +202,8 @@ class RetainingPool:
 
     def count_ref(self, blocks: list[int], refs: int) -> int:
         n = self.pool.count_ref(blocks, refs)
-        if self.r.retained and refs in (0, 1):
-            k = sum(1 for b in blocks if b in self.r.retained)
+        if self.retainer.retained and refs in (0, 1):
+            k = sum(1 for b in blocks if b in self.retainer.retained)
             n += k if refs == 0 else -k
         return n
 
@@ -197,19 +211,19 @@ class RetainingPool:
         return self.count_ref(blocks, 0)
 
     def touch(self, blocks: list[int]) -> None:
-        retained = self.r.retained
+        retained = self.retainer.retained
         if retained:
             held = {b for b in blocks if b in retained}
             if held:
                 for b in held:
-                    self.r.take(b)  # the set's reference becomes the hit's
+                    self.retainer.take(b)  # the set's reference becomes the hit's
                 blocks = [b for b in blocks if b not in held]
         self.pool.touch(blocks)
 
     def free(self, blocks: list[int]) -> None:
         """As the pool's free; a block no one else holds whose spec is live (and that holds
         content) joins the retained set instead, last block first as the queue takes them."""
-        r, pool = self.r, self.pool
+        r, pool = self.retainer, self.pool
         if r.spec:
             key, now = pool.key, self.now
             keep = [b for b in reversed(blocks) if b in r.spec and key[b] is not None
@@ -224,7 +238,7 @@ class RetainingPool:
     def allocate(self, n: int) -> list[int] | None:
         if n > self.num_free:
             return None
-        r, pool = self.r, self.pool
+        r, pool = self.retainer, self.pool
         if n and r._heap:
             expired = r.expire(self.now)
             if expired:
@@ -241,11 +255,11 @@ class RetainingPool:
         return out
 
     def next_change(self) -> float:
-        return self.r.next_change()
+        return self.retainer.next_change()
 
     def check(self) -> None:
         self.pool.check()
-        for b in self.r.retained:
+        for b in self.retainer.retained:
             assert self.pool.count_ref([b], 1) == 1 and self.pool.key[b] is not None, f"retained block {b}"
 
 
