@@ -239,7 +239,7 @@ class RetainingPool:
         if n > self.num_free:
             return None
         r, pool = self.retainer, self.pool
-        if n and r._heap:
+        if n and r.next_change() <= self.now:
             expired = r.expire(self.now)
             if expired:
                 pool.free(expired[::-1])  # their references drop: to the tail, in this order

@@ -54,8 +54,8 @@ class RetainingBlockPool(BlockPool):
 
     def get_new_blocks(self, num_blocks: int) -> list:
         r, blocks = self.retainer, self.blocks
-        if num_blocks and r._heap:
-            expired = r.expire(self.clock())
+        if num_blocks and r.next_change() <= (now := self.clock()):
+            expired = r.expire(now)
             if expired:  # back to default priority: the free queue's tail, in that order
                 self.free_block_queue.append_n([blocks[i] for i in expired])
         queued = self.free_block_queue.num_free_blocks
