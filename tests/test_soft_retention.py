@@ -276,3 +276,42 @@ def test_soft_policies_retain_and_are_evicted_under_pressure(policy):
     soft, plain = simulate(trace, policy, prof, arrivals), simulate(trace, "vllm", prof, arrivals)
     assert soft.turns["cached_tokens"].sum() > plain.turns["cached_tokens"].sum()
     assert "retention" not in plain.summary
+
+
+@pytest.mark.skipif(__import__("sim.kv.block_pool", fromlist=["BlockPool"]).BlockPool is PyBlockPool,
+                    reason="the compiled pool is not built here (pure Python checkout)")
+def test_retaining_pool_over_the_compiled_pool_is_the_same():
+    """RetainingPool uses only the pool's public methods: over the compiled pool it frees,
+    evicts and expires exactly as over the reference."""
+    from sim.kv.block_pool import BlockPool
+
+    rng = np.random.default_rng(11)
+    pools = [RetainingPool(PyBlockPool(40, 16)), RetainingPool(BlockPool(40, 16))]
+    held, t, kn = [], 0.0, 0
+    for _ in range(2000):
+        t += float(rng.exponential(0.5))
+        for p in pools:
+            p.now = t
+        op = rng.random()
+        if op < 0.45 and pools[0].num_free:
+            k = int(rng.integers(1, min(6, pools[0].num_free) + 1))
+            a, b = (p.allocate(k) for p in pools)
+            assert a == b
+            keys = [f"h{kn + i}" for i in range(k)]
+            kn += k
+            for p in pools:
+                p.cache_many(a, keys)
+            held.append(a)
+        elif op < 0.85 and held:
+            a = held.pop(int(rng.integers(len(held))))
+            if rng.random() < 0.6:
+                spec = (int(rng.integers(0, 101)), t + float(rng.exponential(2.0)),
+                        None if rng.random() < 0.5 else float(rng.exponential(1.0)) + 0.01)
+                for p in pools:
+                    p.retain(a, *spec)
+            for p in pools:
+                p.free(a)
+        assert pools[0].num_free == pools[1].num_free and pools[0].free_queue == pools[1].free_queue
+    assert pools[0].retainer.evicted == pools[1].retainer.evicted > 0
+    for p in pools:
+        p.check()
