@@ -41,6 +41,12 @@ without them may ignore them):
                                   do with a pin dropped as 'expired'/'victim'/'discard'
   Retention(Action.OFFLOAD)       write the finished call's full chunks to the
                                   offload tier, then free (no tier: same as free)
+  Retention(Action.RETAIN, ttl, priority, half_life)
+                                  soft retention (sim/kv/retention.py): free, but the
+                                  blocks are evicted after unretained ones, by priority,
+                                  for ttl seconds (then, with half_life, a decaying
+                                  priority); no pin is recorded. A call's client hint
+                                  (Request.hint) asks for it where the policy frees.
 """
 from __future__ import annotations
 
@@ -53,6 +59,19 @@ from typing import Protocol
 
 class PolicyError(ValueError):
     """Bad policy name or parameter; the message is shown to the user as is."""
+
+
+HINT_PRIORITY = 50  # a hint that gives a TTL but no priority (Dynamo's cache_control has none)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionHint:
+    """A client's retention hint, shaped like vLLM's KvHintsEnvelope and Dynamo's
+    `cache_control`: a priority 0-100, a TTL in seconds (None: until evicted), a session."""
+
+    priority: int = HINT_PRIORITY
+    ttl: float | None = None
+    session: str | None = None
 
 
 @dataclass(slots=True)  # slots: one is made per call in both engines, cheaply
@@ -73,6 +92,7 @@ class Request:
     # Only the simulator knows the future: the oracle and InferCept's public-code
     # form read it; a real engine leaves it None.
     true_tool_duration: float | None = None
+    hint: RetentionHint | None = None  # the client's retention hint for this call's KV
 
     @property
     def context_tokens(self) -> int:
@@ -85,6 +105,7 @@ class Action(StrEnum):
     FREE = "free"
     PIN = "pin"  # keep it referenced for a TTL
     OFFLOAD = "offload"  # write its full chunks to the offload tier, then free
+    RETAIN = "retain"  # free, soft-retained: evictable under pressure (sim/kv/retention.py)
 
 
 class Release(StrEnum):
@@ -103,11 +124,16 @@ class Retention:
     """What to do with a finished call's KV cache."""
 
     action: Action = Action.FREE
-    ttl: float = 0.0  # seconds, for Action.PIN
+    ttl: float = 0.0  # seconds, for Action.PIN and Action.RETAIN (RETAIN: inf = until evicted)
+    priority: int = 0  # Action.RETAIN: 0-100, higher is evicted later
+    half_life: float | None = None  # Action.RETAIN: the priority halves every half_life s once ttl ends
 
     def __post_init__(self) -> None:  # "pin" works too; a typo fails here, not silently later
         if type(self.action) is not Action:  # a member already is one (Action(m) costs a lookup)
             object.__setattr__(self, "action", Action(self.action))
+        if self.action is Action.RETAIN and not (0 <= self.priority <= 100 and self.ttl >= 0
+                                                  and (self.half_life is None or self.half_life > 0)):
+            raise ValueError(f"soft retention needs priority 0-100, ttl >= 0, half_life > 0: {self}")
 
 
 FREE = Retention(Action.FREE)
@@ -213,6 +239,9 @@ class Policy:
     # True when the policy reads Request.exec_time; an engine may skip the per-step
     # accounting otherwise (the vLLM adapter does, to stay cheap per step).
     reads_exec_time = False
+    # True when the policy asks for soft retention (Action.RETAIN): an engine that cannot
+    # retain softly refuses it at the start (a hinted call's RETAIN is refused when it comes).
+    retains = False
     # Names of the decisions the policy counts in `self.decisions` (sim run reports them).
     DECISIONS: tuple[str, ...] = ()
 
@@ -241,9 +270,16 @@ class Policy:
             return FREE
         self.last_finish[req.program_id] = (now, req.tool)
         ret = self.retention(req, now, view)
+        if ret.action is Action.FREE and req.hint is not None:  # the client's hint, where the policy frees
+            h = req.hint
+            ret = Retention(Action.RETAIN, float("inf") if h.ttl is None else h.ttl, h.priority)
         if ret.action == Action.PIN:
             self.ttls[req.tool or "<unknown>"].append(ret.ttl)
             self.pins[req.program_id] = Pin(now + ret.ttl, req.program_arrival, now, req.tool)
+        elif ret.action == Action.RETAIN:
+            if ret.ttl < float("inf"):
+                self.ttls[req.tool or "<unknown>"].append(ret.ttl)
+            self.decisions["retained"] += 1
         return ret
 
     def retention(self, req: Request, now: float, view: EngineView) -> Retention:

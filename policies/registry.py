@@ -16,6 +16,7 @@ from policies.infercept import PRESERVE, RESUME_ORDERS, InferceptPolicy
 from policies.oracle import OraclePolicy
 from policies.program_fcfs import ProgramFCFSPolicy
 from policies.rebuild_priced_ttl import RebuildPricedTTLPolicy
+from policies.soft import TTL_MODES, ClientTTLPinPolicy, ClientTTLPolicy, ContinuumSoftPolicy, parse_tool_ttls
 from policies.static import ContinuumStaticPolicy
 from policies.thunderagent import ThunderAgentPolicy
 from traces.validation import Model, validated
@@ -40,6 +41,9 @@ POLICIES: dict[str, type[Policy]] = {
     "continuum-offload": ContinuumOffloadPolicy,
     "contextserve": ContextServePolicy,
     "rebuild-priced-ttl": RebuildPricedTTLPolicy,
+    "continuum-soft": ContinuumSoftPolicy,
+    "client-ttl": ClientTTLPolicy,
+    "client-ttl-pin": ClientTTLPinPolicy,
 }
 
 
@@ -76,6 +80,7 @@ RANGES: dict[str, object] = {
     "fast_ttl": Field(ge=0), "quantile": Field(gt=0, lt=1), "min_samples": Field(ge=1),
     "prior_median_s": Field(gt=0), "prior_kappa": Field(gt=0), "prior_alpha": Field(gt=0), "prior_beta": Field(gt=0),
     "kappa": Field(gt=0), "slack": Field(ge=0),
+    "ttl": Field(ge=0), "priority": Field(ge=0, le=100), "min_priority": Field(ge=0, le=100), "half_life": Field(gt=0),
 }
 
 
@@ -89,9 +94,16 @@ def _choice(*options: str):
 
 # Text parameters that name one of a few choices (InferCept's ablation switches).
 CHOICES: dict[str, object] = {
-    "preserve": _choice(*PRESERVE), "resume_order": _choice(*RESUME_ORDERS),
+    "preserve": _choice(*PRESERVE), "resume_order": _choice(*RESUME_ORDERS), "ttl_mode": _choice(*TTL_MODES),
 }
-VALIDATORS: dict[str, object] = {"bounds": AfterValidator(_bounds), **CHOICES}
+
+
+def _tool_ttls(v: str) -> str:
+    parse_tool_ttls(v)  # its ValueError is reported as the field's problem
+    return v
+
+
+VALIDATORS: dict[str, object] = {"bounds": AfterValidator(_bounds), "tool_ttls": AfterValidator(_tool_ttls), **CHOICES}
 _NONE_WORDS = ("", "none", "null")
 
 

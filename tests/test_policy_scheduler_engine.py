@@ -192,3 +192,19 @@ def test_running_is_ordered_for_the_policys_victims(policy):
             tail.append(victim)
         PolicyScheduler._order_running_for_victims(stub)
         assert stub.running == rest + tail[::-1]
+
+
+def test_soft_retention_inside_vllm_keeps_a_context_and_yields_it_under_pressure():
+    """client-ttl (soft, 60 s at priority 90): A's blocks leave the free queue for the
+    retained set, so the floods take each other's blocks and A's next turn hits; a flood
+    larger than the free queue then evicts retained blocks (a pin would have held them)."""
+    llm = _engine("client-ttl", ttl_mode="fixed", ttl=60.0, priority=90)
+    try:
+        sched = _sched(llm)
+        assert _program_a_then_floods(llm, np.random.default_rng(0), "soft") >= A_PROMPT
+        pool = sched.kv_cache_manager.block_pool
+        assert type(pool).__name__ == "RetainingBlockPool" and pool.retainer.evicted == 0
+        _gen(llm, [_ids(np.random.default_rng(1), 2000)], [None])  # 16 blocks: more than the queue holds
+        assert pool.retainer.evicted > 0 and not sched.pinned and not sched.calls
+    finally:
+        llm.llm_engine.engine_core.shutdown()

@@ -573,3 +573,55 @@ def test_carry_over_modes_twin_identical_per_call(policy, carry, share):
         rows[engine] = simulate(trace, policy, prof, arrivals, kind=engine).turns[TWIN_COLUMNS]
     assert rows["simpy"].equals(rows["vllm"])
     assert rows["vllm"]["cached_tokens"].sum() > 0
+
+
+SOFT = [("continuum-soft", {}), ("continuum-soft", {"half_life": 0.5}), ("client-ttl", {}),
+        ("client-ttl", {"ttl_mode": "fixed", "ttl": 1.0, "priority": 80, "half_life": 0.3}), ("client-ttl-pin", {})]
+
+
+@pytest.mark.parametrize("policy, args", SOFT)
+def test_soft_retention_policies_twin_identical_per_call(policy, args):
+    """Soft retention (sim/kv/retention.py in the SimPy pool, sim/vllm_replica/retention.py in
+    vLLM's BlockPool) on the tiny pool of the random twin: retained blocks evicted under
+    pressure, expiring and decaying, call by call the same in both engines."""
+    from policies.registry import make_policy
+
+    trace = random_trace(np.random.default_rng(3), 24)
+    arrivals = np.cumsum(np.random.default_rng(4).exponential(0.3, 24))
+    for blocks in (120, 200):  # retained blocks evicted (120), and kept to be hit (200)
+        prof = linear_profile(c2=1e-7, blocks=blocks)
+        rows, res = {}, {}
+        for engine in ("simpy", "vllm"):
+            res[engine] = simulate(trace, make_policy(policy, **args), prof, arrivals, kind=engine)
+            rows[engine] = res[engine].turns[TWIN_COLUMNS]
+        assert rows["simpy"].equals(rows["vllm"])
+        assert res["simpy"].summary.get("retention") == res["vllm"].summary.get("retention")
+        assert res["simpy"].summary.get("decisions") == res["vllm"].summary.get("decisions")
+    assert policy == "client-ttl-pin" or res["vllm"].summary["retention"]["expired"] > 0
+
+
+@pytest.mark.parametrize("policy", ["continuum-soft", "client-ttl"])
+def test_soft_retention_at_the_reduced_twins_spec_is_exact(policy):
+    """The CI twin's spec (SPEC): the soft policies agree to the last bit, as `vllm` and
+    `continuum` do (test_reduced_twin_is_exact)."""
+    r = twin_check.compare(twin_check.run_pair(SPEC, policy, log=False))
+    assert r["mean_jct"][0] == r["mean_jct"][1] and r["mape"] == 0.0
+    assert r["steps"][0] == r["steps"][1] and r["cached"][0] == r["cached"][1]
+    assert min(r["peak_kv_usage"]) >= 0.9  # under memory pressure
+
+
+@pytest.mark.parametrize("policy, args", [("client-ttl", {"ttl_mode": "fixed", "ttl": 1.0, "half_life": 0.3}),
+                                          ("continuum-soft", {})])
+def test_soft_retention_async_twin_identical_per_call(policy, args):
+    """The same with asynchronous scheduling (the SimPy engine's stretches leave a step in
+    flight): both engines still agree call by call."""
+    from policies.registry import make_policy
+
+    prof = linear_profile(c2=1e-7, blocks=200, seqs=16)
+    trace = random_trace(np.random.default_rng(5), 30)
+    arrivals = np.cumsum(np.random.default_rng(6).exponential(0.2, 30))
+    res = {e: simulate(trace, make_policy(policy, **args), prof, arrivals, kind=e, async_scheduling=True)
+           for e in ("simpy", "vllm")}
+    assert res["simpy"].turns[TWIN_COLUMNS].equals(res["vllm"].turns[TWIN_COLUMNS])
+    assert res["simpy"].summary["retention"] == res["vllm"].summary["retention"]
+    assert res["vllm"].summary["retention"]["expired"] + res["vllm"].summary["retention"]["evicted"] > 0

@@ -30,6 +30,13 @@ Columns (required unless marked optional):
                                                   is recomputed where the reasoning began
                                                   (with 0 reasoning tokens: as cached)
 
+  kv_priority           int    optional; the client's retention hint for this call's KV
+                               (vLLM's KvHintsEnvelope, Dynamo's cache_control): a
+                               priority 0-100; null: no hint (unless kv_ttl_s is given:
+                               then 50)
+  kv_ttl_s              float  optional; the hint's TTL, s >= 0; null: until evicted
+  kv_session            str    optional; the hint's session (carried to the engine)
+
 Parquet key-value metadata (`agentsim` key, JSON) records generator, seed, source.
 """
 from __future__ import annotations
@@ -50,7 +57,8 @@ from agentsim.files import atomic_write
 from traces.validation import validated
 
 REQUIRED = ["program_id", "turn", "new_input_tokens", "output_tokens", "tool", "tool_duration_s"]
-OPTIONAL = ["arrival_s", "shared_prefix_tokens", segments.COLUMN, "reasoning_tokens", "carry"]
+HINT_COLUMNS = ("kv_priority", "kv_ttl_s", "kv_session")  # a client's retention hint per call
+OPTIONAL = ["arrival_s", "shared_prefix_tokens", segments.COLUMN, "reasoning_tokens", "carry", *HINT_COLUMNS]
 CARRY_MODES = ("cached", "rerendered", "reasoning-dropped")
 META_KEY = b"agentsim"
 DATA_DIR = Path(__file__).parent / "data"
@@ -85,7 +93,7 @@ class Columns:
         import pandas as pd
 
         # object dtype with real None: pandas 3's string dtype would turn None into NaN/"nan"
-        return pd.DataFrame({c: pd.Series(v, dtype=object) if c in ("tool", "carry", segments.COLUMN) else v
+        return pd.DataFrame({c: pd.Series(v, dtype=object) if c in ("tool", "carry", "kv_session", segments.COLUMN) else v
                              for c, v in self.columns.items()})
 
 
@@ -219,6 +227,7 @@ def check(cols: dict[str, np.ndarray]) -> Columns:
                   "write seconds (not ms or ns)")
         cols[col] = vals
     cols["tool"] = np.array([None if is_nan(t) else str(t) for t in cols["tool"]], dtype=object)
+    _hint_columns(cols)
 
     order = np.lexsort((cols["turn"], cols["program_id"].astype(str)))  # stable
     cols = {c: v[order] for c, v in cols.items()}
@@ -284,6 +293,24 @@ def check(cols: dict[str, np.ndarray]) -> Columns:
     dur[last] = np.nan
     cols["tool"][last] = None
     return Columns(cols)
+
+
+def _hint_columns(cols: dict) -> None:
+    """The retention hint columns, normalised in place: numbers with NaN for no hint,
+    sessions as text or None; a value out of range is one line naming the row."""
+    if "kv_session" in cols:
+        cols["kv_session"] = np.array([None if is_nan(t) else str(t) for t in cols["kv_session"]], dtype=object)
+    for col, lo, hi, whole in (("kv_priority", 0, 100, True), ("kv_ttl_s", 0, SECONDS_MAX, False)):
+        if col not in cols:
+            continue
+        vals = _numbers(cols[col]).astype(np.float64)
+        bad = np.isnan(vals) & ~_missing(cols[col])
+        bad |= ~np.isnan(vals) & ~((vals >= lo) & (vals <= hi) & ((vals == np.floor(vals)) | (not whole)))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            _fail(cols, i, col, f"is {_show(cols[col][i])}",
+                  "give a whole number 0-100 (or null: no hint)" if whole else "give seconds >= 0 (or null: until evicted)")
+        cols[col] = vals
 
 
 def columns(df) -> Columns:

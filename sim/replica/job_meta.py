@@ -11,6 +11,10 @@ never raises: it returns what it could read and a list of problems to log once.
                   read from `tool_hint`. Default None.
     tool_duration_s  how long that tool will run, s: only a trace replay knows it (for the
                   oracle and InferCept's public-code form, as in the simulator). Default None.
+    kv_hints      the client's retention hint for this call's KV, shaped like vLLM's
+                  KvHintsEnvelope and Dynamo's cache_control: {"priority": 0-100,
+                  "ttl": seconds (a number, or text such as "30s", "5m", "1h"), "session":
+                  str}; read by parse_hint (policies.base.RetentionHint). Default None.
 """
 from __future__ import annotations
 
@@ -83,3 +87,46 @@ def _parse(extra_args, request_id: str) -> JobMeta:
             problems.append(f"tool_duration_s={extra_args['tool_duration_s']!r} is not a finite number >= 0; ignored")
             duration = None
     return JobMeta(str(job).strip(), last, tool or None, False, problems, tool_duration_s=duration)
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(v) -> float:
+    if isinstance(v, str) and v.strip() and v.strip()[-1] in _UNITS:
+        return float(v.strip()[:-1]) * _UNITS[v.strip()[-1]]
+    if isinstance(v, bool):
+        raise ValueError
+    return float(v)
+
+
+def parse_hint(hints) -> tuple:
+    """A kv_hints mapping as (policies.base.RetentionHint or None, problems); never raises.
+    A hint with neither a priority nor a ttl asks for nothing (None)."""
+    from policies.base import HINT_PRIORITY, RetentionHint
+
+    if hints is None:
+        return None, []
+    if not isinstance(hints, dict):
+        return None, [f"kv_hints is a {type(hints).__name__}, not a mapping; ignored"]
+    problems, prio, ttl = [], hints.get("priority"), hints.get("ttl")
+    if prio is not None:
+        try:
+            if isinstance(prio, bool) or float(prio) != int(float(prio)) or not 0 <= int(float(prio)) <= 100:
+                raise ValueError
+            prio = int(float(prio))
+        except (TypeError, ValueError):
+            problems.append(f"kv_hints priority={hints['priority']!r} is not a whole number 0-100; hint ignored")
+            return None, problems
+    if ttl is not None:
+        try:
+            ttl = _seconds(ttl)
+            if not 0 <= ttl < _INF:
+                raise ValueError
+        except (TypeError, ValueError):
+            problems.append(f"kv_hints ttl={hints['ttl']!r} is not finite seconds >= 0 (or 30s, 5m, 1h); hint ignored")
+            return None, problems
+    session = hints.get("session")
+    if prio is None and ttl is None:
+        return None, problems
+    return RetentionHint(HINT_PRIORITY if prio is None else prio, ttl, None if session is None else str(session)), problems

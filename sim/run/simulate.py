@@ -175,6 +175,9 @@ def execute(run: BuiltRun, progress=None, watch=None) -> Result:
         extra["decisions"] = {k: sum(p.decisions.get(k, 0) for p in pols) for k in policy.DECISIONS}
     if cluster.controller is not None:  # ThunderAgent's proxy
         extra["proxy"] = dict(cluster.controller.stats)
+    held = [r for r in map(retainer_of, engines) if r is not None]
+    if held:  # soft retention (sim/kv/retention.py): retained blocks evicted under pressure, expired while free
+        extra["retention"] = {"evicted": sum(r.evicted for r in held), "expired": sum(r.expired for r in held)}
     summary = summarize(turns, extra)
     if getattr(run, "metrics_at", "engine") == "client":  # after the run, from the engine's timestamps
         seen = client_view(turns, profile.server)
@@ -184,6 +187,14 @@ def execute(run: BuiltRun, progress=None, watch=None) -> Result:
             row.update(ttft=float(f) - row["arrival"], e2el=float(e) - row["arrival"],
                        tpot=(float(e) - float(f)) / (n - 1) if n > 1 else float("nan"))
     return Result(rows, [(e.index, e.kv_samples) for e in engines], summary)
+
+
+def retainer_of(engine):
+    """A replica's soft retention set (sim/kv/retention.py Retainer), either engine; None
+    while no call asked for soft retention."""
+    core = getattr(engine, "core", None)  # the vLLM engine's scheduler
+    pool = core.kv_cache_manager.block_pool if core is not None else engine.sched.pool
+    return getattr(pool, "retainer", None)
 
 
 def check_end(cluster: Cluster, rec: Recorder, trace) -> None:

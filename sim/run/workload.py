@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from policies.base import Request
+from policies.base import HINT_PRIORITY, Request, RetentionHint
 from sim.replica.call import Call
 from sim.kv.content import ContentKeys, carried
 from traces import segments
@@ -35,6 +35,15 @@ def dropped(row: dict, output: int) -> int:
     if row.get("carry") != "reasoning-dropped":
         return 0
     return min(int(row["reasoning_tokens"]), output)
+
+
+def row_hint(row: dict) -> RetentionHint | None:
+    """A trace row's retention hint (traces/schema.py kv_priority, kv_ttl_s, kv_session)."""
+    prio, ttl = row.get("kv_priority", math.nan), row.get("kv_ttl_s", math.nan)
+    if math.isnan(prio) and math.isnan(ttl):
+        return None
+    return RetentionHint(HINT_PRIORITY if math.isnan(prio) else int(prio), None if math.isnan(ttl) else float(ttl),
+                         row.get("kv_session"))
 
 
 def closed_loop_arrivals(n: int, concurrency: int) -> np.ndarray:
@@ -139,7 +148,7 @@ class Workload:
                 req_id=f"{pid}#{r['turn']}", program_id=pid, turn=int(r["turn"]), arrival=env.now,
                 program_arrival=arrival, prompt_tokens=prompt, is_last_step=last,
                 tool=None if last else r["tool"],
-                true_tool_duration=None if last else float(r["tool_duration_s"]),
+                true_tool_duration=None if last else float(r["tool_duration_s"]), hint=row_hint(r),
             )
             call = Call(req=req, seq_no=self._seq, prompt_len=prompt, max_output=int(r["output_tokens"]),
                         block_size=self.block_size, shared_prefix=shared, content=content)

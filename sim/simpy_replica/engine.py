@@ -235,8 +235,10 @@ class Engine(Replica):
     # --- the step loop --------------------------------------------------------------------
     def _next_event(self, horizon) -> float:
         """Earliest time something outside the batch can change: an event `horizon()`
-        names (arrival, tool return) or a pin expiry."""
+        names (arrival, tool return), a pin expiry or a change of soft retention's order."""
         expiry = min((p.expiry for p in self.policy.pins.values()), default=math.inf)
+        if self.sched.retaining:
+            expiry = min(expiry, self.sched.pool.next_change())
         return min(horizon(), expiry)
 
     def state(self) -> str:

@@ -25,6 +25,7 @@ from policies.pins import PinTable
 from policies.runtime import no_deadlock_victims, offloads_dropped_pin
 from sim.kv.block_pool import BlockPool
 from sim.kv.radix_cache import RadixCache
+from sim.kv.retention import RetainingPool, refuse_radix, retain
 from sim.replica.call import Call
 from sim.hardware.engine_config import EngineConfig
 from sim.kv.tiers import NO_TIER
@@ -41,6 +42,8 @@ class Scheduler:
         # the GPU KV cache (the sim/kv/protocol.py protocol): vLLM's block pool or SGLang's radix
         # tree; vLLM's BlockPool keeps one of num_gpu_blocks as its null block (never allocated)
         self.pool = (RadixCache if cfg.cache == "radix" else BlockPool)(cfg.num_gpu_blocks - 1, cfg.block_size)
+        if policy.retains and cfg.cache == "radix":
+            refuse_radix()
         self.waiting: list[Call] = []
         self.running: list[Call] = []
         self.pins = PinTable()  # program -> blocks held by its pin (policies/pins.py)
@@ -63,6 +66,12 @@ class Scheduler:
         self.connector = False
         self._scheduled_steps = self._applied_steps = 0  # non-empty steps scheduled, applied
 
+    @property
+    def retaining(self) -> bool:
+        """The pool has soft retention's retained set (sim/kv/retention.py: from the first
+        call that asked for it on)."""
+        return type(self.pool) is RetainingPool
+
     def victim_ordered(self) -> list[Call]:
         """The running list in the policy's victim order, last victim first. Calls the
         policy ties (a stable sort) keep their list order in the victim order, so the list
@@ -79,6 +88,8 @@ class Scheduler:
         blocks = self.pins.pop(pid, now)
         if blocks is None:
             return
+        if self.retaining:
+            self.pool.now = now
         if self.tier.enabled and offloads_dropped_pin(self.policy, pid, reason):
             self.tier.offload(self._keys(blocks), now)
         self.pool.free(blocks)
@@ -167,6 +178,8 @@ class Scheduler:
 
     def schedule(self, now: float) -> list[tuple[Call, int]]:
         cfg, policy = self.cfg, self.policy
+        if self.retaining:  # soft retention's evictor reads the schedule time (a stretch's allocations too)
+            self.pool.now = now
         self.expire_pins(now)
 
         if self._custom_victim and len(self.running) > 1:
@@ -498,6 +511,10 @@ class Scheduler:
             self.pin(call.req.program_id, call.blocks, now)
             call.blocks = []
         else:
+            if retention.action == Action.RETAIN:
+                retain(self, call.blocks, retention, now)
+            if self.retaining:
+                self.pool.now = now
             if retention.action == Action.OFFLOAD and self.tier.enabled:
                 self.tier.offload(self._keys(call.blocks), now)  # its full chunks to the CPU tier, then free
             self._free_call(call)

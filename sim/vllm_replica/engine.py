@@ -356,7 +356,10 @@ class VllmReplica(Replica):
         prog = self._program(call)
         prog.extend()
         rid = call.req.req_id
-        params = self._Sampling(max_tokens=call.max_output, ignore_eos=True, detokenize=False, temperature=0.0)
+        h = call.req.hint  # a client's retention hint reaches vLLM as extra_args do (sim/replica/job_meta.py)
+        params = self._Sampling(max_tokens=call.max_output, ignore_eos=True, detokenize=False, temperature=0.0,
+                                extra_args=None if h is None else {"kv_hints": {"priority": h.priority, "ttl": h.ttl,
+                                                                                "session": h.session}})
         request = self._Request(rid, prog.tokens[:call.prompt_len], params, None, arrival_time=self.env.now,
                                 block_hasher=prog)
         self._calls[rid], self._requests[rid] = call, request

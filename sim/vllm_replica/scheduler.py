@@ -47,6 +47,7 @@ from policies.pins import PinTable, pin_counts
 from policies.runtime import no_deadlock_victims, offloads_dropped_pin
 from policies.registry import make_policy
 from sim.kv.tiers import NO_TIER
+from sim.vllm_replica.retention import read_hint, retain_request
 from sim.replica.job_meta import parse_job_meta
 from sim.hardware.profile import Profile, load_profile, step_features
 from sim.hardware.shipped_models import bundled_profile_name
@@ -312,12 +313,14 @@ class PolicyScheduler(Scheduler):
         rid = request.request_id
         if rid not in self.calls:
             req = self.records.pop(rid, None)
+            params = request.sampling_params
+            hint = read_hint(getattr(params, "extra_args", None) if params is not None else None, self._warn, rid)
             if req is not None:  # the caller's own record (the simulator's vLLM engine)
+                req.hint = hint  # as a real engine reads it: from the request's extra_args
                 pid = req.program_id
                 first, turns = self.programs.get(pid, (now, 0))
                 self.programs[pid] = (first, turns + 1)
             else:
-                params = request.sampling_params
                 meta = parse_job_meta(getattr(params, "extra_args", None) if params is not None else None, rid)
                 for p in meta.problems:
                     self._warn(p, f"request {rid}: {p}")
@@ -330,7 +333,7 @@ class PolicyScheduler(Scheduler):
                 self.programs[pid] = (first, turns + 1)
                 req = Request(req_id=rid, program_id=pid, turn=turns, arrival=now, program_arrival=first,
                               prompt_tokens=request.num_prompt_tokens, is_last_step=meta.is_last_step, tool=meta.tool,
-                              true_tool_duration=None if meta.is_last_step else meta.tool_duration_s)
+                              true_tool_duration=None if meta.is_last_step else meta.tool_duration_s, hint=hint)
             if now >= self._next_expiry:  # pins that ran out while the engine idled go before this arrival
                 self._expire(now)
             self.policy.on_arrival(req, self.arrived.pop(rid, now))
@@ -435,8 +438,11 @@ class PolicyScheduler(Scheduler):
         req.output_tokens = request.num_output_tokens
         delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
         self.stats.record(req, delay, _cdiv(request.num_computed_tokens, self.block_size))
-        action = self.policy.on_finish(req, now, self).action
+        ret = self.policy.on_finish(req, now, self)
+        action = ret.action
         pin = action is Action.PIN
+        if action is Action.RETAIN:  # soft retention: specs on its blocks, then freed below (sim/vllm_replica/retention.py)
+            retain_request(self, request, ret, now)
         if action == Action.OFFLOAD and self.tier.enabled:  # its full chunks to the tier, then free
             self.tier.offload(self.block_keys(pid, self.kv_cache_manager.get_blocks(request.request_id).blocks[0]), now)
         if pin and self._request_blocks_can_be_freed(request):
