@@ -278,7 +278,9 @@ def main(argv=None) -> int:
         from benchmarks.docs_tables import write_block
 
         body = (f"Made by `python benchmarks/server_runs_table.py --write-docs` (runs and sources: "
-                f"benchmarks/data/server_runs.json). {notes}\n\n{table}\n\n" + summary(rows).replace("\n", "; ") + ".\n\n"
+                f"benchmarks/data/server_runs.json). {notes} The client view (the engine view's rows: the script's "
+                f"output):\n\n{render([r for r in rows if r['view'] == 'client'])}\n\n"
+                + summary(rows).replace("\n", "; ") + ".\n\n"
                 + why)
         write_block(args.write_docs, "server_runs_table", KEY, body)
         print(f"wrote {args.write_docs}", file=sys.stderr)
