@@ -391,12 +391,15 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
 
 def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_utilization: float = 0.9,
                      max_model_len: int | None = None, ep: int = 1, max_num_batched_tokens: int | None = None,
-                     max_num_seqs: int | None = None, enforce_eager: bool = False, measured: bool = False) -> tuple[dict, list[str]]:
+                     max_num_seqs: int | None = None, enforce_eager: bool = False, measured: bool = False,
+                     model_spec: dict | None = None) -> tuple[dict, list[str]]:
     """(profile dict in sim/hardware/profile.py's schema, notes to show the user). measured: step times
     from measured kernels where sim/hardware/measured_kernels.py has the GPU, model and tp (`sim
-    profile roofline` asks for them); provenance.source says which."""
+    profile roofline` asks for them); provenance.source says which. model_spec: a model shape
+    (models.json's fields) that is not in models.json, named model_name; always the roofline
+    (measured kernels are keyed by the zoo's names)."""
     gname, gpu = find_gpu(gpu_name)
-    mname, model = find_model(model_name)
+    mname, model = (model_name, model_spec) if model_spec is not None else find_model(model_name)
     layout, n = check_layout(mname, model, tp, ep)
     if not 0 < gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
@@ -525,7 +528,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         from sim.hardware.measured_kernels import collectives_text
 
         prov["collectives"] = collectives_text(parts, layout, n)
-    if measured:
+    if measured and model_spec is None:
         from sim.hardware.measured_kernels import use_measured
 
         notes = use_measured(profile, gname, mname, layout, n, notes)

@@ -1,0 +1,108 @@
+"""benchmarks/server_runs_table.py: held-out published server runs judged, quick mode; the data file's provenance."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import server_runs_table as srt  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data" / "server_runs.json"
+
+
+def test_every_run_names_a_source_url_and_licence():
+    d = json.loads(DATA.read_text())
+    assert d["runs"]
+    for r in d["runs"]:
+        src = d["sources"][r["source"]]
+        assert src["licence"].strip() and src["what"].strip(), r["id"]
+        assert re.match(r"https://github\.com/[^/]+/[^/]+/(blob|tree)/[0-9a-f]{40}/", r["url"]), r["id"]  # pinned to a commit
+        assert r["gpu"] and r["tp"] >= 1 and r["model"]
+        assert r["measured"], r["id"]
+        for stats in r["measured"].values():
+            assert all(v > 0 for v in stats.values()), r["id"]
+    ids = [r["id"] for r in d["runs"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_quick_run_prints_the_table_with_its_columns(tmp_path):
+    out = tmp_path / "rows.json"
+    p = subprocess.run([sys.executable, "benchmarks/server_runs_table.py", "--quick", "--json", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    header = p.stdout.splitlines()[0]
+    for col in ("GPU x tp", "workload", "concurrency", "profile", "view", "TTFT real / sim (ms)", "TTFT error",
+                "TPOT real / sim (ms)", "TPOT error", "mean E2E (derived) error"):
+        assert f"| {col} |" in header
+    rows = json.loads(out.read_text())
+    d = json.loads(DATA.read_text())
+    first = d["runs"][:2]
+    assert {r["run"] for r in rows} == {r["id"] for r in first}
+    assert {r["view"] for r in rows} == {"engine", "client"} and {r["profile"] for r in rows} <= {"measured", "roofline"}
+    for r in rows:
+        assert r["sim_ms"] > 0 and np.isfinite(r["error_pct"])
+        assert r["error_pct"] == pytest.approx((r["sim_ms"] - r["real_ms"]) / r["real_ms"] * 100)  # unscaled
+    # the real figures are the data file's, not the simulator's
+    by = {(r["run"], r["metric"], r["view"]): r for r in rows}
+    for run in first:
+        assert by[(run["id"], "ttft", "engine")]["real_ms"] == run["measured"]["ttft_ms"]["mean"]
+        assert by[(run["id"], "tpot", "client")]["real_ms"] == run["measured"]["tpot_ms"]["mean"]
+        # the client view adds the API server's time to every request: TTFT is later there
+        assert by[(run["id"], "ttft", "client")]["sim_ms"] > by[(run["id"], "ttft", "engine")]["sim_ms"]
+
+
+def test_the_workload_is_the_clients_draw():
+    run = {"workload": {"input_tokens": 1000, "output_tokens": 500, "length_spread": {"kind": "uniform_int", "low_ratio": 0.8}}}
+    t = srt.trace_of(run, 2000)
+    assert t["new_input_tokens"].between(800, 1000).all() and t["output_tokens"].between(400, 500).all()
+    assert t["new_input_tokens"].mean() == pytest.approx(900, rel=0.01)
+    run["workload"]["length_spread"] = None
+    assert (srt.trace_of(run, 5)["output_tokens"] == 500).all()
+
+
+def test_a_run_without_a_licence_is_refused(tmp_path):
+    d = json.loads(DATA.read_text())
+    d["sources"][d["runs"][0]["source"]]["licence"] = ""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    p = subprocess.run([sys.executable, "benchmarks/server_runs_table.py", "--data", str(bad)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert len(p.stderr.strip().splitlines()) == 1 and "licence" in p.stderr
+
+
+def test_write_docs_is_the_full_table_only(tmp_path):
+    p = subprocess.run([sys.executable, "benchmarks/server_runs_table.py", "--quick", "--write-docs", str(tmp_path / "x.md")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.md").exists()
+
+
+def test_the_explain_lines_price_the_deployment_as_the_table_does():
+    d = srt.load_data(DATA)
+    run = d["runs"][0]
+    text = srt.explain(d, [run])
+    prof, _ = srt._profile(run["gpu"], run["model"], run["tp"], False, srt.model_spec(d, run["model"]),
+                           gpu_memory_utilization=run["engine"]["gpu_memory_utilization"],
+                           max_num_batched_tokens=run["engine"]["max_num_batched_tokens"],
+                           max_num_seqs=run["engine"]["max_num_seqs"])
+    assert f"KV pool {prof.engine.num_gpu_blocks * prof.block_size:,} tokens" in text
+    assert f"{run['gpu']} x{run['tp']}" in text and "FP8 roofline" in text and "bf16 roofline" in text
+
+
+def test_roofline_takes_a_model_shape_outside_the_zoo():
+    from sim.hardware.roofline import find_model, roofline_profile
+
+    _, base = find_model("llama3.1-70b")
+    fp8 = {**base, "dtype_bytes": 1}
+    a, _ = roofline_profile("B200", "llama3.1-70b", tp=2, measured=False)
+    b, _ = roofline_profile("B200", "llama3.1-70b-fp8", tp=2, measured=True, model_spec=fp8)
+    assert b["provenance"]["source"] == "roofline"  # measured kernels are the zoo's: not used for a shape of its own
+    assert b["kv_pool"]["weights_bytes"] < 0.6 * a["kv_pool"]["weights_bytes"]
+    assert b["step_time"]["c0"] < a["step_time"]["c0"] and b["engine"]["num_gpu_blocks"] > a["engine"]["num_gpu_blocks"]
