@@ -231,10 +231,10 @@ class Question:
         return OBJECTIVES[self.objectives[i]]
 
     def bound(self, best: float) -> Bound | None:
-        """Each run's bound for the next batch (module docstring); None where nothing bounds it."""
+        """What a trial of the next batch must stay within, on the mean over the tuning seeds
+        (module docstring); None where nothing bounds it."""
         if not self.early_stop:
             return None
-        n = len(self.seeds)
         obj = self.objectives[0]
         limit = math.inf
         if len(self.objectives) == 1 and obj in BOUNDABLE and math.isfinite(best):
@@ -242,7 +242,7 @@ class Question:
         if self.slo is not None and self.slo.metric in BOUNDABLE:
             if math.isinf(limit) or self.slo.metric == obj:
                 limit, obj = min(limit, self.slo.limit), self.slo.metric
-        return Bound(obj, limit * n) if math.isfinite(limit) else None
+        return Bound(obj, limit) if math.isfinite(limit) else None
 
 
 @dataclass
@@ -284,24 +284,31 @@ def _metrics(q: Question) -> list[str]:
     return ms
 
 
-def _settle(q: Question, t: Trial, rows: pd.DataFrame, bound: Bound | None) -> None:
-    """A trial's state and values from its runs' rows (keyed)."""
-    mine = rows.loc[t.keys]
-    t.bound = None if bound is None else str(bound)
+def _settle(q: Question, t: Trial, rows: pd.DataFrame) -> None:
+    """A trial's state and values from its runs' rows (keyed; a seed not run is missing)."""
+    mine = rows.reindex(t.keys)
+    ran = mine.index.isin(rows.index)
     if "error" in mine and mine["error"].notna().any():
         t.state, t.error, t.feasible = "failed", str(mine["error"].dropna().iloc[0]), False
         return
-    stopped = stopped_early(mine)
+    pruned = bool(stopped_early(mine[ran]).any()) or not ran.all()
     for m in _metrics(q):
-        vals = [float(v) if v is not None and not pd.isna(v) else math.nan for v in mine.get(m, [math.nan] * len(mine))]
+        vals = [float(v) if v is not None and not pd.isna(v) else math.nan
+                for v in (mine[m] if m in mine else [math.nan] * len(mine))]
         t.by_seed[m] = vals
         t.values[m] = float(np.mean(vals))
-    if stopped.any():
-        t.state, t.feasible = "pruned", False  # the bound's metric: a lower bound (the stopped runs')
+    if pruned:  # the bound's metric: a lower bound of the mean (stopped runs' lower bounds, 0 for seeds not run)
+        t.state, t.feasible = "pruned", False
+        b = t.bound.partition("<=")[0]
+        t.values = {m: (float(np.nansum(t.by_seed[m])) / len(q.seeds) if m == b else math.nan) for m in t.values}
         return
     t.state = "complete"
     if q.slo is not None:
         t.feasible = bool(t.values[q.slo.metric] <= q.slo.limit)
+
+
+def _true(v) -> bool:
+    return isinstance(v, (bool, np.bool_)) and bool(v)
 
 
 def _better(q: Question, a: float, b: float) -> bool:
@@ -319,25 +326,41 @@ def _best(q: Question, trials: list[Trial], baseline: bool | None = None) -> Tri
     return best
 
 
+def _trial_constraints() -> bool:
+    """Optuna 5 takes a trial's constraints from the trial (set_constraint); 4 from the sampler's constraints_func."""
+    import optuna
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
 def _sampler(q: Question):
     import optuna
 
-    constraints = (lambda ft: ft.user_attrs.get("constraint", (0.0,))) if q.slo is not None else None
+    constraints = (lambda ft: ft.user_attrs.get("constraint", (0.0,))) if q.slo is not None and not _trial_constraints() \
+        else None
+    extra = {} if constraints is None else {"constraints_func": constraints}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if len(q.objectives) > 1:
-            return optuna.samplers.NSGAIISampler(seed=q.seed, population_size=max(4, min(20, q.batch * 2)),
-                                                 constraints_func=constraints)
+            return optuna.samplers.NSGAIISampler(seed=q.seed, population_size=max(4, min(20, q.batch * 2)), **extra)
         return optuna.samplers.TPESampler(seed=q.seed, n_startup_trials=min(10, max(1, q.trials // 5)),
-                                          constant_liar=True, constraints_func=constraints)
+                                          constant_liar=True, **extra)
+
+
+def _slo_excess(q: Question, t: Trial) -> float:
+    """The SLO constraint (<= 0: met) of a trial; 1 where its metric is not known (pruned, failed)."""
+    v = t.values.get(q.slo.metric, math.inf)
+    return float(v - q.slo.limit) if math.isfinite(v) and t.state == "complete" else 1.0
 
 
 def _tell(study, q: Question, ot, t: Trial) -> None:
     import optuna
 
     if q.slo is not None:
-        v = t.values.get(q.slo.metric, math.inf)
-        ot.set_user_attr("constraint", (float(v - q.slo.limit) if math.isfinite(v) else 1.0,))
+        if _trial_constraints():
+            ot.set_constraint("slo", _slo_excess(q, t))
+        else:
+            ot.set_user_attr("constraint", (_slo_excess(q, t),))
     if t.state == "complete":
         study.tell(ot, [t.values[m] for m in q.objectives])
     elif t.state == "pruned":
@@ -362,18 +385,40 @@ def search(q: Question, out: Path, workers: int = 1, dask: str | None = None, pr
     t0 = time.perf_counter()
 
     def run_batch(batch: list[Trial], bound: Bound | None) -> None:
+        """The batch's runs, seed by seed: each trial's run at the next seed is bounded by what
+        its earlier seeds left of n x the limit (a sum above it puts the mean above the
+        limit, every value being >= 0); a trial whose run stops is not run further."""
         nonlocal ran, resumed
-        pts = [p for t in batch for p in _points(q, t, q.seeds)]
+        n = len(q.seeds)
+        spent = {}
         for t in batch:
             t.keys = [point_key(canonical(p)) for p in _points(q, t, q.seeds)]
-        rep = sweep(pts, runs, workers=workers, dask=dask, bound=bound, pool=pool)
-        ran, resumed = ran + rep.ran, resumed + rep.skipped
-        if rep.lost:
-            raise InputError(f"{len(rep.lost)} runs lost with their worker processes ({rep.lost[0][1]}); run the same "
-                             f"command again to retry them (finished runs are kept in {runs})")
-        rows = rep.table.drop_duplicates("key", keep="last").set_index("key")
+            t.bound = None if bound is None else str(bound)
+            spent[t.number] = 0.0
+        alive = list(batch)
+        rows = None
+        for i, seed in enumerate(q.seeds):
+            if not alive:
+                break
+            bounds = {t.keys[i]: Bound(bound.metric, max(0.0, bound.limit * n - spent[t.number])) for t in alive} \
+                if bound is not None else None
+            rep = sweep([q.point(t.policy, t.params, seed) for t in alive], runs, bound=bounds, pool=pool)
+            ran, resumed = ran + rep.ran, resumed + rep.skipped
+            if rep.lost:
+                raise InputError(f"{len(rep.lost)} runs lost with their worker processes ({rep.lost[0][1]}); run the "
+                                 f"same command again to retry them (finished runs are kept in {runs})")
+            rows = rep.table.drop_duplicates("key", keep="last").set_index("key")
+            keep = []
+            for t in alive:
+                r = rows.loc[t.keys[i]]
+                if isinstance(r.get("error"), str) or _true(r.get("stopped_early")):
+                    continue
+                if bound is not None:
+                    spent[t.number] += float(r[bound.metric])
+                keep.append(t)
+            alive = keep
         for t in batch:
-            _settle(q, t, rows, bound)
+            _settle(q, t, rows)
 
     with Workers(workers, dask) as pool, \
             tqdm(total=q.trials, desc="tune", unit="trial", disable=not progress, leave=False) as bar:
@@ -449,18 +494,19 @@ def _record_fixed(study, q: Question, t: Trial) -> None:
     params = {"policy": t.policy, **{d.key: t.params[d.name] for d in dims}}
     if t.state == "failed" or not all(dists[k]._contains(dists[k].to_internal_repr(v)) for k, v in params.items()):
         return
-    attrs = {}
-    if q.slo is not None:
-        v = t.values.get(q.slo.metric, math.inf)
-        attrs["constraints"] = [float(v - q.slo.limit) if math.isfinite(v) else 1.0]  # as a sampler's after_trial stores them
+    extra = {}
+    if q.slo is not None and _trial_constraints():
+        extra["constraints"] = {"slo": _slo_excess(q, t)}
+    elif q.slo is not None:
+        extra["system_attrs"] = {"constraints": [_slo_excess(q, t)]}  # where Optuna 4's samplers keep them
     if t.state == "complete":
         ft = optuna.trial.create_trial(params=params, distributions=dists, values=[t.values[m] for m in q.objectives],
-                                       system_attrs=attrs)
+                                       **extra)
     else:
         v = t.values.get(q.objectives[0], math.nan)
         inter = {0: v} if len(q.objectives) == 1 and math.isfinite(v) else {}
         ft = optuna.trial.create_trial(params=params, distributions=dists, state=optuna.trial.TrialState.PRUNED,
-                                       intermediate_values=inter, system_attrs=attrs)
+                                       intermediate_values=inter, **extra)
     study.add_trial(ft)
 
 
