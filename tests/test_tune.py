@@ -14,7 +14,6 @@ from pydantic import Field
 from agentsim.cli import main
 from policies import registry
 from policies.base import Action, Policy, Retention
-from sim.run.bound import Bound
 from sim.study import tune as T
 from sim.study.sweep import load_results, point_key, canonical, run_point
 

@@ -17,12 +17,13 @@ runs go through sim.study.sweep on one pool of warm workers (local or Dask), int
 DIR/runs/results.parquet (a rerun of the same command resumes from it). Batches are told
 back in trial order, so the search is the same for any number of workers, given --seed.
 
-Pruning. A single objective with a bound (sim/run/bound.py: mean_jct, p50-p99_jct,
-max_jct) runs each point of a batch bounded by n x the best trial's value so far (n seeds:
-one seed above n x best puts the mean of n non-negative values above best), so a trial
-that cannot win stops early and is told PRUNED; an SLO on a metric with a bound bounds the
-runs too (a trial known to miss it is pruned). Otherwise the SLO is a constraint: a trial
-whose mean misses it is infeasible and never chosen.
+Pruning. With a single objective that has a bound (sim/run/bound.py: mean_jct, p50-p99_jct,
+max_jct) a trial must beat the best trial before its batch, B: its runs go seed by seed,
+the run at each seed bounded by n x B less its earlier seeds' values (every value is >= 0,
+so a sum above n x B puts the mean above B); a run that stops ends the trial, told PRUNED
+with the lower bound. An SLO on a metric with a bound bounds the runs likewise until some
+trial meets it (and with the objective's metric, always). Otherwise the SLO is a
+constraint: a trial whose mean misses it is infeasible and never chosen.
 
 Held-out seeds. The chosen trial and the best fixed (default-parameter) policy run on
 seeds not used for tuning; the report gives the gain over the fixed policy on both seed
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 import typing
 import warnings

@@ -1,0 +1,99 @@
+"""`sim tune`'s speed: a whole search timed as a user runs it, with the machine's load.
+
+    python benchmarks/tune_speed.py [--programs 500] [--trials 200] [--workers 2] [--jps 0.5]
+        [--num-blocks 6000] [--seeds 0] [--holdout-seeds 1,2] [--policies a,b] [--write-docs PAGE]
+
+Runs `python -m agentsim.cli tune ...` in a fresh process into a fresh --out (so no run is
+resumed) and prints the command, its wall time, the trials pruned and runs simulated, the
+machine's load (the 1-minute load average sampled every 2 s while it ran, against its CPU
+count: on a shared machine a search gets less than its cores) and the search's own report
+(the chosen configuration, the gain over the best fixed policy on tuning and held-out
+seeds). The acceptance of issue 53: 200 trials on 500 programs within 5 minutes on 2 cores;
+smaller --programs/--trials give a reduced version where the full one takes too long.
+`--write-docs PAGE` writes the result between `<!-- tune_speed: FLAGS -->` and
+`<!-- end tune_speed -->` (a wall-clock figure: benchmarks/docs_tables.py does not redo it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # as a script: the repository root, for `benchmarks.`
+from benchmarks.docs_tables import write_block  # noqa: E402
+
+LIMIT_S = 300.0  # the acceptance: 5 minutes
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", default="swebench")
+    ap.add_argument("--programs", type=int, default=500)
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--jps", type=float, default=0.5)
+    ap.add_argument("--num-blocks", type=int, default=6000)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--holdout-seeds", default="1,2")
+    ap.add_argument("--policies", default=None, help="default: every registered policy")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--write-docs", default=None, metavar="PAGE")
+    a = ap.parse_args(argv)
+    flags = ["--trace", a.trace, "--programs", str(a.programs), "--jps", f"{a.jps:g}", "--num-blocks", str(a.num_blocks),
+             "--trials", str(a.trials), "--seeds", a.seeds, "--holdout-seeds", a.holdout_seeds, "--batch", str(a.batch),
+             "--workers", str(a.workers)] + (["--policies", a.policies] if a.policies else [])
+    loads: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(2.0):
+            loads.append(os.getloadavg()[0])
+
+    with tempfile.TemporaryDirectory(prefix="tune_speed_") as d:
+        out = Path(d) / "out"
+        before = os.getloadavg()[0]
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "agentsim.cli", "tune", *flags, "-o", str(out), "--no-progress"],
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        done.set()
+        th.join()
+        if r.returncode != 0:
+            raise SystemExit(f"sim tune failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+        report = (out / "tune.md").read_text()
+    trials = re.search(r"(\d+) trials \((\d+) pruned, (\d+) failed\)", report)
+    runs = re.search(r"Runs: (\d+) simulated", report)
+    keep = [ln for ln in report.splitlines() if ln.startswith(("Chosen", "Best fixed", "Held-out", "Gain"))]
+    mean_load = sum(loads) / len(loads) if loads else before
+    ok = a.programs >= 500 and a.trials >= 200 and a.workers <= 2 and wall <= LIMIT_S
+    text = "\n".join([
+        f"sim tune {' '.join(shlex.quote(x) for x in flags)}",
+        "",
+        f"{trials.group(1)} trials ({trials.group(2)} pruned), {runs.group(1)} runs simulated, in {wall:.0f} s wall with "
+        f"{a.workers} worker(s) on a {os.cpu_count()}-CPU machine whose 1-minute load average was {before:.1f} before "
+        f"and {mean_load:.1f} on average while it ran (max {max(loads, default=before):.1f}).",
+        f"Acceptance (200 trials on 500 programs within {LIMIT_S:.0f} s on 2 cores): "
+        + ("met." if ok else ("not met." if a.programs >= 500 and a.trials >= 200 else "a reduced version; not the acceptance run.")),
+        "",
+        *keep,
+    ])
+    print(text)
+    if a.write_docs:
+        key = " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]) if x != "--write-docs" and x != a.write_docs)
+        write_block(a.write_docs, "tune_speed", key, "\n".join("    " + ln if ln.startswith("sim tune") else ln
+                                                             for ln in text.splitlines()))
+    return text
+
+
+if __name__ == "__main__":
+    main()
