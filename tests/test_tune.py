@@ -5,6 +5,8 @@ for any number of workers and resumes from its runs, held-out gains are what the
 say, and bad input is one line with nothing written."""
 import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,6 +20,7 @@ from sim.study import tune as T
 from sim.study.sweep import load_results, point_key, canonical, run_point
 
 # A small case under memory pressure, where continuum's parameters matter.
+ROOT = Path(__file__).resolve().parents[1]
 FIXED = {"trace": "swebench", "programs": 30, "jps": 0.5, "num_blocks": 2000}
 WORK = ["--trace", "swebench", "--programs", "30", "--jps", "0.5", "--num-blocks", "2000"]
 SMALL = [*WORK, "--policies", "vllm,continuum,static-ttl", "--trials", "14", "--batch", "4", "--seeds", "0,1",
@@ -118,6 +121,24 @@ def test_same_search_with_workers_and_resumed(small, tmp_path):
     capsys_free = tune(out)  # the same DIR: every run is found, none simulated
     pd.testing.assert_frame_equal(t, capsys_free)
     assert "Runs: 0 simulated" in (out / "tune.md").read_text()
+
+
+@pytest.fixture
+def environ_kept():
+    saved = dict(os.environ)  # distributed's Nanny sets OMP_NUM_THREADS=1 here and never restores it
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_same_search_on_a_dask_cluster(small, tmp_path, monkeypatch, environ_kept):
+    from distributed import LocalCluster
+
+    _, t = small
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        on_dask = tune(tmp_path / "k", "--dask", cluster.scheduler_address)
+    pd.testing.assert_frame_equal(t, on_dask)
 
 
 def test_another_sampler_seed_searches_differently(small, tmp_path):
