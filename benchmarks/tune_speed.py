@@ -6,7 +6,9 @@
 Runs `python -m agentsim.cli tune ...` in a fresh process into a fresh --out (so no run is
 resumed) and prints the command, its wall time, the trials pruned and runs simulated, the
 machine's load (the 1-minute load average sampled every 2 s while it ran, against its CPU
-count: on a shared machine a search gets less than its cores) and the search's own report
+count: on a shared machine a search gets less than its cores), the CPU seconds the command
+and its workers used (load-independent: wall time on idle cores is at least that over the
+workers) and the search's own report
 (the chosen configuration, the gain over the best fixed policy on tuning and held-out
 seeds). The acceptance of issue 53: 200 trials on 500 programs within 5 minutes on 2 cores;
 smaller --programs/--trials give a reduced version where the full one takes too long.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -62,10 +65,13 @@ def main(argv: list[str] | None = None) -> str:
         before = os.getloadavg()[0]
         th = threading.Thread(target=sample, daemon=True)
         th.start()
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "agentsim.cli", "tune", *flags, "-o", str(out), "--no-progress"],
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its workers, all reaped by now
+        cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         done.set()
         th.join()
         if r.returncode != 0:
@@ -81,7 +87,8 @@ def main(argv: list[str] | None = None) -> str:
         "",
         f"{trials.group(1)} trials ({trials.group(2)} pruned), {runs.group(1)} runs simulated, in {wall:.0f} s wall with "
         f"{a.workers} worker(s) on a {os.cpu_count()}-CPU machine whose 1-minute load average was {before:.1f} before "
-        f"and {mean_load:.1f} on average while it ran (max {max(loads, default=before):.1f}).",
+        f"and {mean_load:.1f} on average while it ran (max {max(loads, default=before):.1f}); {cpu:.0f} CPU seconds in "
+        f"all (the command and its workers), so at least {cpu / a.workers:.0f} s on {a.workers} idle cores.",
         f"Acceptance (200 trials on 500 programs within {LIMIT_S:.0f} s on 2 cores): "
         + ("met." if ok else ("not met." if a.programs >= 500 and a.trials >= 200 else "a reduced version; not the acceptance run.")),
         "",

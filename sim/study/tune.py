@@ -420,18 +420,23 @@ def search(q: Question, out: Path, workers: int = 1, dask: str | None = None, pr
         for t in batch:
             _settle(q, t, rows)
 
+    def bound_now(done: list[Trial]) -> Bound | None:
+        best = _best(q, done)
+        return q.bound(best.values[q.objectives[0]] if best and len(q.objectives) == 1 else math.inf)
+
     with Workers(workers, dask) as pool, \
             tqdm(total=q.trials, desc="tune", unit="trial", disable=not progress, leave=False) as bar:
         # the fixed policies first: the reference of the gain, and the first best for pruning
+        # (in batches too: a fixed policy that cannot beat an earlier one is not the reference either)
         base = [Trial(i, p, dict(policy_params(p)), {}, True) for i, p in enumerate(families)]
-        run_batch(base, q.bound(math.inf))
+        for i in range(0, len(base), q.batch):
+            run_batch(base[i:i + q.batch], bound_now(base[:i]))
+            bar.update(len(base[i:i + q.batch]))
         for t in base:
             _record_fixed(study, q, t)
         trials += base
-        bar.update(len(base))
         while len(trials) < q.trials:
-            best = _best(q, trials)
-            bound = q.bound(best.values[q.objectives[0]] if best and len(q.objectives) == 1 else math.inf)
+            bound = bound_now(trials)
             asked, batch = [], []
             for _ in range(min(q.batch, q.trials - len(trials))):
                 ot = study.ask()
