@@ -18,8 +18,8 @@ smaller --programs/--trials give a reduced version where the full one takes too 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import resource
 import shlex
 import subprocess
@@ -76,29 +76,44 @@ def main(argv: list[str] | None = None) -> str:
         th.join()
         if r.returncode != 0:
             raise SystemExit(f"sim tune failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-        report = (out / "tune.md").read_text()
-    trials = re.search(r"(\d+) trials \((\d+) pruned, (\d+) failed\)", report)
-    runs = re.search(r"Runs: (\d+) simulated", report)
-    keep = [ln for ln in report.splitlines() if ln.startswith(("Chosen", "Best fixed", "Held-out", "Gain"))]
+        res = json.loads((out / "result.json").read_text())
     mean_load = sum(loads) / len(loads) if loads else before
     ok = a.programs >= 500 and a.trials >= 200 and a.workers <= 2 and wall <= LIMIT_S
+    verdict = ("met" if ok else "not met") if a.programs >= 500 and a.trials >= 200 else "reduced version"
+    m = res["objectives"][0]
+    c, f, h, g = res["chosen"], res["fixed"], res["holdout"], res["gain"] or {}
+
+    def params(t: dict | None) -> str:
+        if t is None:
+            return "-"
+        p = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items() if v is not None)
+        return f"{t['policy']} ({p})" if p else t["policy"]
+
+    def val(d: dict | None) -> str:
+        return "-" if not d or d.get(m) is None else f"{d[m]:.1f}"
+
+    def pct(x) -> str:
+        return "-" if x is None else f"{x:+.1%}"
+
     text = "\n".join([
-        f"sim tune {' '.join(shlex.quote(x) for x in flags)}",
+        f"    sim tune {' '.join(shlex.quote(x) for x in flags)}",
         "",
-        f"{trials.group(1)} trials ({trials.group(2)} pruned), {runs.group(1)} runs simulated, in {wall:.0f} s wall with "
-        f"{a.workers} worker(s) on a {os.cpu_count()}-CPU machine whose 1-minute load average was {before:.1f} before "
-        f"and {mean_load:.1f} on average while it ran (max {max(loads, default=before):.1f}); {cpu:.0f} CPU seconds in "
-        f"all (the command and its workers), so at least {cpu / a.workers:.0f} s on {a.workers} idle cores.",
-        f"Acceptance (200 trials on 500 programs within {LIMIT_S:.0f} s on 2 cores): "
-        + ("met." if ok else ("not met." if a.programs >= 500 and a.trials >= 200 else "a reduced version; not the acceptance run.")),
+        "| trials | pruned | runs | wall (s) | workers | CPUs | load before / mean / max | CPU s | on idle cores, at least (s) | 200 x 500 in 300 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {res['trials']} | {res['pruned']} | {res['runs_simulated']} | {wall:.0f} | {a.workers} | {os.cpu_count()} | "
+        f"{before:.1f} / {mean_load:.1f} / {max(loads, default=before):.1f} | {cpu:.0f} | {cpu / a.workers:.0f} | {verdict} |",
         "",
-        *keep,
+        f"| | configuration | {m}, tuning seeds {','.join(map(str, res['seeds']))} | "
+        f"{m}, held-out seeds {','.join(map(str, res['holdout_seeds']))} |",
+        "|---|---|---|---|",
+        f"| chosen | {params(c)} | {val(c and c['tuning'])} | {val(h.get('chosen'))} |",
+        f"| best fixed | {params(f)} | {val(f and f['tuning'])} | {val(h.get('fixed'))} |",
+        f"| gain | | {pct(g.get('tuning_gain'))} | {pct(g.get('holdout_gain'))} |",
     ])
     print(text)
     if a.write_docs:
-        key = " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]) if x != "--write-docs" and x != a.write_docs)
-        write_block(a.write_docs, "tune_speed", key, "\n".join("    " + ln if ln.startswith("sim tune") else ln
-                                                             for ln in text.splitlines()))
+        key = " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--write-docs", a.write_docs))
+        write_block(a.write_docs, "tune_speed", key, text)
     return text
 
 

@@ -20,7 +20,7 @@ def register(sub) -> None:
                                    "that cannot beat the best (or meet a bounded SLO) stop early (pruned). The chosen "
                                    "trial and the best fixed policy are rerun on --holdout-seeds. Writes DIR/config.json "
                                    "(`sim run --config` repeats the chosen trial at the first tuning seed), trials.parquet, "
-                                   f"tune.md, tune.png; runs go to DIR/{RUNS}/ (a rerun resumes). Deterministic given --seed, "
+                                   f"tune.md, result.json (the same for scripts), tune.png; runs go to DIR/{RUNS}/ (a rerun resumes). Deterministic given --seed, "
                                    "whatever --workers.")
     p.add_argument("--trace", default="swebench", help="bundled trace name or parquet path (e.g. from `sim trace gen`)")
     p.add_argument("--programs", type=int, default=None, help="the trace's first N programs")
@@ -85,7 +85,7 @@ def run_tune(args) -> int:
     print(markdown(q, res, command), end="")
     out = Path(args.out)
     print(f"{len(res.trials)} trials in {time.perf_counter() - t0:.1f} s; wrote "
-          + ", ".join(str(out / n) for n in (("config.json",) if res.config else ()) + ("trials.parquet", "tune.md", "tune.png")))
+          + ", ".join(str(out / n) for n in (("config.json",) if res.config else ()) + ("trials.parquet", "tune.md", "result.json", "tune.png")))
     return 0
 
 

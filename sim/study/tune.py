@@ -679,8 +679,32 @@ def write_outputs(q: Question, res: TuneResult, out: Path, command: str | None =
         written.append(atomic_write(out / "config.json", lambda p: Path(p).write_text(res.config)))
     written.append(atomic_write(out / "trials.parquet", lambda p: res.trials.to_parquet(p, index=False)))
     written.append(atomic_write(out / "tune.md", lambda p: Path(p).write_text(markdown(q, res, command))))
+    text = json.dumps(_finite(result(q, res)), indent=1, sort_keys=True) + "\n"
+    written.append(atomic_write(out / "result.json", lambda p: Path(p).write_text(text)))
     written.append(plot.save(figure(q, res), out / "tune.png")[0])
     return written
+
+
+def _finite(v):
+    """JSON has no NaN: None for a value not known."""
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def result(q: Question, res: TuneResult) -> dict:
+    """What tune.md says, for scripts: the chosen and the best fixed trial, their held-out
+    values, the gains and counts."""
+    def trial(t: Trial | None):
+        return None if t is None else {"trial": t.number, "policy": t.policy, "params": t.params,
+                                       "tuning": {m: v for m, v in t.values.items() if math.isfinite(v)}}
+    t = res.trials
+    return {"objectives": list(q.objectives), "seeds": list(q.seeds), "holdout_seeds": list(q.holdout),
+            "trials": len(t), "pruned": int((t["state"] == "pruned").sum()), "failed": int((t["state"] == "failed").sum()),
+            "runs_simulated": res.ran, "runs_resumed": res.resumed, "wall_s": res.wall_s,
+            "chosen": trial(res.chosen), "fixed": trial(res.fixed), "holdout": res.holdout, "gain": survival(q, res)}
 
 
 # ---- input ----------------------------------------------------------------------------------
