@@ -112,6 +112,10 @@ def test_holdout_report_is_what_the_runs_say(small):
     gain_t = (fixed["mean_jct"] - chosen["mean_jct"]) / fixed["mean_jct"]
     gain_h = (held(fixed) - held(chosen)) / held(fixed)
     assert f"{gain_t:+.1%} on the tuning seeds, {gain_h:+.1%} on the held-out seeds" in md
+    res = json.loads((out / "result.json").read_text())
+    assert res["gain"]["tuning_gain"] == pytest.approx(gain_t) and res["gain"]["holdout_gain"] == pytest.approx(gain_h)
+    assert (res["chosen"]["trial"], res["fixed"]["trial"]) == (chosen["trial"], fixed["trial"])
+    assert res["holdout"]["chosen"]["mean_jct"] == pytest.approx(held(chosen))
 
 
 def test_same_search_with_workers_and_resumed(small, tmp_path):
