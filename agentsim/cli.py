@@ -21,7 +21,7 @@ from agentsim.errors import InputError, SimulationError
 # The module that registers each subcommand, in `sim --help`'s order. A command line
 # imports only its own command's module: `sim run` needs neither pandas (sim.study.plan and
 # sim.study.sweep import it, ~0.6 s) nor the trace tools.
-COMMANDS = {"run": "sim.commands.run", "sweep": "sim.commands.sweep", "plot": "sim.commands.sweep", "plan": "sim.study.plan",
+COMMANDS = {"run": "sim.commands.run", "sweep": "sim.commands.sweep", "plot": "sim.commands.sweep", "plan": "sim.study.plan", "tune": "sim.commands.tune",
             "trace": "traces.cli", "calibrate": "calibrate.cli", "validate": "calibrate.cli", "profile": "sim.commands.profile"}
 
 
@@ -30,7 +30,7 @@ COMMANDS = {"run": "sim.commands.run", "sweep": "sim.commands.sweep", "plot": "s
 # written first). A command with subcommands is keyed "command subcommand".
 OUTPUTS = {
     "run": [("out", "--out", "dir")], "sweep": [("out", "--out", "dir")], "plot": [("out", "--out", "file")],
-    "plan": [("out", "--out", "dir"), ("md", "--md", "file")],
+    "plan": [("out", "--out", "dir"), ("md", "--md", "file")], "tune": [("out", "--out", "dir")],
     "trace gen": [("output", "--output", "file")], "trace import": [("out", "--out", "file")],
     "trace resample": [("output", "--output", "file")],
     "calibrate": [("out", "--out", "file")], "validate": [("out", "--out", "dir"), ("json", "--json", "file")],

@@ -15,7 +15,7 @@ Run as a script, it redoes every marked table of docs/ by its marker's command, 
 
     python benchmarks/docs_tables.py [--check] [--only SCRIPT[,SCRIPT]]
 
-Not redone: sim_speed (wall-clock timings) and clock_sensitivity (a real vLLM engine);
+Not redone: sim_speed and tune_speed (wall-clock timings) and clock_sensitivity (a real vLLM engine);
 a table whose input file is missing (e.g. /tmp/real300.parquet, built as
 docs/results.md says) is skipped with its name. The twin-check tables of
 docs/validation.md are benchmarks/twin_check.py's (`Run:` line in each).
@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # a marked table's script is benchmarks/<its name>.py, except these (one run writes both)
 SCRIPT_OF = {"table5": "table5_fig9", "fig9": "table5_fig9"}
-NOT_REDONE = {"sim_speed": "wall-clock timings against a baseline commit", "clock_sensitivity": "runs a real vLLM engine"}
+NOT_REDONE = {"sim_speed": "wall-clock timings against a baseline commit", "clock_sensitivity": "runs a real vLLM engine",
+              "tune_speed": "a wall-clock timing on a shared machine"}
 # what differs from run to run in a table's text and is not a result
 VOLATILE = re.compile(r" Run on \d{4}-\d{2}-\d{2}: \d+ runs, [\d.]+ min wall with \d+ worker\(s\)\.")
 

@@ -89,6 +89,7 @@ def _choice(*options: str):
         if v not in options:
             raise ValueError(f"should be one of {', '.join(options)}")
         return v
+    check.options = options  # what a search may choose from (sim/study/tune.py)
     return AfterValidator(check)
 
 

@@ -202,6 +202,21 @@ def test_sweep_rows_with_a_bound_and_their_reuse(tmp_path, exact):
     assert sw.sweep(pts, tmp_path / "b").ran == 1  # ... a stopped one does not
 
 
+def test_sweep_bound_per_point(tmp_path, exact):
+    # a dict {key: Bound}: each point its own bound (sim tune's seed-by-seed limits); a point not in it has none
+    a, b = {**SMALL, "seed": 0}, {**SMALL, "seed": 0, "policy": "continuum"}
+    ka, kb = (sw.point_key(sw.canonical(p)) for p in (a, b))
+    tight = Bound("p95_jct", exact["p95_jct"] / 2)
+    rep = sw.sweep([a, b], tmp_path, bound={ka: tight}, workers=2)
+    t = rep.table.set_index("key")
+    assert bool(t.loc[ka, "stopped_early"]) and t.loc[ka, "bound"] == str(tight)
+    assert pd.isna(t.loc[kb, "bound"]) and t.loc[kb, "p95_jct"] > 0 and t.loc[kb, "stopped_early"] is not True
+    assert sw.sweep([a, b], tmp_path, bound={ka: Bound("p95_jct", exact["p95_jct"] / 4)}).ran == 0  # already failed
+    rep = sw.sweep([a, b], tmp_path, bound={ka: Bound("p95_jct", exact["p95_jct"] * 2), kb: tight})
+    assert rep.ran == 1  # a looser bound reruns a; b's exact row serves any bound
+    assert rep.table.set_index("key").loc[ka, "p95_jct"] == exact["p95_jct"]
+
+
 def test_worker_keeps_the_profile_for_the_next_point(tmp_path):
     a = sw.build_run(sw.canonical({**SMALL, "policy": "vllm"}))
     b = sw.build_run(sw.canonical({**SMALL, "policy": "continuum", "seed": 3}))

@@ -30,6 +30,7 @@ WRITERS = {
                     "--no-progress", "--out", "{P}"], "dir"),
     "plan --md": (["plan", "--trace", REG, "--jps", "0.3", "--slo", "mean_jct<=100", "--gpu", "H100",
                    "--no-progress", "--out", "{R}", "--md", "{P}"], "file"),
+    "tune": (["tune", "--trace", REG, "--jps", "0.3", "--no-progress", "--out", "{P}"], "dir"),
     "trace gen": (["trace", "gen", "swebench", "--programs", "2", "-o", "{P}"], "file"),
     "trace import": (["trace", "import", "claude-code", CLAUDE, "-o", "{P}"], "file"),
     "trace resample": (["trace", "resample", REG, "--programs", "2", "-o", "{P}"], "file"),

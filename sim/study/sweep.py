@@ -278,6 +278,16 @@ def run_point(point: dict, save_kv: bool = False, bound: Bound | str | None = No
     return row, (res.kv_usage if save_kv and not stopped else None)
 
 
+@dataclass(frozen=True)
+class _PerPoint:
+    """run_point with each point's own bound (a module-level class: it pickles to workers)."""
+    bounds: dict
+    save_kv: bool = False
+
+    def __call__(self, point: dict):
+        return run_point(point, save_kv=self.save_kv, bound=self.bounds.get(point_key(point)))
+
+
 def stopped_early(table: pd.DataFrame) -> pd.Series:
     """Rows of runs a bound stopped early (their metric is a lower bound)."""
     if "stopped_early" not in table:
@@ -652,13 +662,15 @@ class SweepReport:
 
 
 def sweep(points: list[dict], out: str | Path, workers: int = 1, dask: str | None = None,
-          save_kv: bool = False, progress: bool = False, bound: Bound | str | None = None,
+          save_kv: bool = False, progress: bool = False, bound: Bound | str | dict[str, Bound] | None = None,
           pool: Workers | None = None, more=None) -> SweepReport:
     """Run the points not yet in DIR/results.parquet; each finished point is saved at once.
 
     `bound` ('p95_jct<=60'): each run stops once the bound is known to fail (run_point);
     a row stopped early is taken as done only by a sweep whose bound it fails too, and is
-    replaced when its point runs again. `pool`: workers kept across calls (Workers; else
+    replaced when its point runs again. A dict {point key: Bound} gives each point its own
+    (`sim tune`: each trial's next seed bounded by what its earlier seeds left); a point
+    not in it has none. `pool`: workers kept across calls (Workers; else
     this call starts and closes its own from workers/dask). `more(key, table, lost)`: called
     once per point as it is settled (run now, found in the table, or lost with its worker:
     `lost` the reason), with the table so far; it returns more points to run in this sweep
@@ -669,7 +681,11 @@ def sweep(points: list[dict], out: str | Path, workers: int = 1, dask: str | Non
     out.mkdir(parents=True, exist_ok=True)
     with _lock(out):
         table = load_results(out)
-        done = set(table["key"][reusable(table, bound)])
+        if isinstance(bound, dict):
+            done = {k for b in set(bound.values()) for k in table["key"][reusable(table, b)] if bound.get(k) == b}
+            done |= set(table["key"][reusable(table, None)]) - set(bound)
+        else:
+            done = set(table["key"][reusable(table, bound)])
         todo: collections.deque = collections.deque()
         seen: set[str] = set()
         ready: list[str] = []  # asked for and already in the table (or settled in this sweep): settled at once
@@ -711,7 +727,10 @@ def sweep(points: list[dict], out: str | Path, workers: int = 1, dask: str | Non
                 settle(k)
         new: list[dict] = []
         lost: list[tuple[dict, str]] = []
-        fn = functools.partial(run_point, save_kv=save_kv, **({} if bound is None else {"bound": bound}))
+        if isinstance(bound, dict):
+            fn = _PerPoint(bound, save_kv)
+        else:
+            fn = functools.partial(run_point, save_kv=save_kv, **({} if bound is None else {"bound": bound}))
         with tqdm(total=len(todo), desc="sweep", unit="pt", disable=not progress, leave=False) as bar:
             runs = _completed(todo, fn, workers, dask) if pool is None else _completed(todo, fn, pool=pool)
             for p, res, why in runs:
