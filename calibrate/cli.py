@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
 from agentsim.errors import InputError
 
 
@@ -30,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="max context (default: the model's; 8192 for the tiny one)")
     p.add_argument("--quick", action="store_true", help="fewer probes (about half the time; used by the engine tests)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="engine device (default: cuda if present)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
+    p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of the random prompt token ids")
     p.add_argument("--from-probes", default=None, metavar="FILE",
                    help="fit a kernel-timing file instead of running an engine (calibrate/measured.py), e.g. "
                         "sim/hardware/measurements/h100/llama3.1-8b-shape-torch-probes.json")
@@ -61,7 +62,7 @@ def register(sub) -> None:
     v.add_argument("--trace", default=None, help="bundled trace name or parquet path (default swebench)")
     v.add_argument("--policy", default="vllm,continuum",
                    help="comma-separated policies, or 'all' (every policy that runs inside vLLM); default vllm,continuum")
-    v.add_argument("--repeats", type=int, default=1, help="real runs per policy, for the run-to-run spread (default 1)")
+    v.add_argument("--repeats", type=int_flag(1, COUNT_MAX), default=1, help="real runs per policy, for the run-to-run spread (default 1)")
     v.add_argument("--merge", action="store_true",
                    help="with --shape: run only --policy and keep the other policies' rows of DIR/<shape>/report.json "
                         "(rankings recomputed over all; give the --profile those rows were judged on)")
@@ -71,8 +72,8 @@ def register(sub) -> None:
     v.add_argument("--out", default=None, metavar="DIR",
                    help="report folder (report.md, report.json, plot, profile); required unless --server-run")
     v.add_argument("--jps", type=float, default=2.0, help="program arrivals per second, seeded Poisson (default 2.0)")
-    v.add_argument("--seed", type=int, default=0, help="seed of arrivals and prompt token ids")
-    v.add_argument("--programs", type=int, default=16, help="first N programs of the trace (default 16)")
+    v.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of arrivals and prompt token ids")
+    v.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=16, help="first N programs of the trace (default 16)")
     v.add_argument("--max-turns", type=int, default=5, help="turns kept per program (default 5)")
     v.add_argument("--max-context", type=int, default=3000,
                    help="scale each program's new input so its final context fits (default 3000 tokens)")

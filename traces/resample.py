@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from traces import segments
 from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
+from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
 
 JITTER_WIDTH = 0.05  # default --jitter: +-5 quantile points
 
@@ -232,8 +233,8 @@ def register(tsub) -> None:
                                     "No arrivals (sim run --jps gives them). The output is derived from the logs and "
                                     "under their licences: build it where needed, do not commit it.")
     p.add_argument("sources", metavar="SRC", nargs="+", help="parquet traces written by `sim trace import`")
-    p.add_argument("--programs", type=int, default=500, help="programs to draw (default 500)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=500, help="programs to draw (default 500)")
+    p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="random seed (default 0)")
     p.add_argument("--max-context", type=int, default=None, metavar="T",
                    help="scale each session whose final context exceeds T: every call's new input tokens times one "
                         "factor per session (outputs and tool times kept), so the final context is <= T")

@@ -36,6 +36,7 @@ from sim.hardware.engine_config import EngineConfig
 from sim.run.simulate import arrivals_for, engine_config, execute  # noqa: F401 - execute: runs are built and run here
 from sim.run.metrics import METRICS_AT
 from sim.run.workload import closed_loop_arrivals
+from agentsim.bounds import COUNT_MAX, SEED_MAX
 from agentsim.errors import InputError
 from traces.schema import Columns, columns, read_columns
 from traces.transform import repeat_turns
@@ -44,7 +45,7 @@ from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated
 if TYPE_CHECKING:
     import pandas as pd
 
-Count = Annotated[JSONInt, Field(ge=1)]
+Count = Annotated[JSONInt, Field(ge=1, le=COUNT_MAX)]
 
 
 def OneOf(names: tuple[str, ...], what: str):  # noqa: N802 - a type, used as one
@@ -77,8 +78,8 @@ class WorkloadConfig(_Section):
     turn_repeat: Annotated[JSONInt, Field(ge=1)] = Field(
         1, description="turns xN, tokens /N (the paper's Fig. 14; traces/transform.py)")
     jps: JSONFloat | None = Field(None, description="program arrivals per second (Poisson); default: the trace's arrivals, else 0.2")
-    seed: Annotated[JSONInt, Field(ge=0, lt=2**63)] = Field(0, description="arrival seed")
-    rep: Annotated[JSONInt, Field(ge=0)] = Field(
+    seed: Annotated[JSONInt, Field(ge=0, le=SEED_MAX)] = Field(0, description="arrival seed")
+    rep: Annotated[JSONInt, Field(ge=0, le=SEED_MAX)] = Field(
         0, description="repetition: rep r > 0 draws arrivals from SeedSequence([seed, r])")
     mode: WorkloadMode = Field(
         "open", description="open: programs arrive (the trace's arrivals, or Poisson at jps); closed: --concurrency programs "
