@@ -190,23 +190,17 @@ def _validate(args) -> int:
 
     if args.server_run:
         return _server_run(args)
-    if args.json:
-        raise InputError("--json applies only with --server-run")
     if args.out is None:
         raise InputError("sim validate needs --out DIR (the report folder), or --server-run RESULT.json")
     if args.trace is None:
         args.trace = "swebench"
     policies = list(RUNNABLE) if args.policy.strip() == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
     if args.shape:
-        if args.policy_arg:
-            raise InputError("--policy-arg applies to --trace runs; the shapes carry their own policy parameters")
         run_matrix([s.strip() for s in args.shape.split(",")], policies, args.repeats, args.out, args.profile,
                    args.seed, args.model, args.device, merge=args.merge)
         print((Path(args.out) / "report.md").read_text())
         print(f"report: {Path(args.out) / 'report.md'} (+ report.json, mean_jct_sim_vs_real.png, one folder per shape)")
         return 0
-    if args.merge:
-        raise InputError("--merge needs --shape")
     trace, _ = read_trace(args.trace)
     trace = fit_trace(trace, args.programs, args.max_turns, args.max_context, args.max_output, args.max_tool_s)
     given = parse_kv(args.policy_arg)

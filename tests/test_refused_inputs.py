@@ -221,3 +221,64 @@ def test_importer_records_of_the_wrong_type(fmt, make, words, tmp_path, capsys):
     out = tmp_path / "out.parquet"
     err = _cli(["trace", "import", fmt, str(path), "-o", str(out)], capsys)
     assert words in err and str(path) in err and not out.exists()
+
+
+# --- flags that apply only with another (agentsim/requires.py) ---------------------------
+
+def _requires_argv(rule, args, tmp_path):
+    """The command line of a rule's command around `args` (the flag, with or without its condition)."""
+    import pandas as pd  # noqa: F401 - the resample source below
+
+    out = str(tmp_path / "o.parquet")
+    if rule.command == "run":
+        return ["run", "--programs", "2", *args, "--no-progress"]
+    if rule.command == "trace gen":
+        return ["trace", "gen", *args, "--programs", "3", "-o", out]
+    if rule.command == "trace resample":
+        return ["trace", "resample", str(tmp_path / "src.parquet"), *args, "-o", out]
+    if rule.command == "trace carry":
+        return ["trace", "carry", "swebench", *args, "-o", out]
+    if rule.command == "validate":
+        return ["validate", *args, "--out", str(tmp_path / "v")]
+    raise AssertionError(f"no command line for {rule.command!r}: add one here")
+
+
+def _all_rules():
+    from agentsim.requires import RULES, rules
+
+    return [r for c in dict.fromkeys(r.command for r in RULES) for r in rules(c)]
+
+
+@pytest.mark.parametrize("rule", _all_rules(), ids=lambda r: f"{r.command}:{r.flag}")
+def test_every_dependent_flag_is_refused_without_its_condition_and_accepted_with_it(rule, tmp_path, capsys):
+    from agentsim import requires
+    from agentsim.cli import build_parser, command_key
+    from sim.commands.run import config_from_args
+
+    err = _cli(_requires_argv(rule, rule.without, tmp_path), capsys)
+    assert err == f"error: {rule.line()}\n"
+    argv = _requires_argv(rule, rule.with_, tmp_path)
+    args = build_parser(argv[0]).parse_args(argv)
+    view = config_from_args(args) if rule.command == "run" else args
+    assert rule.given(view) and rule.holds(view)
+    requires.check(command_key(args), view)  # no row of the command refuses it
+
+
+@pytest.mark.parametrize("extra", [["--disagg-link", "nvlink4", "--disagg", "1P1D"], ["--concurrency", "2", "--workload", "closed"],
+                                   ["--policy", "continuum", "--policy-arg", "max_ttl=5"]])
+def test_a_dependent_flag_with_its_condition_runs(extra, tmp_path, capsys):
+    assert main(["run", "--programs", "2", *extra, "--no-progress", "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+
+
+def test_a_dependent_field_in_a_config_file_or_a_sweep_point_is_refused_too(tmp_path, capsys):
+    import json
+
+    from agentsim.errors import InputError
+    from sim.study.sweep import build_run
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"workload": {"programs": 2}, "cluster": {"disagg_link": "nvlink4"}}))
+    assert "--disagg-link applies only with --disagg xPyD" in _cli(["run", "--config", str(cfg)], capsys)
+    with pytest.raises(InputError, match="--disagg-local-prefill applies only with --disagg xPyD"):
+        build_run({"programs": 2, "disagg_local_prefill": 5})

@@ -370,6 +370,7 @@ def _gen_cmd(args) -> int:
         path = write_trace(df, args.output, meta)
         print(f"wrote {path}: {meta['programs']} programs of spec {spec.name!r}, {len(df)} calls (seed {args.seed})")
         return 0
+    args.tokens_mode = args.tokens_mode or "sum"  # None: not given (a --spec run refuses it; agentsim/requires.py)
     df, meta = generate(args.kind, args.programs, args.seed, args.tokens_mode, args.shared_prefix, args.tasks)
     path = write_trace(df, args.output, meta)
     print(f"wrote {path}: {meta['programs']} {args.kind} programs, {len(df)} calls (seed {args.seed}, tokens mode {args.tokens_mode})")
@@ -384,7 +385,7 @@ def register(tsub) -> None:
                         "(claude-code, codex, mini-swe-agent; traces/data/specs/)")
     p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=500, help="number of programs (default 500)")
     p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="random seed (default 0)")
-    p.add_argument("--tokens-mode", default="sum", metavar="{sum,final}",
+    p.add_argument("--tokens-mode", default=None, metavar="{sum,final}",
                    help="what 'tokens per program' means: sum over calls (default) or final context")
     p.add_argument("--shared-prefix", type=int, default=None, metavar="N",
                    help="system-prompt tokens shared by all programs (default 1000 swebench, 800 bfcl, "

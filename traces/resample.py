@@ -242,7 +242,7 @@ def register(tsub) -> None:
     p.add_argument("--jitter", action="store_true",
                    help="replace each tool duration by a neighbour in the source's logged durations of that tool: "
                         "its quantile moved by U(-W, W); keeps each tool's distribution")
-    p.add_argument("--jitter-width", type=float, default=JITTER_WIDTH, metavar="W",
+    p.add_argument("--jitter-width", type=float, default=None, metavar="W",
                    help=f"W of --jitter, a quantile width in (0, 0.5] (default {JITTER_WIDTH})")
     p.add_argument("-o", "--output", required=True, metavar="OUT.parquet", help="where to write the trace")
     p.set_defaults(func=_cmd)
@@ -253,7 +253,7 @@ def _cmd(args) -> int:
     stems = [p.stem for p in srcs]
     labels = [s if stems.count(s) == 1 else f"{s}#{i}" for i, s in enumerate(stems)]
     sources = [(label, *load_source(p)) for label, p in zip(labels, srcs)]
-    jitter = args.jitter_width if args.jitter else None
+    jitter = (JITTER_WIDTH if args.jitter_width is None else args.jitter_width) if args.jitter else None
     df, meta = resample(sources, args.programs, args.seed, args.max_context, jitter)
     for src, p in zip(meta["sources"], srcs):
         src["path"] = str(p)

@@ -37,6 +37,7 @@ from sim.run.simulate import arrivals_for, engine_config, execute  # noqa: F401 
 from sim.run.metrics import METRICS_AT
 from sim.run.workload import closed_loop_arrivals
 from agentsim.bounds import COUNT_MAX, SEED_MAX
+from agentsim import requires
 from agentsim.errors import InputError
 from traces.schema import Columns, columns, read_columns
 from traces.transform import repeat_turns
@@ -256,14 +257,9 @@ def read_config(path: str | Path) -> dict:
 
 
 def check_workload(w: WorkloadConfig) -> None:
-    """The closed loop's flags go together: --workload closed with --concurrency, no --jps."""
-    if w.mode == "closed":
-        if w.concurrency is None:
-            raise InputError("--workload closed needs --concurrency N (the programs in flight at once)")
-        if w.jps is not None:
-            raise InputError("--jps has no meaning with --workload closed (a program starts when another finishes); drop it")
-    elif w.concurrency is not None:
-        raise InputError("--concurrency applies only to --workload closed; add --workload closed or drop --concurrency")
+    """A closed loop needs its size (flags that apply only to one mode: agentsim/requires.py)."""
+    if w.mode == "closed" and w.concurrency is None:
+        raise InputError("--workload closed needs --concurrency N (the programs in flight at once)")
 
 
 def check_limits(profile: Profile, e: EngineLimits) -> None:
@@ -344,6 +340,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     of config.policy; the resolved config then names it, without parameters)."""
     w, e, c = config.workload, config.engine, config.cluster
     own_policy = policy is not None
+    requires.check("run", config if not own_policy else config.model_copy(update={"policy": PolicyConfig()}))
     if not own_policy:
         policy = make_policy(config.policy.name, **config.policy.args)
     if profile is None:
@@ -364,8 +361,6 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
                         enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache,
                         async_scheduling=e.async_scheduling)
-    if e.async_scheduling and c.cache == "radix":
-        raise InputError("--async-scheduling models vLLM's engine core, not SGLang's: it cannot run with --cache radix")
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
     if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs
