@@ -72,7 +72,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser(argv[0] if argv else None).parse_args(argv)
+        try:
+            args = build_parser(argv[0] if argv else None).parse_args(argv)
+        except SystemExit as e:  # argparse's own refusal (one line: _Parser.error), or --help
+            return int(e.code or 0)
         if command_key(args) != "run":  # a run's rows read its config, --config file included (build_run)
             requires.check(command_key(args), args)
         check_outputs(args)
