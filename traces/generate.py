@@ -80,6 +80,7 @@ from traces import segments
 from agentsim.errors import InputError
 from traces.schema import DATA_DIR, validate, write_trace
 from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
+from agentsim.resources import TRACE_ROW_BYTES, check_memory
 
 CONTEXT_LIMIT = 131_072  # Llama-3.1's context window
 FRONT_LOAD_ROOM = 1024  # kept below CONTEXT_LIMIT for settle()'s rounding
@@ -233,7 +234,7 @@ def _check_args(kind, programs, seed, tokens_mode, shared_prefix_tokens) -> None
                          f"{FRONT_LOAD_ROOM} kept for rounding, and a task and an output per turn); give at most {SHARED_PREFIX_MAX}")
 
 
-def _front_load(inp, out, start, n, limit, shared: int) -> None:
+def _front_load(inp, out, start, n, limit, shared: int | None) -> None:
     """In place: shrink a program's later turns and put the lost sum into turn 0, so the
     final context drops to `limit` while the sum over calls stays (up to rounding)."""
     a = inp[start:start + n] + out[start:start + n]
@@ -241,6 +242,9 @@ def _front_load(inp, out, start, n, limit, shared: int) -> None:
     F, Q1, R1 = a.sum(), a[1:].sum(), (w[1:] * a[1:]).sum()
     gain = Q1 - R1 / n  # final-context drop per unit of (1 - f)
     if gain <= 0 or (F - limit) / gain > 1:
+        if shared is None:  # the spec's own targets: a rare long draw
+            raise InputError(f"cannot fit a program of {n} turns under {limit} tokens of context; give another --seed "
+                             f"or a smaller --shared-prefix")
         raise InputError(f"cannot fit a program under {limit} tokens of context with --shared-prefix {shared} "
                          f"(the rest of its {n} turns does not shrink enough); give a smaller --shared-prefix")
     f = 1 - (F - limit) / gain
@@ -257,6 +261,8 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
     if tasks is not None and (isinstance(tasks, bool) or not isinstance(tasks, (int, np.integer)) or tasks < 1):
         raise InputError(f"--tasks {tasks!r} must be a whole number of tasks >= 1")
     spec = SPECS[kind]
+    rows = programs * spec.turns[0]
+    check_memory(rows * TRACE_ROW_BYTES, f"--programs {programs}: about {rows:,.0f} {kind} calls", "give fewer --programs")
     shared = spec.shared_prefix if shared_prefix_tokens is None else int(shared_prefix_tokens)
     rng = np.random.default_rng(seed)
 
@@ -318,7 +324,7 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
     if tokens_mode == "sum":
         final = np.bincount(prog, inp + out, programs)
         for i in np.flatnonzero(final > CONTEXT_LIMIT):
-            _front_load(inp, out, start[i], n[i], CONTEXT_LIMIT - FRONT_LOAD_ROOM, shared)
+            _front_load(inp, out, start[i], n[i], CONTEXT_LIMIT - FRONT_LOAD_ROOM, shared_prefix_tokens)
         if spec.tokens is not None:  # no target: front-loading's rounding loss is not put back
             settle()
 

@@ -45,6 +45,7 @@ from traces import segments
 from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
 from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
+from agentsim.resources import RESAMPLED_ROW_BYTES, check_memory
 
 JITTER_WIDTH = 0.05  # default --jitter: +-5 quantile points
 
@@ -82,6 +83,9 @@ def resample(sources: list[tuple[str, pd.DataFrame, dict]], programs: int, seed:
         raise InputError(f"--jitter-width {jitter!r} must be a quantile width in (0, 0.5]; e.g. {JITTER_WIDTH}")
     if not sources:
         raise InputError("no sources; give one or more parquet files written by `sim trace import`")
+    per_session = sum(len(df) for _, df, _ in sources) / max(1, sum(df["program_id"].nunique() for _, df, _ in sources))
+    check_memory(programs * per_session * RESAMPLED_ROW_BYTES, f"--programs {programs}: about "
+                 f"{programs * per_session:,.0f} calls ({per_session:.1f} per session of the sources)", "give fewer --programs")
     has_shared = any("shared_prefix_tokens" in df.columns for _, df, _ in sources)
     has_segments = any(segments.COLUMN in df.columns for _, df, _ in sources)
     sessions, names, src_of = [], [], []

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.run.bound import parse_bound
-from sim.study.sweep import RESULTS, RUN_AXES, canonical, expand_grid, load_results, parse_value, point_key, stopped_early, sweep
+from sim.study.sweep import RESULTS, RUN_AXES, canonical, check_grid_memory, expand_grid, load_results, parse_value, point_key, stopped_early, sweep
 from agentsim.bounds import COUNT_MAX, int_flag
 from agentsim.errors import InputError
 
@@ -78,15 +78,12 @@ def grid_from_args(args) -> list[dict]:
             raise InputError(f"--grid {args.grid!r}: give an object of axis -> values, or a list of them")
     cli = _axes(args.axis)
     if args.reps is not None:
-        if args.reps < 1:
-            raise InputError(f"--reps must be >= 1 (got {args.reps})")
+        check_grid_memory([{**s, **cli} for s in specs], args.reps)  # before the list of reps is made
         cli["rep"] = list(range(args.reps))
     return expand_grid([{**s, **cli} for s in specs])
 
 
 def run_sweep(args) -> int:
-    if args.workers < 1:
-        raise InputError(f"--workers must be >= 1 (got {args.workers})")
     bound = parse_bound(args.bound) if args.bound is not None else None
     points = grid_from_args(args)
     t0 = time.perf_counter()

@@ -39,6 +39,7 @@ from sim.run.workload import closed_loop_arrivals
 from agentsim.bounds import COUNT_MAX, SEED_MAX
 from agentsim import requires
 from agentsim.errors import InputError
+from agentsim.resources import BLOCK_BYTES, CALL_BYTES, REPLICA_BYTES, check_memory
 from traces.schema import Columns, columns, read_columns
 from traces.transform import repeat_turns
 from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated
@@ -275,6 +276,16 @@ def check_limits(profile: Profile, e: EngineLimits) -> None:
         raise InputError(f"--max-model-len {e.max_model_len} exceeds the max_model_len {pe.max_model_len} of profile {profile.name!r}")
 
 
+def check_run_memory(rows: int, turn_repeat: int, replicas: int, blocks: int) -> None:
+    """A run keeps every call's record and each replica's KV pool: refused before it starts
+    when they cannot fit (agentsim/resources.py)."""
+    calls = rows * turn_repeat
+    check_memory(calls * CALL_BYTES, f"{calls:,} calls ({rows:,} trace rows x --turn-repeat {turn_repeat})",
+                 "give fewer --programs or a smaller --turn-repeat")
+    check_memory(replicas * (blocks * BLOCK_BYTES + REPLICA_BYTES), f"--replicas {replicas} of {blocks:,} KV blocks each",
+                 "give fewer --replicas or --num-blocks")
+
+
 @functools.lru_cache(maxsize=8)
 def _trace(name: str, programs: int | None, turn_repeat: int) -> Columns:
     trace, _ = read_columns(name)
@@ -356,11 +367,14 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     if disagg is not None:
         check_replicas(disagg.spec, (disagg.prefill, disagg.decode), c.replicas)
     check_workload(w)
-    trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
                         enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache,
                         async_scheduling=e.async_scheduling)
+    base = _trace(w.trace, w.programs, 1) if trace is None else _cut(columns(trace), w.programs, 1)
+    check_run_memory(len(base["program_id"]), w.turn_repeat, c.replicas if disagg is None else disagg.prefill + disagg.decode,
+                     cfg.num_gpu_blocks)
+    trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
     if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs
