@@ -223,6 +223,8 @@ class Cluster:
                 call.admissions.append([c, ld, done])
                 done += n
             call.computed_prompt_tokens += pre.computed_prompt_tokens
+            call.loaded_tokens += pre.loaded_tokens  # reloads on either replica: reloaded_tokens_total
+            call.reload_s += pre.reload_s
             call.preemptions += pre.preemptions
         self.router.finished(call)
         req = call.req
