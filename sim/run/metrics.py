@@ -20,7 +20,7 @@ class Recorder:
 
     def record(self, call: Call, now: float) -> None:
         r = call.req
-        adm = call.admission_rows()
+        adm = call.admission_rows() or [(call.cached_tokens or 0, call.admission_loaded_tokens, call.computed_prompt_tokens)]  # a Call made by hand
         self.turns.append({
             "program_id": r.program_id, "turn": r.turn, "arrival": r.arrival,
             "program_arrival": r.program_arrival, "scheduled": call.scheduled_at,
