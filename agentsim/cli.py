@@ -16,6 +16,7 @@ import os
 import sys
 
 from policies.base import PolicyError
+from agentsim import requires
 from agentsim.errors import InputError, SimulationError
 
 # The module that registers each subcommand, in `sim --help`'s order. A command line
@@ -39,13 +40,17 @@ OUTPUTS = {
 }
 
 
+def command_key(args) -> str:
+    """"run", "trace gen": the parsed command as OUTPUTS and agentsim.requires key it."""
+    sub = getattr(args, "trace_cmd", None) or getattr(args, "profile_command", None)
+    return f"{args.command} {sub}" if sub else args.command
+
+
 def check_outputs(args) -> None:
     """Every output path of the parsed command line, before any work (OUTPUTS)."""
     from agentsim.files import check_output
 
-    name = args.command
-    sub = getattr(args, "trace_cmd", None) or getattr(args, "profile_command", None)
-    for attr, flag, kind in OUTPUTS.get(f"{name} {sub}" if sub else name, ()):
+    for attr, flag, kind in OUTPUTS.get(command_key(args), ()):
         check_output(getattr(args, attr, None), kind, flag)
 
 
@@ -67,7 +72,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser(argv[0] if argv else None).parse_args(argv)
+        try:
+            args = build_parser(argv[0] if argv else None).parse_args(argv)
+        except SystemExit as e:  # argparse's own refusal (one line: _Parser.error), or --help
+            return int(e.code or 0)
+        if command_key(args) != "run":  # a run's rows read its config, --config file included (build_run)
+            requires.check(command_key(args), args)
         check_outputs(args)
         return int(args.func(args) or 0)
     except (InputError, PolicyError, SimulationError) as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
 from agentsim.errors import InputError
 
 
@@ -30,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="max context (default: the model's; 8192 for the tiny one)")
     p.add_argument("--quick", action="store_true", help="fewer probes (about half the time; used by the engine tests)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="engine device (default: cuda if present)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
+    p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of the random prompt token ids")
     p.add_argument("--from-probes", default=None, metavar="FILE",
                    help="fit a kernel-timing file instead of running an engine (calibrate/measured.py), e.g. "
                         "sim/hardware/measurements/h100/llama3.1-8b-shape-torch-probes.json")
@@ -61,7 +62,7 @@ def register(sub) -> None:
     v.add_argument("--trace", default=None, help="bundled trace name or parquet path (default swebench)")
     v.add_argument("--policy", default="vllm,continuum",
                    help="comma-separated policies, or 'all' (every policy that runs inside vLLM); default vllm,continuum")
-    v.add_argument("--repeats", type=int, default=1, help="real runs per policy, for the run-to-run spread (default 1)")
+    v.add_argument("--repeats", type=int_flag(1, COUNT_MAX), default=1, help="real runs per policy, for the run-to-run spread (default 1)")
     v.add_argument("--merge", action="store_true",
                    help="with --shape: run only --policy and keep the other policies' rows of DIR/<shape>/report.json "
                         "(rankings recomputed over all; give the --profile those rows were judged on)")
@@ -71,8 +72,8 @@ def register(sub) -> None:
     v.add_argument("--out", default=None, metavar="DIR",
                    help="report folder (report.md, report.json, plot, profile); required unless --server-run")
     v.add_argument("--jps", type=float, default=2.0, help="program arrivals per second, seeded Poisson (default 2.0)")
-    v.add_argument("--seed", type=int, default=0, help="seed of arrivals and prompt token ids")
-    v.add_argument("--programs", type=int, default=16, help="first N programs of the trace (default 16)")
+    v.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of arrivals and prompt token ids")
+    v.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=16, help="first N programs of the trace (default 16)")
     v.add_argument("--max-turns", type=int, default=5, help="turns kept per program (default 5)")
     v.add_argument("--max-context", type=int, default=3000,
                    help="scale each program's new input so its final context fits (default 3000 tokens)")
@@ -189,23 +190,17 @@ def _validate(args) -> int:
 
     if args.server_run:
         return _server_run(args)
-    if args.json:
-        raise InputError("--json applies only with --server-run")
     if args.out is None:
         raise InputError("sim validate needs --out DIR (the report folder), or --server-run RESULT.json")
     if args.trace is None:
         args.trace = "swebench"
     policies = list(RUNNABLE) if args.policy.strip() == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
     if args.shape:
-        if args.policy_arg:
-            raise InputError("--policy-arg applies to --trace runs; the shapes carry their own policy parameters")
         run_matrix([s.strip() for s in args.shape.split(",")], policies, args.repeats, args.out, args.profile,
                    args.seed, args.model, args.device, merge=args.merge)
         print((Path(args.out) / "report.md").read_text())
         print(f"report: {Path(args.out) / 'report.md'} (+ report.json, mean_jct_sim_vs_real.png, one folder per shape)")
         return 0
-    if args.merge:
-        raise InputError("--merge needs --shape")
     trace, _ = read_trace(args.trace)
     trace = fit_trace(trace, args.programs, args.max_turns, args.max_context, args.max_output, args.max_tool_s)
     given = parse_kv(args.policy_arg)

@@ -78,7 +78,7 @@ def test_trace_carry_command_writes_the_columns(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, says", [
     (["--mode", "dropped"], "--mode 'dropped' is not a carry mode"),
-    (["--mode", "rerendered", "--reasoning-share", "0.2"], "--reasoning-share applies to --mode reasoning-dropped only"),
+    (["--mode", "rerendered", "--reasoning-share", "0.2"], "--reasoning-share applies only with --mode reasoning-dropped"),
     (["--mode", "reasoning-dropped", "--reasoning-share", "1.5"], "--reasoning-share must be within [0, 1]"),
     (["--mode", "reasoning-dropped"], "needs each turn's reasoning tokens"),
 ])

@@ -87,7 +87,7 @@ def test_bad_flags_one_line_exit_2(capsys):
 
     for args, says in ((["--workload", "closed", "--concurrency", "0"], "--concurrency"),
                        (["--workload", "closed"], "needs --concurrency"),
-                       (["--concurrency", "2"], "only to --workload closed"),
+                       (["--concurrency", "2"], "applies only with --workload closed"),
                        (["--workload", "closed", "--concurrency", "2", "--jps", "1"], "--jps"),
                        (["--workload", "shut", "--concurrency", "2"], "--workload")):
         assert main(["run", "--programs", "2", "--no-progress", *args]) == 2, args

@@ -111,12 +111,28 @@ def _check_invariants(c):
     for k in ("cache_hit_ratio", "cpu_hit_ratio", "mean_kv_usage", "peak_kv_usage"):
         assert 0.0 <= s[k] <= 1.0 + 1e-12, k
     assert s["pinned_block_seconds"] >= 0
+    _check_admissions(t)
     # decode stretches (on replicas' own clocks behind the session router) are exact:
     # the same run step by step gives the same tables and summary, to the last bit
     slow = _simulate(c, c["policy"], ff=False)
     pd.testing.assert_frame_equal(res.turns, slow.turns, check_exact=True)
     pd.testing.assert_frame_equal(res.kv_usage, slow.kv_usage, check_exact=True)
     assert res.summary == slow.summary
+
+
+def _check_admissions(t):
+    """Per admission, prompt tokens cached + loaded + computed = the prompt once it is
+    prefilled (the last admission always; an earlier one preempted mid-prefill, less);
+    the first admission's three are the flat columns; admissions add up to the totals."""
+    for row in t.itertuples():
+        c, ld, n, prompt = row.admission_cached, row.admission_loaded, row.admission_computed, row.prompt_tokens
+        assert row.admissions == len(c) == len(ld) == len(n) >= 1
+        assert min(c) >= 0 and min(ld) >= 0 and min(n) >= 0
+        assert c[-1] + ld[-1] + n[-1] == prompt, row
+        assert all(ci + li + ni <= prompt for ci, li, ni in zip(c, ld, n)), row
+        assert (row.cached_tokens, row.loaded_tokens, row.computed_tokens) == (c[0], ld[0], n[0])
+        assert (row.cached_tokens_total, row.loaded_tokens_total, row.computed_prompt_tokens) == (sum(c), sum(ld), sum(n))
+        assert row.loaded_tokens_total <= row.reloaded_tokens_total
 
 
 @SETTINGS
@@ -131,6 +147,7 @@ def test_async_stretches_are_exact_under_random_configurations(c):
     except InputError:
         assume(False)
     slow = _simulate(c, c["policy"], ff=False, async_scheduling=True)
+    _check_admissions(fast.turns)
     pd.testing.assert_frame_equal(fast.turns, slow.turns, check_exact=True)
     pd.testing.assert_frame_equal(fast.kv_usage, slow.kv_usage, check_exact=True)
     assert fast.summary == slow.summary

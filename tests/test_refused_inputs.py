@@ -221,3 +221,177 @@ def test_importer_records_of_the_wrong_type(fmt, make, words, tmp_path, capsys):
     out = tmp_path / "out.parquet"
     err = _cli(["trace", "import", fmt, str(path), "-o", str(out)], capsys)
     assert words in err and str(path) in err and not out.exists()
+
+
+# --- flags that apply only with another (agentsim/requires.py) ---------------------------
+
+def _requires_argv(rule, args, tmp_path):
+    """The command line of a rule's command around `args` (the flag, with or without its condition)."""
+    import pandas as pd  # noqa: F401 - the resample source below
+
+    out = str(tmp_path / "o.parquet")
+    if rule.command == "run":
+        return ["run", "--programs", "2", *args, "--no-progress"]
+    if rule.command == "trace gen":
+        return ["trace", "gen", *args, "--programs", "3", "-o", out]
+    if rule.command == "trace resample":
+        return ["trace", "resample", str(tmp_path / "src.parquet"), *args, "-o", out]
+    if rule.command == "trace carry":
+        return ["trace", "carry", "swebench", *args, "-o", out]
+    if rule.command == "validate":
+        return ["validate", *args, "--out", str(tmp_path / "v")]
+    raise AssertionError(f"no command line for {rule.command!r}: add one here")
+
+
+def _all_rules():
+    from agentsim.requires import RULES, rules
+
+    return [r for c in dict.fromkeys(r.command for r in RULES) for r in rules(c)]
+
+
+@pytest.mark.parametrize("rule", _all_rules(), ids=lambda r: f"{r.command}:{r.flag}")
+def test_every_dependent_flag_is_refused_without_its_condition_and_accepted_with_it(rule, tmp_path, capsys):
+    from agentsim import requires
+    from agentsim.cli import build_parser, command_key
+    from sim.commands.run import config_from_args
+
+    err = _cli(_requires_argv(rule, rule.without, tmp_path), capsys)
+    assert err == f"error: {rule.line()}\n"
+    argv = _requires_argv(rule, rule.with_, tmp_path)
+    args = build_parser(argv[0]).parse_args(argv)
+    view = config_from_args(args) if rule.command == "run" else args
+    assert rule.given(view) and rule.holds(view)
+    requires.check(command_key(args), view)  # no row of the command refuses it
+
+
+@pytest.mark.parametrize("extra", [["--disagg-link", "nvlink4", "--disagg", "1P1D"], ["--concurrency", "2", "--workload", "closed"],
+                                   ["--policy", "continuum", "--policy-arg", "max_ttl=5"]])
+def test_a_dependent_flag_with_its_condition_runs(extra, tmp_path, capsys):
+    assert main(["run", "--programs", "2", *extra, "--no-progress", "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+
+
+def test_a_dependent_field_in_a_config_file_or_a_sweep_point_is_refused_too(tmp_path, capsys):
+    import json
+
+    from agentsim.errors import InputError
+    from sim.study.sweep import build_run
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"workload": {"programs": 2}, "cluster": {"disagg_link": "nvlink4"}}))
+    assert "--disagg-link applies only with --disagg xPyD" in _cli(["run", "--config", str(cfg)], capsys)
+    with pytest.raises(InputError, match="--disagg-local-prefill applies only with --disagg xPyD"):
+        build_run({"programs": 2, "disagg_local_prefill": 5})
+
+
+# --- resources before work: a huge count refused at once, naming the size and the limit ---
+
+GiB = 2**30
+
+
+@pytest.fixture(scope="module")
+def resample_source(tmp_path_factory):
+    """A trace imported as `sim trace resample` needs one (the Claude Code fixture)."""
+    src = tmp_path_factory.mktemp("source") / "src.parquet"
+    assert main(["trace", "import", "claude-code", str(FIX / "claude_code_session.jsonl"), "-o", str(src)]) == 0
+    return str(src)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["trace", "gen", "openhands", "--programs", "1000000000000"], "--programs 1000000000000: about 29,450,000,000,000 openhands calls"),
+    (["trace", "gen", "--spec", "codex", "--programs", "1000000000000"], "calls of spec 'codex'"),
+    (["trace", "resample", "SRC", "--programs", "1000000000000"], "--programs 1000000000000: about 3,000,000,000,000 calls (3.0 per session of the sources)"),
+    (["run", "--programs", "2", "--turn-repeat", "100000000"], "2,200,000,000 calls (22 trace rows x --turn-repeat 100000000)"),
+    (["run", "--programs", "2", "--replicas", "100000000"], "--replicas 100000000 of 27,296 KV blocks each"),
+    (["sweep", "--reps", "1000000000000"], "1,000,000,000,000 sweep points"),
+    (["sweep", "--axis", "seed=" + ",".join(map(str, range(2000))), "--axis", "jps=" + ",".join(map(str, range(1, 2000)))],
+     "3,998,000 sweep points"),
+])
+def test_a_huge_count_is_refused_before_any_work(argv, words, tmp_path, capsys, monkeypatch, resample_source):
+    import time
+
+    monkeypatch.setenv("AGENTSIM_MEMORY_BYTES", str(16 * GiB))
+    argv = [resample_source if a == "SRC" else a for a in argv]
+    out = ["--out", str(tmp_path / "o")] if argv[0] in ("run", "sweep") else ["-o", str(tmp_path / "o.parquet")]
+    t0 = time.perf_counter()
+    err = _cli(argv + out, capsys, tmp_path)
+    assert words in err and "of memory, more than the 16.00 GiB available (AGENTSIM_MEMORY_BYTES)" in err, err
+    assert time.perf_counter() - t0 < 20  # refused before the work, not after it
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.parquet").exists()
+
+
+def test_the_memory_estimate_is_its_rows_times_their_size(tmp_path, capsys, monkeypatch):
+    """trace gen swebench: programs x 10.9 mean turns x 1 KiB; one byte less is refused."""
+    from agentsim.resources import TRACE_ROW_BYTES
+
+    need = round(100 * 10.9 * TRACE_ROW_BYTES)
+    argv = ["trace", "gen", "swebench", "--programs", "100", "-o", str(tmp_path / "t.parquet")]
+    monkeypatch.setenv("AGENTSIM_MEMORY_BYTES", str(need - 1))
+    assert "about 1,090 swebench calls need about 1.06 MiB" in _cli(argv, capsys)
+    monkeypatch.setenv("AGENTSIM_MEMORY_BYTES", str(need))
+    assert main(argv) == 0
+    monkeypatch.setenv("AGENTSIM_MEMORY_BYTES", "lots")
+    assert "AGENTSIM_MEMORY_BYTES='lots' is not a whole number of bytes" in _cli(argv, capsys)
+
+
+# --- the exact messages of issue 54 ----------------------------------------------------------
+
+def test_profile_naming_a_directory_names_the_flag(tmp_path, capsys):
+    err = _cli(RUN + ["--profile", str(tmp_path)], capsys)  # was exit 1, "Is a directory"
+    assert err == f"error: --profile {str(tmp_path)!r}: cannot read it (Is a directory); give a profile JSON file or a bundled name\n"
+
+
+def test_the_offload_suggestion_is_a_value_the_command_accepts(tmp_path, capsys):
+    import re
+
+    path = _profile(tmp_path, "pcie", "bandwidth_GBps", None)
+    err = _cli(RUN + ["--profile", str(path), "--offload", "cpu:1GB"], capsys)
+    suggested = re.search(r"e\.g\. --offload (\S+),", err).group(1)
+    assert suggested == "cpu:1GB@25"  # was cpu:0GiB@25, itself refused
+    assert main(RUN + ["--profile", str(path), "--offload", suggested, "--no-progress"]) == 0
+    capsys.readouterr()
+
+
+def test_a_profile_section_of_the_wrong_type_is_not_called_missing(tmp_path, capsys):
+    path = _profile(tmp_path, "step_time", "c0", 0.0)
+    import json
+
+    raw = json.loads(path.read_text())
+    raw["step_time"] = [0.01, 1e-4]
+    path.write_text(json.dumps(raw))
+    assert "section 'step_time' is a list, not an object of fields" in _cli(RUN + ["--profile", str(path)], capsys)
+
+
+def test_an_openai_chat_start_time_of_the_wrong_type_is_not_called_missing(tmp_path, capsys):
+    path = _edit_jsonl("openai_chat_log.jsonl", tmp_path, 0, lambda r: r.update(start_time=True))
+    err = _cli(["trace", "import", "openai-chat", str(path), "-o", str(tmp_path / "o.parquet")], capsys)
+    assert "line 1: field 'start_time' is true, a boolean, not a timestamp" in err
+
+
+def test_a_seed_past_int64_prints_its_limit_exactly(tmp_path, capsys):
+    err = _cli(RUN + ["--seed", str(2**63)], capsys)
+    assert "field '--seed' is 9223372036854775808: Input should be less than or equal to 9223372036854775807" in err
+    for cmd in (["trace", "gen", "swebench"], ["trace", "resample", "x.parquet"]):
+        err = _cli(cmd + ["--seed", str(2**63), "-o", str(tmp_path / "t.parquet")], capsys)
+        assert "argument --seed: 9223372036854775808 is above 9223372036854775807; give a whole number in 0..9223372036854775807" in err
+    assert main(RUN + ["--seed", str(2**63 - 1), "--no-progress"]) == 0  # the limit itself runs
+    capsys.readouterr()
+
+
+def test_a_shared_prefix_past_the_context_names_the_flag(tmp_path, capsys):
+    from traces.generate import SHARED_PREFIX_MAX
+
+    argv = ["trace", "gen", "swebench", "--programs", "5", "-o", str(tmp_path / "t.parquet")]
+    err = _cli(argv + ["--shared-prefix", "10000000"], capsys)
+    assert f"--shared-prefix 10000000 does not fit a program's context" in err and f"give at most {SHARED_PREFIX_MAX}" in err
+    assert main(argv + ["--shared-prefix", str(SHARED_PREFIX_MAX)]) == 0
+    capsys.readouterr()
+
+
+def test_roofline_max_model_len_above_the_models_is_refused_as_vllm_does(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    argv = ["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--out", str(out)]
+    err = _cli(argv + ["--max-model-len", "200000"], capsys)
+    assert "--max-model-len 200000 exceeds the 131072 tokens meta-llama/Llama-3.1-8B-Instruct allows" in err and not out.exists()
+    assert main(argv + ["--max-model-len", "131072"]) == 0
+    capsys.readouterr()

@@ -114,3 +114,25 @@ def test_loaded_tokens_of_a_preempted_call_stay_within_its_prompt():
     p = res.programs
     assert p["reloaded_tokens_total"].sum() == t["reloaded_tokens_total"].sum()
     assert p["loaded_tokens"].sum() == t["loaded_tokens"].sum()
+
+
+def test_each_admission_adds_up_to_the_prompt_after_preemptions_with_offload():
+    """Issue 54: cached_tokens was the first admission's hit and loaded_tokens the last's
+    reload, so a preempted call could show more than its prompt. Every admission now has
+    its cached, loaded and computed prompt tokens side by side; the flat columns are the
+    first admission's."""
+    from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
+
+    res = execute(build_run(SimConfig(workload=WorkloadConfig(trace="swebench", programs=20, jps=1.0),
+                                      policy=PolicyConfig(name="infercept"), engine=EngineLimits(num_blocks=1500),
+                                      cluster=ClusterConfig(offload="cpu:4GiB"))))
+    t = res.turns
+    again = t[t["admissions"] > 1]
+    assert (again["preemptions"] >= 1).all() and (t["admissions"] == t["preemptions"] + 1).all()
+    # a readmission that reloaded: the case the old pair of columns read wrong
+    assert any(sum(ld[1:]) > 0 for ld in again["admission_loaded"])
+    for c, ld, n, p in zip(t["admission_cached"], t["admission_loaded"], t["admission_computed"], t["prompt_tokens"]):
+        assert c[-1] + ld[-1] + n[-1] == p and all(a + b + k <= p for a, b, k in zip(c, ld, n))
+    assert (t["cached_tokens"] + t["loaded_tokens"] + t["computed_tokens"] <= t["prompt_tokens"]).all()
+    assert (t["computed_prompt_tokens"] == [sum(n) for n in t["admission_computed"]]).all()
+    assert (t["loaded_tokens_total"] <= t["reloaded_tokens_total"]).all()

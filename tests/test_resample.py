@@ -191,8 +191,8 @@ def test_bad_input(paths, srcs, tmp_path, capsys):
     one_line_error(capsys, ["trace", "resample", log, "-o", out], "not a trace parquet", "sim trace import")
     one_line_error(capsys, ["trace", "resample", str(DATA_DIR / "swebench.parquet"), "-o", out], "synthetic", "sim trace import")
     one_line_error(capsys, ["trace", "resample", str(tmp_path / "nope.parquet"), "-o", out], "no such file")
-    one_line_error(capsys, ["trace", "resample", *src_files, "--programs", "0", "-o", out], "--programs 0")
-    one_line_error(capsys, ["trace", "resample", *src_files, "--seed", "-1", "-o", out], "--seed -1")
+    one_line_error(capsys, ["trace", "resample", *src_files, "--programs", "0", "-o", out], "--programs: 0 is below 1")
+    one_line_error(capsys, ["trace", "resample", *src_files, "--seed", "-1", "-o", out], "--seed: -1 is below 0")
     first = source(srcs).groupby("program_id")["new_input_tokens"].first()
     err = one_line_error(capsys, ["trace", "resample", *src_files, "--max-context", str(first.min() - 1), "-o", out],
                          "--max-context")

@@ -105,10 +105,12 @@ def test_refused_with_one_line(tmp_path, capsys, data, args, says):
 
 
 def test_json_without_server_run_refused():
-    with pytest.raises(InputError, match="--json applies only with --server-run"):
-        from calibrate.cli import _validate
-        import argparse
-        _validate(argparse.Namespace(server_run=None, json="x.json"))
+    import argparse
+
+    from agentsim import requires
+
+    with pytest.raises(InputError, match="--json applies only with --server-run"):  # sim validate's row of the table
+        requires.check("validate", argparse.Namespace(server_run=None, json="x.json", merge=False, shape=None, policy_arg=[]))
 
 
 def test_a_profile_with_a_server_section_is_read_as_a_client_sees_it(tmp_path, capsys):

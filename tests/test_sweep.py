@@ -180,8 +180,8 @@ def test_cli_sweep_resumes_and_reports(files, tmp_path, capsys):
     (["--axis", "bogus=1"], "unknown axis 'bogus'"),
     (["--axis", "jps"], "is not NAME=V1,V2"),
     (["--axis", "policy=nope"], "unknown policy 'nope'"),
-    (["--reps", "0"], "--reps must be >= 1"),
-    (["--workers", "0"], "--workers must be >= 1"),
+    (["--reps", "0"], "argument --reps: 0 is below 1"),
+    (["--workers", "0"], "argument --workers: 0 is below 1"),
 ])
 def test_cli_bad_input(tmp_path, capsys, argv, msg):
     assert main(["sweep", "--out", str(tmp_path), "--no-progress", *argv]) == 2

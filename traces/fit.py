@@ -41,6 +41,7 @@ import numpy as np
 from pydantic import Field
 
 from agentsim.errors import InputError
+from agentsim.resources import TRACE_ROW_BYTES, check_memory
 from agentsim.files import atomic_write, check_output
 from traces.validation import JSONFloat, JSONInt, Model, validated
 
@@ -356,6 +357,9 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
         raise InputError(f"--programs {programs!r}: give a whole number >= 1")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"--seed {seed!r}: give a whole number >= 0")
+    rows = programs * max(float(spec.turns.mean), 1.0)
+    check_memory(rows * TRACE_ROW_BYTES, f"--programs {programs}: about {rows:,.0f} calls of spec {spec.name!r}",
+                 "give fewer --programs")
     rng = np.random.default_rng(seed)
     # turns by stratified draws (one per 1/programs quantile slice, in random order): the trace's
     # turn distribution follows the spec's closely even at 100 programs, as resampling's balanced

@@ -79,8 +79,12 @@ import pandas as pd
 from traces import segments
 from agentsim.errors import InputError
 from traces.schema import DATA_DIR, validate, write_trace
+from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
+from agentsim.resources import TRACE_ROW_BYTES, check_memory
 
 CONTEXT_LIMIT = 131_072  # Llama-3.1's context window
+FRONT_LOAD_ROOM = 1024  # kept below CONTEXT_LIMIT for settle()'s rounding
+SHARED_PREFIX_MAX = CONTEXT_LIMIT - FRONT_LOAD_ROOM - 2  # a shared prefix that leaves one task and one output token
 RESULT_CAP = 16_384  # tool output truncation
 TOKENS_MODES = ("sum", "final")
 
@@ -225,9 +229,12 @@ def _check_args(kind, programs, seed, tokens_mode, shared_prefix_tokens) -> None
         raise InputError(f"tokens mode {tokens_mode!r} is unknown; choose sum or final")
     if shared_prefix_tokens is not None and (not isinstance(shared_prefix_tokens, (int, np.integer)) or shared_prefix_tokens < 0):
         raise InputError(f"shared prefix is {shared_prefix_tokens!r}; give a whole number of tokens >= 0")
+    if shared_prefix_tokens is not None and shared_prefix_tokens > SHARED_PREFIX_MAX:
+        raise InputError(f"--shared-prefix {shared_prefix_tokens} does not fit a program's context ({CONTEXT_LIMIT} tokens, "
+                         f"{FRONT_LOAD_ROOM} kept for rounding, and a task and an output per turn); give at most {SHARED_PREFIX_MAX}")
 
 
-def _front_load(inp, out, start, n, limit) -> None:
+def _front_load(inp, out, start, n, limit, shared: int | None) -> None:
     """In place: shrink a program's later turns and put the lost sum into turn 0, so the
     final context drops to `limit` while the sum over calls stays (up to rounding)."""
     a = inp[start:start + n] + out[start:start + n]
@@ -235,7 +242,11 @@ def _front_load(inp, out, start, n, limit) -> None:
     F, Q1, R1 = a.sum(), a[1:].sum(), (w[1:] * a[1:]).sum()
     gain = Q1 - R1 / n  # final-context drop per unit of (1 - f)
     if gain <= 0 or (F - limit) / gain > 1:
-        raise InputError(f"cannot fit a program under {limit} tokens of context; lower the token targets")
+        if shared is None:  # the spec's own targets: a rare long draw
+            raise InputError(f"cannot fit a program of {n} turns under {limit} tokens of context; give another --seed "
+                             f"or a smaller --shared-prefix")
+        raise InputError(f"cannot fit a program under {limit} tokens of context with --shared-prefix {shared} "
+                         f"(the rest of its {n} turns does not shrink enough); give a smaller --shared-prefix")
     f = 1 - (F - limit) / gain
     sl = slice(start + 1, start + n)
     inp[sl] = np.floor(inp[sl] * f)
@@ -250,6 +261,8 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
     if tasks is not None and (isinstance(tasks, bool) or not isinstance(tasks, (int, np.integer)) or tasks < 1):
         raise InputError(f"--tasks {tasks!r} must be a whole number of tasks >= 1")
     spec = SPECS[kind]
+    rows = programs * spec.turns[0]
+    check_memory(rows * TRACE_ROW_BYTES, f"--programs {programs}: about {rows:,.0f} {kind} calls", "give fewer --programs")
     shared = spec.shared_prefix if shared_prefix_tokens is None else int(shared_prefix_tokens)
     rng = np.random.default_rng(seed)
 
@@ -311,7 +324,7 @@ def generate(kind: str, programs: int = 500, seed: int = 0, tokens_mode: str = "
     if tokens_mode == "sum":
         final = np.bincount(prog, inp + out, programs)
         for i in np.flatnonzero(final > CONTEXT_LIMIT):
-            _front_load(inp, out, start[i], n[i], CONTEXT_LIMIT - 1024)  # room for settle()'s rounding
+            _front_load(inp, out, start[i], n[i], CONTEXT_LIMIT - FRONT_LOAD_ROOM, shared_prefix_tokens)
         if spec.tokens is not None:  # no target: front-loading's rounding loss is not put back
             settle()
 
@@ -363,6 +376,7 @@ def _gen_cmd(args) -> int:
         path = write_trace(df, args.output, meta)
         print(f"wrote {path}: {meta['programs']} programs of spec {spec.name!r}, {len(df)} calls (seed {args.seed})")
         return 0
+    args.tokens_mode = args.tokens_mode or "sum"  # None: not given (a --spec run refuses it; agentsim/requires.py)
     df, meta = generate(args.kind, args.programs, args.seed, args.tokens_mode, args.shared_prefix, args.tasks)
     path = write_trace(df, args.output, meta)
     print(f"wrote {path}: {meta['programs']} {args.kind} programs, {len(df)} calls (seed {args.seed}, tokens mode {args.tokens_mode})")
@@ -375,14 +389,14 @@ def register(tsub) -> None:
     p.add_argument("--spec", default=None, metavar="SPEC",
                    help="sample a workload spec instead: a JSON from `sim trace fit`, or a shipped name "
                         "(claude-code, codex, mini-swe-agent; traces/data/specs/)")
-    p.add_argument("--programs", type=int, default=500, help="number of programs (default 500)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--tokens-mode", default="sum", metavar="{sum,final}",
+    p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=500, help="number of programs (default 500)")
+    p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="random seed (default 0)")
+    p.add_argument("--tokens-mode", default=None, metavar="{sum,final}",
                    help="what 'tokens per program' means: sum over calls (default) or final context")
     p.add_argument("--shared-prefix", type=int, default=None, metavar="N",
                    help="system-prompt tokens shared by all programs (default 1000 swebench, 800 bfcl, "
                         "12400 openhands)")
-    p.add_argument("--tasks", type=int, default=None, metavar="K",
+    p.add_argument("--tasks", type=int_flag(1, COUNT_MAX), default=None, metavar="K",
                    help="sharing model: programs work on K tasks and share their first prompt by content "
                         "(writes content segments; default: none)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.parquet", help="where to write the trace")

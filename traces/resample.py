@@ -44,6 +44,8 @@ import pyarrow.parquet as pq
 from traces import segments
 from agentsim.errors import InputError
 from traces.schema import read_trace, validate, write_trace
+from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
+from agentsim.resources import RESAMPLED_ROW_BYTES, check_memory
 
 JITTER_WIDTH = 0.05  # default --jitter: +-5 quantile points
 
@@ -81,6 +83,9 @@ def resample(sources: list[tuple[str, pd.DataFrame, dict]], programs: int, seed:
         raise InputError(f"--jitter-width {jitter!r} must be a quantile width in (0, 0.5]; e.g. {JITTER_WIDTH}")
     if not sources:
         raise InputError("no sources; give one or more parquet files written by `sim trace import`")
+    per_session = sum(len(df) for _, df, _ in sources) / max(1, sum(df["program_id"].nunique() for _, df, _ in sources))
+    check_memory(programs * per_session * RESAMPLED_ROW_BYTES, f"--programs {programs}: about "
+                 f"{programs * per_session:,.0f} calls ({per_session:.1f} per session of the sources)", "give fewer --programs")
     has_shared = any("shared_prefix_tokens" in df.columns for _, df, _ in sources)
     has_segments = any(segments.COLUMN in df.columns for _, df, _ in sources)
     sessions, names, src_of = [], [], []
@@ -232,8 +237,8 @@ def register(tsub) -> None:
                                     "No arrivals (sim run --jps gives them). The output is derived from the logs and "
                                     "under their licences: build it where needed, do not commit it.")
     p.add_argument("sources", metavar="SRC", nargs="+", help="parquet traces written by `sim trace import`")
-    p.add_argument("--programs", type=int, default=500, help="programs to draw (default 500)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=500, help="programs to draw (default 500)")
+    p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="random seed (default 0)")
     p.add_argument("--max-context", type=int, default=None, metavar="T",
                    help="scale each session whose final context exceeds T: every call's new input tokens times one "
                         "factor per session (outputs and tool times kept), so the final context is <= T")
@@ -241,7 +246,7 @@ def register(tsub) -> None:
     p.add_argument("--jitter", action="store_true",
                    help="replace each tool duration by a neighbour in the source's logged durations of that tool: "
                         "its quantile moved by U(-W, W); keeps each tool's distribution")
-    p.add_argument("--jitter-width", type=float, default=JITTER_WIDTH, metavar="W",
+    p.add_argument("--jitter-width", type=float, default=None, metavar="W",
                    help=f"W of --jitter, a quantile width in (0, 0.5] (default {JITTER_WIDTH})")
     p.add_argument("-o", "--output", required=True, metavar="OUT.parquet", help="where to write the trace")
     p.set_defaults(func=_cmd)
@@ -252,7 +257,7 @@ def _cmd(args) -> int:
     stems = [p.stem for p in srcs]
     labels = [s if stems.count(s) == 1 else f"{s}#{i}" for i, s in enumerate(stems)]
     sources = [(label, *load_source(p)) for label, p in zip(labels, srcs)]
-    jitter = args.jitter_width if args.jitter else None
+    jitter = (JITTER_WIDTH if args.jitter_width is None else args.jitter_width) if args.jitter else None
     df, meta = resample(sources, args.programs, args.seed, args.max_context, jitter)
     for src, p in zip(meta["sources"], srcs):
         src["path"] = str(p)

@@ -217,7 +217,14 @@ class Cluster:
         if pre is not None:  # the call's record: first admitted, cached and computed where it was prefilled
             call.scheduled_at = pre.scheduled_at
             call.cached_tokens = pre.cached_tokens
+            rows, done = pre.admission_rows() + call.admission_rows(), 0  # the prefill replica's, then the decode replica's
+            call.admissions = []
+            for c, ld, n in rows:
+                call.admissions.append([c, ld, done])
+                done += n
             call.computed_prompt_tokens += pre.computed_prompt_tokens
+            call.loaded_tokens += pre.loaded_tokens  # reloads on either replica: reloaded_tokens_total
+            call.reload_s += pre.reload_s
             call.preemptions += pre.preemptions
         self.router.finished(call)
         req = call.req

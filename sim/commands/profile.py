@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from sim.hardware import roofline
+from agentsim.bounds import COUNT_MAX, int_flag
 from agentsim.files import atomic_write
 
 
@@ -37,7 +38,7 @@ def register(sub) -> None:
                    help="vLLM's token budget; sizes the profile run's activation peak (default: vLLM's for the GPU)")
     r.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's; sizes the sampler's dummy run (default: vLLM's)")
     r.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: vLLM then reserves no graph pool")
-    r.add_argument("--max-model-len", type=int, default=None,
+    r.add_argument("--max-model-len", type=int_flag(1, COUNT_MAX), default=None,
                    help="default: the model's, capped to what the KV cache holds")
     r.add_argument("--roofline", action="store_true",
                    help="price steps by the roofline even where measured kernels exist (sim/hardware/specs/measured_kernels.json)")

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.run.bound import parse_bound
-from sim.study.sweep import RESULTS, RUN_AXES, canonical, expand_grid, load_results, parse_value, point_key, stopped_early, sweep
+from sim.study.sweep import RESULTS, RUN_AXES, canonical, check_grid_memory, expand_grid, load_results, parse_value, point_key, stopped_early, sweep
+from agentsim.bounds import COUNT_MAX, int_flag
 from agentsim.errors import InputError
 
 PLOTS = {
@@ -32,8 +33,8 @@ def register(sub) -> None:
     p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
                    help="an axis and its values (repeatable); none, true/false, numbers or names")
     p.add_argument("--grid", default=None, help="JSON file: {axis: [values]} or a list of such objects (a union); --axis adds to each")
-    p.add_argument("--reps", type=int, default=None, help="repetitions per point (arrival seeds derived from --axis seed)")
-    p.add_argument("--workers", type=int, default=1, help="local processes (default 1: in this process)")
+    p.add_argument("--reps", type=int_flag(1, COUNT_MAX), default=None, help="repetitions per point (arrival seeds derived from --axis seed)")
+    p.add_argument("--workers", type=int_flag(1, 4096), default=1, help="local processes (default 1: in this process)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="run on an existing Dask cluster (scheduler address, e.g. tcp://host:8786)")
     p.add_argument("--save-kv", action="store_true", help="also keep each point's KV usage samples (DIR/kv/KEY.parquet) for `sim plot kv`")
     p.add_argument("--bound", default=None, metavar="METRIC<=SECONDS",
@@ -77,15 +78,12 @@ def grid_from_args(args) -> list[dict]:
             raise InputError(f"--grid {args.grid!r}: give an object of axis -> values, or a list of them")
     cli = _axes(args.axis)
     if args.reps is not None:
-        if args.reps < 1:
-            raise InputError(f"--reps must be >= 1 (got {args.reps})")
+        check_grid_memory([{**s, **cli} for s in specs], args.reps)  # before the list of reps is made
         cli["rep"] = list(range(args.reps))
     return expand_grid([{**s, **cli} for s in specs])
 
 
 def run_sweep(args) -> int:
-    if args.workers < 1:
-        raise InputError(f"--workers must be >= 1 (got {args.workers})")
     bound = parse_bound(args.bound) if args.bound is not None else None
     points = grid_from_args(args)
     t0 = time.perf_counter()

@@ -297,12 +297,20 @@ class _ProfileModel(Model):
     server: _Server | None = None
 
 
+def _json_type(v) -> str:
+    """A JSON value's type as the file's author wrote it."""
+    return {list: "a list", str: "text", bool: "a boolean", type(None): "null"}.get(type(v), "a number")
+
+
 def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
     if not isinstance(raw, dict):
         raise InputError(f"profile {name!r} is not a JSON object; see sim/hardware/profile.py for the format")
     for sec in ("model", "engine", "step_time"):
-        if not isinstance(raw.get(sec), dict):
+        if sec not in raw:
             raise InputError(f"profile {name!r}: missing section '{sec}'; add it (see sim/hardware/profile.py for the format)")
+        if not isinstance(raw[sec], dict):  # present but a list, number or text: a wrong type, not a missing section
+            raise InputError(f"profile {name!r}: section '{sec}' is {_json_type(raw[sec])}, not an object of fields; "
+                             f"fix it (see sim/hardware/profile.py for the format)")
     m = validated(_ProfileModel, raw, f"profile {name!r}", "fix the value (see sim/hardware/profile.py for the format)")
     st = m.step_time
     host = m.host or _Host()
@@ -343,6 +351,9 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         raise InputError(f"profile {name_or_path!r} not found; give a JSON path or a bundled name ({names})")
     try:
         raw = json.loads(p.read_text())
+    except OSError as e:  # a directory, or a file we may not read
+        raise InputError(f"--profile {name_or_path!r}: cannot read it ({e.strerror}); give a profile JSON file or a "
+                         f"bundled name") from None
     except json.JSONDecodeError as e:
         raise InputError(f"profile {str(p)!r} is not valid JSON (line {e.lineno}: {e.msg}); fix or regenerate it with `sim calibrate`") from None
     return parse_profile(raw, p.stem)

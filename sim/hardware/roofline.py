@@ -371,6 +371,9 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
             max_len = fits
             notes.append(f"max_model_len capped to {fits} tokens (the KV cache of {where}); "
                          f"{model['hf_repo']} allows {model['max_position_embeddings']}")
+    elif max_len > model["max_position_embeddings"]:  # vLLM refuses it too (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN)
+        raise InputError(f"--max-model-len {max_len} exceeds the {model['max_position_embeddings']} tokens {model['hf_repo']} "
+                         f"allows (max_position_embeddings), as vLLM refuses it; give at most {model['max_position_embeddings']}")
     elif fits < max_len:
         raise InputError(f"the model does not fit: {where} leaves {max(kv_mem, 0) / GiB:.2f} GiB per GPU for KV = {fits} tokens, "
                          f"less than --max-model-len {max_len}; use more GPUs, a higher utilization or a shorter max_model_len")

@@ -72,6 +72,14 @@ def parse_size(text: str, where: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def format_size(n: int) -> str:
+    """`n` bytes as parse_size reads them back exactly: the largest unit that divides it."""
+    for unit in ("TiB", "TB", "GiB", "GB", "MiB", "MB", "KiB", "KB"):
+        if n % _UNITS[unit.lower()] == 0:
+            return f"{n // _UNITS[unit.lower()]}{unit}"
+    return f"{n}B"
+
+
 def parse_offload(spec: str | None) -> tuple[TierSpec, ...]:
     """`cpu:SIZE[@GBPS][,ssd:SIZE[@GBPS]]` -> tier specs ('' / None / 'none' = no offload)."""
     if spec is None or str(spec).strip().lower() in ("", "none", "off"):
@@ -158,7 +166,7 @@ def build_tiers(specs: tuple[TierSpec, ...], profile, block_size: int, chunk_tok
                 bw, lat = profile.pcie_bandwidth, profile.pcie_latency
             else:
                 raise InputError(f"profile {profile.name!r} has no PCIe bandwidth (pcie.bandwidth_GBps is null); "
-                                 f"give one in the flag, e.g. --offload cpu:{t.capacity_bytes // 2**30}GiB@25, or in the profile")
+                                 f"give one in the flag, e.g. --offload cpu:{format_size(t.capacity_bytes)}@25, or in the profile")
         else:
             ssd = profile.raw.get("ssd") if isinstance(profile.raw.get("ssd"), dict) else {}
             gbps = t.bandwidth_GBps or float(ssd.get("bandwidth_GBps") or SSD_DEFAULT_GBPS)

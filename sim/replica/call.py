@@ -42,6 +42,9 @@ class Call:
     # prefill/decode disaggregation (sim/cluster/disagg.py)
     prefilled_on: int | None = None  # the prefill replica that prefilled it (None: prefilled where it decodes)
     received_blocks: int = 0  # leading blocks whose KV it brings to its decode replica (used at admission)
+    # per admission (the first, and one after each preemption): [prompt tokens hit in the GPU
+    # cache, prompt tokens loaded, computed_prompt_tokens before it] (admission_rows)
+    admissions: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.content is None:  # a call on its own (tests): the shared prefix, then its own tokens
@@ -49,6 +52,21 @@ class Call:
             self.content.append("<shared>", self.shared_prefix)
             self.content.append((self.req.program_id, self.req.turn), self.prompt_len - self.shared_prefix)
             self.content.append_output(self.max_output)
+
+    def admit(self, gpu_hit: int, loaded: int) -> None:
+        """An admission (both engines call it): of the prompt, `gpu_hit` tokens present in
+        the replica's KV (a prefix hit, or handed over by a prefill replica) and `loaded`
+        tokens reloaded from a tier; a readmission's hit may reach past the prompt into its
+        outputs, counted here only up to the prompt."""
+        cached = min(gpu_hit, self.prompt_len)
+        self.admissions.append([cached, min(gpu_hit + loaded, self.prompt_len) - cached, self.computed_prompt_tokens])
+
+    def admission_rows(self) -> list[tuple[int, int, int]]:
+        """(cached, loaded, computed) prompt tokens per admission, computed being those it
+        prefilled before the next admission (or its end): they add up to the prompt for an
+        admission that finished its prefill, less for one preempted before."""
+        ends = [a[2] for a in self.admissions[1:]] + [self.computed_prompt_tokens]
+        return [(c, ld, end - start) for (c, ld, start), end in zip(self.admissions, ends)]
 
     @property
     def num_tokens(self) -> int:

@@ -36,7 +36,10 @@ from sim.hardware.engine_config import EngineConfig
 from sim.run.simulate import arrivals_for, engine_config, execute  # noqa: F401 - execute: runs are built and run here
 from sim.run.metrics import METRICS_AT
 from sim.run.workload import closed_loop_arrivals
+from agentsim.bounds import COUNT_MAX, SEED_MAX
+from agentsim import requires
 from agentsim.errors import InputError
+from agentsim.resources import BLOCK_BYTES, CALL_BYTES, REPLICA_BYTES, check_memory
 from traces.schema import Columns, columns, read_columns
 from traces.transform import repeat_turns
 from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated
@@ -44,7 +47,7 @@ from traces.validation import JSONBool, JSONFloat, JSONInt, describe, validated
 if TYPE_CHECKING:
     import pandas as pd
 
-Count = Annotated[JSONInt, Field(ge=1)]
+Count = Annotated[JSONInt, Field(ge=1, le=COUNT_MAX)]
 
 
 def OneOf(names: tuple[str, ...], what: str):  # noqa: N802 - a type, used as one
@@ -77,8 +80,8 @@ class WorkloadConfig(_Section):
     turn_repeat: Annotated[JSONInt, Field(ge=1)] = Field(
         1, description="turns xN, tokens /N (the paper's Fig. 14; traces/transform.py)")
     jps: JSONFloat | None = Field(None, description="program arrivals per second (Poisson); default: the trace's arrivals, else 0.2")
-    seed: Annotated[JSONInt, Field(ge=0, lt=2**63)] = Field(0, description="arrival seed")
-    rep: Annotated[JSONInt, Field(ge=0)] = Field(
+    seed: Annotated[JSONInt, Field(ge=0, le=SEED_MAX)] = Field(0, description="arrival seed")
+    rep: Annotated[JSONInt, Field(ge=0, le=SEED_MAX)] = Field(
         0, description="repetition: rep r > 0 draws arrivals from SeedSequence([seed, r])")
     mode: WorkloadMode = Field(
         "open", description="open: programs arrive (the trace's arrivals, or Poisson at jps); closed: --concurrency programs "
@@ -255,14 +258,9 @@ def read_config(path: str | Path) -> dict:
 
 
 def check_workload(w: WorkloadConfig) -> None:
-    """The closed loop's flags go together: --workload closed with --concurrency, no --jps."""
-    if w.mode == "closed":
-        if w.concurrency is None:
-            raise InputError("--workload closed needs --concurrency N (the programs in flight at once)")
-        if w.jps is not None:
-            raise InputError("--jps has no meaning with --workload closed (a program starts when another finishes); drop it")
-    elif w.concurrency is not None:
-        raise InputError("--concurrency applies only to --workload closed; add --workload closed or drop --concurrency")
+    """A closed loop needs its size (flags that apply only to one mode: agentsim/requires.py)."""
+    if w.mode == "closed" and w.concurrency is None:
+        raise InputError("--workload closed needs --concurrency N (the programs in flight at once)")
 
 
 def check_limits(profile: Profile, e: EngineLimits) -> None:
@@ -276,6 +274,16 @@ def check_limits(profile: Profile, e: EngineLimits) -> None:
                          f"allocated; give at most that many")
     if e.max_model_len is not None and e.max_model_len > pe.max_model_len:
         raise InputError(f"--max-model-len {e.max_model_len} exceeds the max_model_len {pe.max_model_len} of profile {profile.name!r}")
+
+
+def check_run_memory(rows: int, turn_repeat: int, replicas: int, blocks: int) -> None:
+    """A run keeps every call's record and each replica's KV pool: refused before it starts
+    when they cannot fit (agentsim/resources.py)."""
+    calls = rows * turn_repeat
+    check_memory(calls * CALL_BYTES, f"{calls:,} calls ({rows:,} trace rows x --turn-repeat {turn_repeat})",
+                 "give fewer --programs or a smaller --turn-repeat")
+    check_memory(replicas * (blocks * BLOCK_BYTES + REPLICA_BYTES), f"--replicas {replicas} of {blocks:,} KV blocks each",
+                 "give fewer --replicas or --num-blocks")
 
 
 @functools.lru_cache(maxsize=8)
@@ -343,6 +351,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     of config.policy; the resolved config then names it, without parameters)."""
     w, e, c = config.workload, config.engine, config.cluster
     own_policy = policy is not None
+    requires.check("run", config if not own_policy else config.model_copy(update={"policy": PolicyConfig()}))
     if not own_policy:
         policy = make_policy(config.policy.name, **config.policy.args)
     if profile is None:
@@ -358,13 +367,14 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     if disagg is not None:
         check_replicas(disagg.spec, (disagg.prefill, disagg.decode), c.replicas)
     check_workload(w)
-    trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
                         enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache,
                         async_scheduling=e.async_scheduling)
-    if e.async_scheduling and c.cache == "radix":
-        raise InputError("--async-scheduling models vLLM's engine core, not SGLang's: it cannot run with --cache radix")
+    base = _trace(w.trace, w.programs, 1) if trace is None else _cut(columns(trace), w.programs, 1)
+    check_run_memory(len(base["program_id"]), w.turn_repeat, c.replicas if disagg is None else disagg.prefill + disagg.decode,
+                     cfg.num_gpu_blocks)
+    trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
     if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs

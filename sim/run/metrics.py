@@ -20,6 +20,7 @@ class Recorder:
 
     def record(self, call: Call, now: float) -> None:
         r = call.req
+        adm = call.admission_rows() or [(call.cached_tokens or 0, call.admission_loaded_tokens, call.computed_prompt_tokens)]  # a Call made by hand
         self.turns.append({
             "program_id": r.program_id, "turn": r.turn, "arrival": r.arrival,
             "program_arrival": r.program_arrival, "scheduled": call.scheduled_at,
@@ -28,12 +29,16 @@ class Recorder:
             "output_tokens": call.num_output, "cached_tokens": call.cached_tokens,
             "computed_prompt_tokens": call.computed_prompt_tokens, "preemptions": call.preemptions,
             "exec_time": r.exec_time, "tool": r.tool, "is_last": r.is_last_step,
-            "replica": call.replica, "loaded_tokens": call.admission_loaded_tokens, "reload_s": call.reload_s,
+            "replica": call.replica, "loaded_tokens": adm[0][1], "computed_tokens": adm[0][2], "reload_s": call.reload_s,
             # vLLM's request metrics (`vllm bench serve`), from the call's arrival at the engine
             "ttft": call.first_token_at - r.arrival,
             "tpot": (now - call.first_token_at) / (call.num_output - 1) if call.num_output > 1 else float("nan"),
             "e2el": now - r.arrival,
             "reloaded_tokens_total": call.loaded_tokens,
+            # every admission side by side, and their totals (computed's is computed_prompt_tokens)
+            "admissions": len(adm), "admission_cached": [a[0] for a in adm], "admission_loaded": [a[1] for a in adm],
+            "admission_computed": [a[2] for a in adm],
+            "cached_tokens_total": sum(a[0] for a in adm), "loaded_tokens_total": sum(a[1] for a in adm),
         })
 
 
@@ -195,8 +200,19 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "tool": ("name", "the tool run after this call (none after the last call or where the trace names none)"),
         "is_last": ("bool", "the program's last call (no tool after it)"),
         "replica": ("index", "the replica that served the call, from 0"),
-        "loaded_tokens": ("tokens", "prompt tokens reloaded from an offload tier instead of recomputed, at the call's last "
-                                    "admission (a preempted call's earlier reloads: reloaded_tokens_total)"),
+        "loaded_tokens": ("tokens", "prompt tokens reloaded from an offload tier instead of recomputed, at first admission "
+                                    "(beside cached_tokens and computed_tokens: the three add up to the prompt once it is prefilled)"),
+        "computed_tokens": ("tokens", "prompt tokens prefilled by the first admission (before a preemption, if any)"),
+        "admissions": ("count", "times the call was admitted: the first, and once after each preemption (and on "
+                                "its decode replica, when a prefill replica prefilled it)"),
+        "admission_cached": ("tokens", "per admission, prompt tokens present in the replica's KV (a prefix hit, or "
+                                       "handed over by a prefill replica)"),
+        "admission_loaded": ("tokens", "per admission, prompt tokens reloaded from an offload tier"),
+        "admission_computed": ("tokens", "per admission, prompt tokens prefilled before the next admission or the end; "
+                                         "cached + loaded + computed = prompt for an admission that finished its prefill"),
+        "cached_tokens_total": ("tokens", "admission_cached summed over admissions"),
+        "loaded_tokens_total": ("tokens", "admission_loaded summed over admissions (prompt tokens only; every token "
+                                          "reloaded: reloaded_tokens_total)"),
         "reload_s": ("s", "transfer time of all the call's reloads (every admission)"),
         "ttft": ("s", "time to first token: first_token - arrival (vLLM's TTFT)"),
         "tpot": ("s", "time per output token after the first: (finish - first_token) / (output_tokens - 1); "
@@ -217,7 +233,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "computed_prompt_tokens": ("tokens", "sum of its calls' prefilled prompt tokens"),
         "output_tokens": ("tokens", "sum of its calls' output tokens"),
         "preemptions": ("count", "sum of its calls' preemptions"),
-        "loaded_tokens": ("tokens", "sum of its calls' loaded_tokens (reloaded at each call's last admission)"),
+        "loaded_tokens": ("tokens", "sum of its calls' loaded_tokens (reloaded at each call's first admission)"),
         "reload_s": ("s", "sum of its calls' reload transfer times"),
         "reloaded_tokens_total": ("tokens", "sum of its calls' reloaded_tokens_total (every admission)"),
     },

@@ -257,9 +257,10 @@ class Scheduler:
                 if num_new is None:
                     break  # head-of-line blocking
                 self.waiting.pop(j)
+                call.admit(call.num_computed - call.admission_loaded_tokens, call.admission_loaded_tokens)
                 if call.scheduled_at is None:
                     call.scheduled_at = now
-                    call.cached_tokens = call.num_computed - call.loaded_tokens  # GPU hit only
+                    call.cached_tokens = call.admissions[0][0]  # GPU hit only
                     policy.on_schedule(call.req, now)
                 hits.append(call.req.program_id)
                 self.running.append(call)

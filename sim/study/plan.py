@@ -49,6 +49,7 @@ from sim.study.sweep import RESULTS, Workers, build_run, point_key, stopped_earl
 from agentsim.errors import InputError
 from agentsim.files import atomic_write, check_output
 from traces.validation import JSONFloat, Model, validated
+from agentsim.bounds import COUNT_MAX, int_flag
 
 PRICES_FILE = roofline.SPEC_DIR / "prices.json"
 # Lower is better for all of them; names as in the run summary (sim/run/metrics.py).
@@ -485,13 +486,13 @@ def register(sub) -> None:
                    help=f"comma-separated routers ({', '.join(router_names())}); default round_robin and session (a "
                         "program's turns on one replica, where its prefix cache is)")
     p.add_argument("--prices", default=None, help=f"price table JSON (default sim/hardware/specs/{PRICES_FILE.name})")
-    p.add_argument("--max-replicas", type=int, default=16)
+    p.add_argument("--max-replicas", type=int_flag(1, 4096), default=16)
     p.add_argument("--seeds", default="0", help="comma-separated arrival seeds; the metric is their mean")
-    p.add_argument("--programs", type=int, default=None, help="the trace's first N programs")
+    p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=None, help="the trace's first N programs")
     p.add_argument("--num-blocks", type=int, default=None, help="cut every candidate's KV pool to N blocks")
     p.add_argument("--out", required=True, help="directory: results.parquet (resumable), plan.parquet, plan.md, plan.png")
     p.add_argument("--md", default=None, help="also write the plan's markdown here")
-    p.add_argument("--workers", type=int, default=1, help="points in flight per round (local processes)")
+    p.add_argument("--workers", type=int_flag(1, 4096), default=1, help="points in flight per round (local processes)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="run points on an existing Dask cluster")
     p.add_argument("--no-early-stop", action="store_true",
                    help="run every point to its end (by default a point stops once its SLO is known to fail: "

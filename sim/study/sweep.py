@@ -49,6 +49,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -69,6 +70,7 @@ from sim.run.config import Run, SimConfig, build_run as build_config_run, check_
 from sim.hardware.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.cluster.router import router_names, router_params
 from agentsim.errors import InputError, SimulationError
+from agentsim.resources import SWEEP_POINT_BYTES, check_memory
 from agentsim.files import atomic_write, check_output
 
 # name -> (type, default): the leaf fields of SimConfig (sim/run/config.py), whose help says
@@ -174,6 +176,14 @@ def point_key(point: dict) -> str:
     return hashlib.sha256(json.dumps(norm, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def check_grid_memory(specs: list[dict], times: int = 1) -> None:
+    """A grid's points (the product of its axes' lengths, `times` over) are made and kept
+    in memory: refused before they are when they cannot fit (agentsim/resources.py)."""
+    n = times * sum(math.prod(len(v) if isinstance(v, (list, tuple)) else 1 for v in s.values())
+                    for s in specs if isinstance(s, dict))
+    check_memory(n * SWEEP_POINT_BYTES, f"{n:,} sweep points", "give fewer axis values or --reps")
+
+
 def expand_grid(spec: dict | list[dict]) -> list[dict]:
     """Cross product of each dict's axes (a list or one value each); a list of dicts is a union.
 
@@ -182,6 +192,7 @@ def expand_grid(spec: dict | list[dict]) -> list[dict]:
     likewise. Duplicates are dropped.
     """
     specs = spec if isinstance(spec, list) else [spec]
+    check_grid_memory(specs)
     points, seen = [], set()
     for s in specs:
         if not isinstance(s, dict):

@@ -455,11 +455,12 @@ class VllmReplica(Replica):
         if not out.total_num_scheduled_tokens:
             return out, 0.0, start, None
         scheduled = out.num_scheduled_tokens
-        for new in out.scheduled_new_reqs:
-            call = calls[new.req_id]
-            if call.scheduled_at is None:  # first admission: the GPU prefix hit is what it did not compute or load
+        for rid in [new.req_id for new in out.scheduled_new_reqs] + sorted(out.scheduled_cached_reqs.resumed_req_ids):
+            call = calls[rid]  # admitted: the GPU prefix hit is what it did not compute or load
+            call.admit(requests[rid].num_computed_tokens - scheduled[rid] - call.admission_loaded_tokens, call.admission_loaded_tokens)
+            if call.scheduled_at is None:
                 call.scheduled_at = now
-                call.cached_tokens = requests[new.req_id].num_computed_tokens - scheduled[new.req_id] - call.loaded_tokens
+                call.cached_tokens = call.admissions[0][0]
         rows = {}
         for rid, q in scheduled.items():
             r = requests[rid]

@@ -161,9 +161,11 @@ def read_json(path: Path):
 
 def parse_time(value, path, where: str, fld: str) -> float:
     """ISO-8601 string or epoch number → epoch seconds."""
-    if isinstance(value, bool) or value is None:
+    if value is None:
         raise fail(path, where, fld, "is missing", "give a timestamp (ISO-8601 or epoch seconds)")
     t = None
+    if isinstance(value, bool):  # true is a wrong type (json's 1), not a missing field
+        raise fail(path, where, fld, f"is {json.dumps(value)}, a boolean, not a timestamp", "give ISO-8601 (2026-01-31T12:00:00.000Z) or epoch seconds")
     if isinstance(value, (int, float)) and math.isfinite(value):
         t = float(value)
     elif isinstance(value, str):

@@ -104,8 +104,9 @@ def _call(path, where, r: dict, count) -> Call:
     if not isinstance(msgs, list) or not isinstance(out_msg, dict):
         raise fail(path, where, "messages" if not isinstance(msgs, list) else "response.choices[0].message", "is missing",
                    "each call needs its prompt messages and response message (wrong format?)")
-    start = next((r[k] for k in _START_KEYS if r.get(k) is not None), resp.get("created"))
-    start_s = parse_time(start, path, where, "start_time")
+    key = next((k for k in _START_KEYS if r.get(k) is not None), None)
+    start = r[key] if key else resp.get("created")
+    start_s = parse_time(start, path, where, key or "start_time")
     end = next((r[k] for k in _END_KEYS if r.get(k) is not None), None)
     end_s = start_s if end is None else parse_time(end, path, where, "end_time")
     if end_s < start_s:
