@@ -73,6 +73,15 @@ def test_every_policy_is_documented():
     assert not missing, f"policies missing from docs/cli.md or docs/policies.md: {missing}"
 
 
+def test_every_router_is_documented():
+    from sim.cluster.router import router_names
+
+    config, clusters = (DOCS / "config.md").read_text(), (DOCS / "offload.md").read_text()
+    row = next(ln for ln in config.splitlines() if ln.startswith("| `cluster.router` |"))
+    missing = [r for r in router_names() if r not in row or f"`{r}`" not in clusters]
+    assert not missing, f"routers missing from docs/config.md's cluster.router row or docs/offload.md: {missing}"
+
+
 def prose_words(text: str) -> int:
     """Words a reader reads: outside generated blocks (a script rewrites them), code blocks,
     indented examples and Markdown tables."""

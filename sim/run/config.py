@@ -31,7 +31,7 @@ from policies.registry import make_policy, params_model, policy_params
 from sim.kv.tiers import TierSpec, build_tiers, parse_offload
 from sim.cluster.disagg import DEFAULT_LINK, Disagg, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, check_replicas, make_disagg
 from sim.hardware.profile import DEFAULT_PROFILE, Profile, load_profile
-from sim.cluster.router import Router, make_router, router_args
+from sim.cluster.router import Router, make_router, router_args, router_names
 from sim.hardware.engine_config import EngineConfig
 from sim.run.simulate import arrivals_for, engine_config, execute  # noqa: F401 - execute: runs are built and run here
 from sim.run.metrics import METRICS_AT
@@ -123,7 +123,8 @@ class EngineLimits(_Section):
 
 class ClusterConfig(_Section):
     replicas: Count = Field(1, description="replicas, each its own engine and KV pool")
-    router: str | None = Field(None, description="which replica serves a call: round_robin (default), least_loaded, session, prefix, cache_aware")
+    router: str | None = Field(None, description=f"which replica serves a call: {', '.join(router_names())} "
+                                                  "(round_robin by default; installed plugins add theirs)")
     router_args: dict[str, Any] = Field(
         default_factory=dict, description="the router's parameters (name -> value), e.g. cache_aware's cache_threshold "
                                           "(`sim run --router-arg K=V`; sim/cluster/router.py)")
