@@ -20,7 +20,7 @@ from pathlib import Path
 
 COMPILED = (
     "policies.base", "policies.pins", "policies.continuum",
-    "sim.replica.call", "sim.replica.clock", "sim.kv.content", "sim.hardware.stretch", "sim.hardware.profile", "sim.simpy_replica.scheduler", "sim.simpy_replica.engine",
+    "sim.replica.call", "sim.replica.clock", "sim.kv.content", "sim.hardware.stretch", "sim.hardware.profile", "sim.replica.policy_host", "sim.simpy_replica.scheduler", "sim.simpy_replica.engine",
     "sim.cluster.cluster", "sim.cluster.router", "sim.run.workload", "sim.run.metrics", "sim.run.simulate", "sim.kv.radix_cache",
     "sim.kv.tiers",
 )
