@@ -158,7 +158,7 @@ class PolicyHost:
 
     def expire_pins(self, now: float) -> None:
         """Drop pins whose TTL ran out, except those whose program's next call waits."""
-        if self.pins:
+        if self.policy.pins:  # the policy's dict: a C-level test, where the table's len() is a call
             for pid in self.policy.expired_pins(now, self.waiting_programs()):
                 self.release_pin(pid, now, Release.EXPIRED)
 
