@@ -196,31 +196,6 @@ class SlidingMean:
         return len(self._window)
 
 
-class FinishStats:
-    """The two running statistics an EngineView reports, kept one way for both engines
-    so that a policy reads the same numbers in the simulator and inside vLLM:
-    queue_delay() = mean queueing delay of the last `window` non-first calls (the
-    paper's T; a first call never had a cache to lose), avg_request_blocks() = mean
-    blocks a call held at its finish (the paper's M)."""
-
-    def __init__(self, window: int = 100) -> None:
-        self._delays = SlidingMean(window, empty=0.0)
-        self._blocks_sum = 0
-        self._blocks_n = 0
-
-    def record(self, req: Request, queue_delay: float | None, blocks: int) -> None:
-        if queue_delay is not None and req.turn > 0:
-            self._delays.append(queue_delay)
-        self._blocks_sum += blocks
-        self._blocks_n += 1
-
-    def queue_delay(self) -> float:
-        return self._delays.mean
-
-    def avg_request_blocks(self) -> float:
-        return self._blocks_sum / self._blocks_n if self._blocks_n else 1.0
-
-
 class Policy:
     """Defaults = vLLM: request-level FCFS, free at end of turn, preempt the newest."""
 

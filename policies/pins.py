@@ -4,10 +4,9 @@ much memory pins take over time.
 A pin keeps a finished call's blocks referenced until the program's next call (a hit)
 or a release (expired, victim, discard, last). Pins share blocks (every program's copy
 of the system prompt is one set of blocks), so pinned memory is the number of
-*distinct* pinned blocks, and `block_seconds` is its integral over time. The simulator
-(sim/simpy_replica/scheduler.py) and the vLLM adapter (sim/vllm_replica/scheduler.py) both keep their
-pins in a PinTable; what a release does to the blocks (free them to the engine's pool,
-offload them first) stays with each engine. Stdlib only: it runs inside vLLM.
+*distinct* pinned blocks, and `block_seconds` is its integral over time. The policy
+host both engines are (sim/replica/policy_host.py) keeps its pins in a PinTable; freeing
+a released pin's blocks is each engine's block operation. Stdlib only: it runs inside vLLM.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The rules both engines apply around a policy, written once: the SimPy replica
-(sim/simpy_replica/scheduler.py) and the vLLM adapter (sim/vllm_replica/scheduler.py) supply their
-block operations and call these for the decisions. Stdlib only: it runs inside vLLM.
+"""Two rules around a policy's decisions, for the policy host both engines are
+(sim/replica/policy_host.py): which pins to drop for a blocked head, and whether a
+dropped pin is offloaded first. Stdlib only: it runs inside vLLM.
 """
 from __future__ import annotations
 

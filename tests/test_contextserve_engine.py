@@ -54,13 +54,13 @@ def test_three_branches_inside_vllm(llm):
 
     # FAST: `ls` pins for the fixed 2 s; its next turn is served from the held blocks
     ctx, _ = _turn(llm, ids(PROMPT), "fast", "ls")
-    assert "fast" in sched.pinned and pol.pins["fast"].expiry - pol.pins["fast"].since == pytest.approx(2.0)
+    assert "fast" in sched.pins and pol.pins["fast"].expiry - pol.pins["fast"].since == pytest.approx(2.0)
     _, cached = _turn(llm, ctx + ids(16), "fast", last=True)
     assert cached >= 2 * 128 and pol.pin_outcomes["hit"] == 1
 
     # SLOW: `pip install x` frees at once
     ctx, _ = _turn(llm, ids(PROMPT), "slow", "pip install numpy")
-    assert "slow" not in sched.pinned and "slow" not in pol.pins
+    assert "slow" not in sched.pins and "slow" not in pol.pins
     _turn(llm, ctx + ids(16), "slow", last=True)
 
     # UNCERTAIN: `python x.py`: Continuum's cold-start TTL for two turns, then the NIG quantile
@@ -70,8 +70,8 @@ def test_three_branches_inside_vllm(llm):
         ctx, _ = _turn(llm, ctx + ids(16), "unc", "python x.py")
     assert pol.nig["python"].n == 2 and pol.ttl_source["nig"] == 1
     assert pol.ttl_source["default"] == 2  # both earlier UNCERTAIN turns (|S| <= K: T_default)
-    assert "unc" in sched.pinned and pol.ttls["python x.py"][-1] == pytest.approx(pol.nig_ttl("python x.py"))
+    assert "unc" in sched.pins and pol.ttls["python x.py"][-1] == pytest.approx(pol.nig_ttl("python x.py"))
     _turn(llm, ctx + ids(16), "unc", last=True)
 
     assert pol.ttl_source["fast"] == 1 and pol.ttl_source["slow"] == 1
-    assert not sched.pinned and not sched.calls and not sched.inflight  # nothing left behind
+    assert not sched.pins and not sched.calls and not sched.inflight  # nothing left behind

@@ -65,7 +65,7 @@ def _old_unpin_for(self, call, short, now):
         releasable = sum(self.pool.count_ref(blks, 1) for p, blks in self.pins.items() if p != pid)
         if releasable < short:
             return False
-    victims = self.policy.unpin_victims(short, self.view, exclude=pid)
+    victims = self.policy.unpin_victims(short, self, exclude=pid)
     for victim in victims:
         self.release_pin(victim, now, "victim")
     return bool(victims)

@@ -108,7 +108,7 @@ llm = start_engine(device="cpu", num_gpu_blocks=40, max_model_len=2048, seed=0,
 p = SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False, temperature=0.0, extra_args={"job_id": "a", "tool": "ls"})
 llm.generate([{"prompt_token_ids": list(range(100, 400))}], [p], use_tqdm=False)
 sched = llm.llm_engine.engine_core.engine_core.scheduler
-print(json.dumps({"policy": sched.policy.name, "pinned": len(sched.pinned)}))
+print(json.dumps({"policy": sched.policy.name, "pinned": len(sched.pins)}))
 '''
 
 

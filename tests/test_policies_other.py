@@ -206,8 +206,7 @@ def _blocked_head(policy, running: bool):
     from sim.simpy_replica.scheduler import Scheduler
 
     s = Scheduler(EngineConfig(num_gpu_blocks=21, block_size=16), policy)
-    s.view = FakeView(blocks={"p": 8})
-    s.pin("p", s.pool.allocate(8), 0.0)
+    s.hold_pin("p", s.pool.allocate(8), 0.0)
     policy.pins["p"] = Pin(expiry=100.0, program_arrival=5.0, since=0.0, tool="t")  # arrived after the head
     if running:
         r = Call(req=req(pid="r", turn=0, prog_arrival=0.0, tokens=70), seq_no=0, prompt_len=70, max_output=50)
@@ -235,7 +234,8 @@ def test_continuum_family_unpins_for_the_queue_head_only_in_a_deadlock(name):
 
 
 def test_finish_stats_are_the_papers_T_and_M():
-    from policies.base import FinishStats, Request
+    from policies.base import Request
+    from sim.replica.policy_host import FinishStats
 
     st = FinishStats(window=2)
     assert st.queue_delay() == 0.0 and st.avg_request_blocks() == 1.0  # nothing seen yet

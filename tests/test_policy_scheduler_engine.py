@@ -93,7 +93,7 @@ def test_pinned_context_is_served_from_cache(static_llm):
     # the floods fit beside A's held blocks; A's next turn hits all 8 full blocks
     assert _program_a_then_floods(static_llm, np.random.default_rng(0), "pinned") >= A_PROMPT
     assert dict(sched.policy.pin_outcomes) == {"hit": 1}
-    assert not sched.pinned and not sched.calls and not sched.inflight  # nothing left behind
+    assert not sched.pins and not sched.calls and not sched.inflight  # nothing left behind
 
 
 def test_odd_metadata_never_crashes_the_engine(static_llm, caplog):
@@ -105,11 +105,11 @@ def test_odd_metadata_never_crashes_the_engine(static_llm, caplog):
     outs = _gen(static_llm, [_ids(rng, 64) for _ in odd], odd)
     assert len(outs) == len(odd)
     # only m1 (is_last_step unreadable -> false) may keep a pin; every anonymous call ended
-    assert set(sched.pinned) <= {"m1"}
+    assert set(sched.pins) <= {"m1"}
     assert not sched.calls and not sched.inflight
     assert not any(p.startswith("<anon>") for p in sched.programs)
     _gen(static_llm, [_ids(rng, 16)], [{"job_id": "m1", "is_last_step": True}])
-    assert not sched.pinned
+    assert not sched.pins
 
 
 def test_concurrent_calls_of_one_job_are_served_apart(static_llm):
@@ -118,9 +118,9 @@ def test_concurrent_calls_of_one_job_are_served_apart(static_llm):
     xargs = [{"job_id": "same", "is_last_step": False, "tool": "cat"}] * 3  # cat: unseen, pins
     outs = _gen(static_llm, [_ids(rng, 200) for _ in xargs], xargs)
     assert len(outs) == 3
-    assert list(sched.pinned) == ["same"]  # the first call is the program's; the others one-turn
+    assert list(sched.pins) == ["same"]  # the first call is the program's; the others one-turn
     _gen(static_llm, [_ids(rng, 16)], [{"job_id": "same", "is_last_step": True}])
-    assert not sched.pinned and not sched.calls and not sched.inflight
+    assert not sched.pins and not sched.calls and not sched.inflight
 
 
 def test_arrivals_take_their_policy_place_in_the_waiting_queue(static_llm):
@@ -130,7 +130,7 @@ def test_arrivals_take_their_policy_place_in_the_waiting_queue(static_llm):
 
     llm, sched, rng = static_llm, _sched(static_llm), np.random.default_rng(1)
     first = _gen(llm, [_ids(rng, 200)], [{"job_id": "early", "is_last_step": False, "tool": "unseen"}])[0]
-    assert "early" in sched.pinned  # a tool never seen has mean 0: it pins
+    assert "early" in sched.pins  # a tool never seen has mean 0: it pins
     order = [("late1", {"job_id": "late1", "is_last_step": True}), ("late2", {"job_id": "late2", "is_last_step": True}),
              ("early1", {"job_id": "early", "is_last_step": True})]
     for rid, xargs in order:  # no step in between: all three wait
@@ -140,7 +140,7 @@ def test_arrivals_take_their_policy_place_in_the_waiting_queue(static_llm):
     waiting = [r.request_id for r in sched.waiting]
     llm.llm_engine.abort_request([r for r, _ in order])
     assert [w.split("-")[0] for w in waiting] == ["early1", "late1", "late2"]
-    assert not sched.pinned and not sched.calls  # aborting the turn ended its program and its pin
+    assert not sched.pins and not sched.calls  # aborting the turn ended its program and its pin
 
 
 def test_reset_stats_starts_the_run_with_a_fresh_policy(static_llm):
@@ -163,7 +163,7 @@ def test_expired_pin_is_not_served(engines):
     # the pin runs out before the floods arrive; they evict A's blocks
     assert _program_a_then_floods(llm, np.random.default_rng(0), "expired", wait_s=1.0) < 2 * 128
     assert dict(sched.policy.pin_outcomes) == {"expired": 1}
-    assert not sched.pinned
+    assert not sched.pins
 
 
 @pytest.mark.parametrize("policy", ["continuum-static", "rebuild-priced-ttl"])
@@ -184,6 +184,8 @@ def test_running_is_ordered_for_the_policys_victims(policy):
                         is_last_step=bool(rng.integers(0, 2))) for i in range(n)]
         stub = SimpleNamespace(policy=make_policy(policy), calls={r.req_id: _Call(r, i) for i, r in enumerate(reqs)},
                                running=[SimpleNamespace(request_id=r.req_id) for r in reqs])
+        stub.running_requests = lambda: PolicyScheduler.running_requests(stub)
+        stub.victim_ordered = lambda: PolicyScheduler.victim_ordered(stub)
         rest, tail = list(stub.running), []
         while len(rest) > 1:
             chosen = stub.policy.preemption_victim([stub.calls[x.request_id].req for x in rest], stub)
@@ -205,6 +207,6 @@ def test_soft_retention_inside_vllm_keeps_a_context_and_yields_it_under_pressure
         pool = sched.kv_cache_manager.block_pool
         assert type(pool).__name__ == "RetainingBlockPool" and pool.retainer.evicted == 0
         _gen(llm, [_ids(np.random.default_rng(1), 2000)], [None])  # 16 blocks: more than the queue holds
-        assert pool.retainer.evicted > 0 and not sched.pinned and not sched.calls
+        assert pool.retainer.evicted > 0 and not sched.pins and not sched.calls
     finally:
         llm.llm_engine.engine_core.shutdown()

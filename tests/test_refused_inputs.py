@@ -21,8 +21,8 @@ def test_pinned_blocks_count_shared_blocks_once():
     shared = s.pool.allocate(3)
     a, b = s.pool.allocate(2), s.pool.allocate(1)
     s.pool.touch(shared)  # a second holder of the shared prefix
-    s.pin("a", shared + a, 0.0)
-    s.pin("b", shared + b, 1.0)
+    s.hold_pin("a", shared + a, 0.0)
+    s.hold_pin("b", shared + b, 1.0)
     assert s.pinned_blocks == 6  # 3 shared + 2 + 1, not 5 + 4
     assert s.pinned_blocks <= s.pool.num_used
     s.release_pin("a", 2.0, "expired")

@@ -6,9 +6,6 @@ from sim.hardware.engine_config import EngineConfig
 from sim.simpy_replica.scheduler import Scheduler
 
 
-from conftest import FakeView as View  # noqa: E402
-
-
 
 def call(pid, prompt, out, seq, arrival=0.0):
     req = Request(req_id=f"{pid}#0", program_id=pid, turn=0, arrival=arrival, program_arrival=arrival, prompt_tokens=prompt)
@@ -17,9 +14,7 @@ def call(pid, prompt, out, seq, arrival=0.0):
 
 def sched(**kw):
     cfg = EngineConfig(**{"num_gpu_blocks": 100, "block_size": 16, **kw})
-    s = Scheduler(cfg, make_policy("vllm"))
-    s.view = View()
-    return s
+    return Scheduler(cfg, make_policy("vllm"))
 
 
 def test_token_budget_and_chunked_prefill():

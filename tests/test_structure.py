@@ -104,19 +104,87 @@ def _names_imported_from(tree: ast.Module, module: str) -> set[str]:
             for a in n.names}
 
 
-def test_both_engines_take_the_policy_rules_from_one_place():
-    # The rules a policy relies on are written once (policies/runtime.py, policies/pins.py)
-    # and imported by the SimPy scheduler and the vLLM adapter alike; neither engine
-    # defines its own copy under the same name.
+# The engine view a policy reads and the rules around its pins, its victims and finished
+# calls are the policy host's (sim/replica/policy_host.py), which both engines inherit,
+# providing its block operations (HostedEngine).
+HOST = "sim/replica/policy_host.py"
+ENGINE_SCHEDULERS = {"sim/simpy_replica/scheduler.py": "Scheduler", "sim/vllm_replica/scheduler.py": "PolicyScheduler"}
+VIEW_METHODS = {"free_blocks", "blocks_of", "avg_request_blocks", "prefill_reload_time", "offload_enabled",
+                "reload_time", "running_tokens", "linear_step", "queue_delay"}
+PIN_RULES = {"hold_pin", "release_pin", "expire_pins", "drop_reviewed_pins", "drop_pins_for", "offload_finished",
+             "victim_ordered", "call_finished", "end_program"}
+# The same name for another thing, which the host's method reads
+SAME_NAME = {("sim/kv/tiers.py", "reload_time"): "a tier's own transfer time",
+             ("sim/hardware/profile.py", "linear_step"): "the step model's linear fit"}
+
+
+def _protocol_stubs(tree: ast.Module) -> set[int]:
+    """The methods of typing.Protocol classes (declarations, not definitions)."""
+    return {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+            and any(getattr(b, "id", getattr(b, "attr", None)) == "Protocol" for b in c.bases)
+            for f in c.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def definers(modules: dict[str, ast.Module], names: set[str]) -> dict[str, set[str]]:
+    """name -> the modules that define a function of that name (Protocol declarations aside)."""
+    out: dict[str, set[str]] = {n: set() for n in names}
+    for path, tree in modules.items():
+        stubs = _protocol_stubs(tree)
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in names and id(n) not in stubs:
+                out[n.name].add(path)
+    return out
+
+
+def copies_outside_the_host(modules: dict[str, ast.Module]) -> list[str]:
+    return sorted(f"{path} defines {name}" for name, paths in definers(modules, VIEW_METHODS | PIN_RULES).items()
+                  for path in paths if path != HOST and (path, name) not in SAME_NAME)
+
+
+def test_the_engine_view_and_the_pin_rules_are_defined_once_in_the_policy_host():
     mods = _modules()
-    engines = ("sim/simpy_replica/scheduler.py", "sim/vllm_replica/scheduler.py")
-    shared = {"policies.runtime": {"no_deadlock_victims"}, "policies.pins": {"PinTable"}}
-    for path in engines:
-        for module, names in shared.items():
-            assert names <= _names_imported_from(mods[path], module), (path, module)
-    rules = set().union(*(_top_level_names(mods[p]) for p in ("policies/runtime.py", "policies/pins.py")))
-    for path in engines:
-        assert not rules & _top_level_names(mods[path]), (path, rules & _top_level_names(mods[path]))
+    assert copies_outside_the_host(mods) == []
+    found = definers({HOST: mods[HOST]}, VIEW_METHODS | PIN_RULES)
+    assert all(found.values()), sorted(n for n, p in found.items() if not p)
+
+
+def test_the_check_finds_a_second_copy_of_a_view_method_or_pin_rule():
+    planted = {HOST: "class PolicyHost:\n    def free_blocks(self):\n        pass\n",
+               "sim/vllm_replica/x.py": "class S:\n    def release_pin(self, pid, now, reason):\n        pass\n",
+               "policies/y.py": "from typing import Protocol\nclass V(Protocol):\n    def free_blocks(self): ...\n"
+                                "class W:\n    def queue_delay(self):\n        return 0.0\n",
+               "sim/kv/tiers.py": "class T:\n    def reload_time(self, tokens):\n        return 0.0\n"}
+    assert copies_outside_the_host({p: ast.parse(s) for p, s in planted.items()}) == [
+        "policies/y.py defines queue_delay", "sim/vllm_replica/x.py defines release_pin"]
+
+
+def _provided(tree: ast.Module, cls: str) -> set[str]:
+    """Methods a module's class defines and attributes it assigns on self."""
+    c = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return {n.name for n in c.body if isinstance(n, ast.FunctionDef)} | {
+        n.attr for n in ast.walk(c) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+        and getattr(n.value, "id", None) == "self"}
+
+
+def test_both_engines_are_the_policy_host_and_provide_its_block_operations():
+    mods = _modules()
+    protocol = next(n for n in mods[HOST].body if isinstance(n, ast.ClassDef) and n.name == "HostedEngine")
+    ops = {n.name for n in protocol.body if isinstance(n, ast.FunctionDef)}
+    fields = {n.target.id for n in protocol.body if isinstance(n, ast.AnnAssign)}
+    assert {"count_free", "free_pinned", "block_keys"} <= ops and {"running", "block_size"} <= fields
+    for path, cls in ENGINE_SCHEDULERS.items():
+        tree = mods[path]
+        c = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        assert "PolicyHost" in {getattr(b, "id", None) for b in c.bases}, path
+        assert "PolicyHost" in _names_imported_from(tree, "sim.replica.policy_host"), path
+        assert ops - _provided(tree, cls) == set(), path
+        # the rules the host applies come to the engines through it alone
+        assert not _names_imported_from(tree, "policies.runtime"), path
+        assert "PinTable" not in _names_imported_from(tree, "policies.pins"), path
+    assert {"no_deadlock_victims", "offloads_dropped_pin"} <= _names_imported_from(mods[HOST], "policies.runtime")
+    assert "PinTable" in _names_imported_from(mods[HOST], "policies.pins")
+    # the vLLM adapter's fields come from vLLM's Scheduler or the simulator's engine; the SimPy ones:
+    assert fields - _provided(mods["sim/simpy_replica/scheduler.py"], "Scheduler") == set()
 
 
 # What each of sim's sub-packages may import of sim besides itself, every import counted

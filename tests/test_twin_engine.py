@@ -443,7 +443,7 @@ def _queue_events(monkeypatch) -> list:
     events: list = []
 
     def state(core):
-        return (core.preemptions, len(core.pinned), core.free_blocks())
+        return (core.preemptions, len(core.pins), core.free_blocks())
 
     def v_schedule(self, now, start, _orig=VllmReplica._schedule):
         before = state(self.core)

@@ -1,5 +1,6 @@
 """One simulated vLLM replica as a SimPy process: schedule a step, let its time pass,
-apply it, hand finished calls to the policy. It is also the policy's EngineView.
+apply it, hand finished calls to the policy. Its scheduler is the policy's host and view
+(sim/replica/policy_host.py).
 
 Speed: a batch of decodes that will run unchanged (no call finishes, no allocation
 fails, nothing can be admitted) is advanced as one stretch of n steps with a single
@@ -29,7 +30,7 @@ from collections import deque
 
 import simpy
 
-from policies.base import FinishStats, Policy, Release
+from policies.base import Policy
 from sim.hardware import stretch
 from agentsim.errors import SimulationError
 from sim.replica.call import Call
@@ -60,8 +61,7 @@ class Engine(Replica):
         self.cfg = cfg
         self.profile = profile
         self.policy = policy
-        self.sched = Scheduler(cfg, policy)
-        self.sched.view = self
+        self.sched = Scheduler(cfg, policy, profile)
         self.tier = KVOffload(tiers, cfg.block_size) if tiers else NO_TIER
         self.sched.tier = self.tier
         self.sched.connector = bool(tiers)  # vLLM admits tiers' KV through a KV connector (sim/vllm_replica/connector.py)
@@ -86,45 +86,8 @@ class Engine(Replica):
         self.read_horizon = env.peek
         self._wakeup = env.event()
         self._spin_t, self._spins = -1.0, 0  # the progress watchdog (_pass_begins)
-        self.stats = FinishStats()
         self._start_accounting()
         self.process = env.process(self._loop_async() if cfg.async_scheduling else self._loop())
-
-    # --- EngineView ---------------------------------------------------------------------
-    def free_blocks(self) -> int:
-        return self.sched.pool.num_free
-
-    def blocks_of(self, program_id: str) -> int:
-        pinned = self.sched.pins.get(program_id)
-        if pinned is not None:
-            return len(pinned)
-        return sum(len(c.blocks) for c in self.sched.running if c.req.program_id == program_id)
-
-    def avg_request_blocks(self) -> float:
-        return self.stats.avg_request_blocks()
-
-    def prefill_reload_time(self, tokens: int) -> float:
-        """Prefill, or with an offload tier the reload from it (the paper's Prefill-Reload)."""
-        return self.tier.reload_time(tokens) if self.tier.enabled else self.profile.prefill_time(tokens)
-
-    # optional view facts (policies.base.OffloadView)
-    def offload_enabled(self) -> bool:
-        return self.tier.enabled
-
-    def reload_time(self, tokens: int) -> float:
-        return self.tier.reload_time(tokens)
-
-    def running_tokens(self) -> tuple[int, int]:
-        """(tokens the running calls put in a step, KV tokens they hold)."""
-        bs = self.cfg.block_size
-        return (sum(max(1, c.num_tokens - c.num_computed - c.in_flight) for c in self.sched.running),
-                sum(len(c.blocks) for c in self.sched.running) * bs)
-
-    def linear_step(self) -> tuple[float, float]:
-        return self.profile.linear_step()
-
-    def queue_delay(self) -> float:
-        return self.stats.queue_delay()
 
     def accept_handoffs(self) -> None:
         """Be a disaggregated decode replica: admit calls with the KV a prefill replica
@@ -291,9 +254,7 @@ class Engine(Replica):
             # even with none left (EngineCore.step: scheduler.has_requests() counts the
             # finished ones until the next schedule() reports them); a policy reviews its pins there
             finished = False
-            if self.policy.reviews_pins and sched.pins:
-                for pid in self.policy.review_pins(now, self):
-                    sched.release_pin(pid, now, Release.DISCARD)
+            sched.drop_reviewed_pins(now)
             pins = len(sched.pins)
             scheduled = sched.schedule(now)
             if not scheduled:
@@ -348,7 +309,7 @@ class Engine(Replica):
         schedule while the queue has room (the next step from the state before the running
         one's output, to start when it ends), else wait for the oldest step and apply it.
         Arrivals and releases during a step are taken after it is applied."""
-        env, sched, policy = self.env, self.sched, self.policy
+        env, sched = self.env, self.sched
         in_flight: deque = deque()  # (batch, schedule()'s rows, step time, end), oldest first
         empty_behind = False  # an empty pass queued behind the step in flight (vLLM queues empty outputs too)
         finished = False  # calls finished since the last schedule (vLLM's has_requests counts them)
@@ -357,9 +318,7 @@ class Engine(Replica):
             self._pass_begins(now)
             if len(in_flight) + empty_behind < 2 and (sched.running or sched.waiting or finished):
                 finished = False
-                if policy.reviews_pins and sched.pins:
-                    for pid in policy.review_pins(now, self):
-                        sched.release_pin(pid, now, Release.DISCARD)
+                sched.drop_reviewed_pins(now)
                 before = (sched.preemptions, len(sched.pins), sched.pool.num_free)
                 scheduled = sched.schedule(now)
                 if scheduled:
@@ -512,15 +471,9 @@ class Engine(Replica):
         return t
 
     def _finish(self, call: Call) -> None:
-        now = self.env.now
-        req = call.req
-        req.output_tokens = call.num_output
-        delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
-        self.stats.record(req, delay, len(call.blocks))
-        retention = self.policy.on_finish(req, now, self)
-        self.sched.retire(call, retention, now)
+        now, req, sched = self.env.now, call.req, self.sched
+        sched.retire(call, sched.call_finished(req, call.num_output, now, call.scheduled_at, len(call.blocks)), now)
         if req.is_last_step:
-            self.sched.release_pin(req.program_id, now, Release.LAST)
-            self.policy.on_program_end(req.program_id, req.turn + 1, now)
+            sched.end_program(req, now)
         if self.on_finish is not None:
             self.on_finish(call, now)

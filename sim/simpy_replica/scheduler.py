@@ -21,13 +21,13 @@ running calls for the step there.
 from __future__ import annotations
 
 from policies.base import Action, Policy, Release, Retention
-from policies.pins import PinTable
-from policies.runtime import no_deadlock_victims, offloads_dropped_pin
 from sim.kv.block_pool import BlockPool
 from sim.kv.radix_cache import RadixCache
 from sim.kv.retention import RetainingPool, refuse_radix, retain
 from sim.replica.call import Call
+from sim.replica.policy_host import PolicyHost
 from sim.hardware.engine_config import EngineConfig
+from sim.hardware.profile import Profile
 from sim.kv.tiers import NO_TIER
 
 
@@ -35,10 +35,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class Scheduler:
-    def __init__(self, cfg: EngineConfig, policy: Policy) -> None:
+class Scheduler(PolicyHost):
+    """One replica's scheduler; as the PolicyHost (sim/replica/policy_host.py) it is also
+    the policy's EngineView and holds the pins."""
+
+    def __init__(self, cfg: EngineConfig, policy: Policy, profile: Profile | None = None) -> None:
         self.cfg = cfg
-        self.policy = policy
+        self.profile = profile  # prices contexts for the policy's view (the engine's)
+        self.block_size = cfg.block_size
+        self.num_blocks = cfg.num_gpu_blocks - 1
         # the GPU KV cache (the sim/kv/protocol.py protocol): vLLM's block pool or SGLang's radix
         # tree; vLLM's BlockPool keeps one of num_gpu_blocks as its null block (never allocated)
         self.pool = (RadixCache if cfg.cache == "radix" else BlockPool)(cfg.num_gpu_blocks - 1, cfg.block_size)
@@ -46,11 +51,9 @@ class Scheduler:
             refuse_radix()
         self.waiting: list[Call] = []
         self.running: list[Call] = []
-        self.pins = PinTable()  # program -> blocks held by its pin (policies/pins.py)
         self.preemptions = 0
-        self.view = None  # EngineView, set by the engine
         self.tier = NO_TIER  # KVOffload (sim/kv/tiers.py) when an offload tier is configured
-        self._custom_victim = type(policy).preemption_victim is not Policy.preemption_victim
+        self.init_host(policy)
         self.order_moved = False  # this step's victim ordering moved a running call (Engine._steady)
         self.preempted_now = False  # the last step preempted (it admitted nothing then)
         self._tier_hit = 0  # the offload tier's answer to the last admission's lookup (_admit)
@@ -72,43 +75,38 @@ class Scheduler:
         call that asked for it on)."""
         return type(self.pool) is RetainingPool
 
-    def victim_ordered(self) -> list[Call]:
-        """The running list in the policy's victim order, last victim first. Calls the
-        policy ties (a stable sort) keep their list order in the victim order, so the list
-        comes back reversed among them: the order of tied calls flips every step."""
-        order = self.policy.preemption_order([c.req for c in self.running], self.view)
-        call_of = {id(c.req): c for c in self.running}
-        return [call_of[id(r)] for r in reversed(order)]
+    # --- the block operations of the policy host (sim/replica/policy_host.py HostedEngine) ---
+    def count_free(self) -> int:
+        return self.pool.num_free
 
-    # --- pins -----------------------------------------------------------------------
-    def pin(self, pid: str, blocks: list[int], now: float) -> None:
-        self.pins.add(pid, blocks, now)
+    def running_blocks(self, program_id: str) -> int:
+        return sum(len(c.blocks) for c in self.running if c.req.program_id == program_id)
 
-    def release_pin(self, pid: str, now: float, reason: Release) -> None:
-        blocks = self.pins.pop(pid, now)
-        if blocks is None:
-            return
-        if self.retaining:
-            self.pool.now = now
-        if self.tier.enabled and offloads_dropped_pin(self.policy, pid, reason):
-            self.tier.offload(self._keys(blocks), now)
-        self.pool.free(blocks)
-        self.policy.pin_released(pid, now, reason)
+    def running_rows(self) -> list[tuple[int, int]]:
+        return [(c.num_tokens - c.num_computed - c.in_flight, len(c.blocks)) for c in self.running]
 
-    def _keys(self, blocks: list[int]) -> list:
+    def running_requests(self) -> list:
+        return [c.req for c in self.running]
+
+    def waiting_programs(self) -> set[str]:
+        return {c.req.program_id for c in self.waiting}
+
+    def count_sole(self, blocks: list[int]) -> int:
+        return self.pool.count_ref(blocks, 1)
+
+    def block_keys(self, program_id: str, blocks: list[int]) -> list:
         """The content key each block caches (None: not a full cached block), as an
         offload tier names a context's chunks."""
         key = self.pool.key
         return [key[b] for b in blocks]
 
-    @property
-    def pinned_blocks(self) -> int:
-        """Distinct blocks held by pins (a block shared by several pins counts once)."""
-        return self.pins.distinct
+    def free_pinned(self, blocks: list[int], now: float) -> None:
+        if self.retaining:  # soft retention's evictor reads the time of the free
+            self.pool.now = now
+        self.pool.free(blocks)
 
-    @property
-    def pinned_block_seconds(self) -> float:
-        return self.pins.block_seconds
+    def pins_changed(self, program_id: str, now: float) -> None:
+        """Nothing to do: the waiting queue is sorted at each step."""
 
     # --- allocation ---------------------------------------------------------------------
     def _try_allocate(self, call: Call, num_new: int, hit: list[int] | tuple = (), evictable_hits: int = 0) -> bool:
@@ -165,17 +163,9 @@ class Scheduler:
         # the adapter places a preempted call by its order key at once (_place), and a key
         # may keep state (Autellix promotes a call it finds starving then); with steps in
         # flight the call's service grows before the next pass asks again (the twin check)
-        self.policy.order_key(victim.req, now, self.view)
+        self.policy.order_key(victim.req, now, self)
 
     # --- one step ---------------------------------------------------------------------
-    def expire_pins(self, now: float) -> None:
-        """Drop pins whose TTL ran out, except those whose program's next call waits."""
-        if not self.policy.pins:
-            return
-        waiting_pids = {c.req.program_id for c in self.waiting}
-        for pid in self.policy.expired_pins(now, waiting_pids):
-            self.release_pin(pid, now, Release.EXPIRED)
-
     def schedule(self, now: float) -> list[tuple[Call, int]]:
         cfg, policy = self.cfg, self.policy
         if self.retaining:  # soft retention's evictor reads the schedule time (a stretch's allocations too)
@@ -234,7 +224,7 @@ class Scheduler:
         # same instant (the engine's loop does: a policy that reviews pins reviews them
         # again there, now with nothing running; the twin check).
         if not preempted and self.waiting:
-            self.waiting.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
+            self.waiting.sort(key=lambda c: (policy.order_key(c.req, now, self), c.seq_no))
             hits = []  # programs whose pin the admitted call consumes: released after the loop
             j = 0  # async: calls before j wait for their stale output (vLLM skips them)
             while j < len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -249,10 +239,10 @@ class Scheduler:
                     # answer stands, though a dropped pin's offload may have changed the tier
                     num_new, short = self._admit(call, budget, self._tier_hit)
                     # the dropped pins' programs wait further back now (an order key may read
-                    # the pins): the adapter re-places their calls at once (_pins_changed),
+                    # the pins): the adapter re-places their calls at once (pins_changed),
                     # within this step's admissions (the twin check)
                     rest = self.waiting[j + 1:]
-                    rest.sort(key=lambda c: (policy.order_key(c.req, now, self.view), c.seq_no))
+                    rest.sort(key=lambda c: (policy.order_key(c.req, now, self), c.seq_no))
                     self.waiting[j + 1:] = rest
                 if num_new is None:
                     break  # head-of-line blocking
@@ -325,15 +315,8 @@ class Scheduler:
         return None, need - (self.pool.num_free - evictable_hits)
 
     def _unpin_for(self, call: Call, short: int, now: float) -> bool:
-        """Continuum's no-deadlock rule (policies/runtime.py, shared with the vLLM adapter):
-        drop the pins it names so the head fits."""
-        pid = call.req.program_id
-        victims = no_deadlock_victims(
-            self.policy, self.view, self.pins, pid, short, bool(self.running),
-            lambda: sum(self.pool.count_ref(blks, 1) for p, blks in self.pins.items() if p != pid))
-        for victim in victims:
-            self.release_pin(victim, now, Release.VICTIM)
-        return bool(victims)
+        """Continuum's no-deadlock rule for the blocked head (PolicyHost.drop_pins_for)."""
+        return self.drop_pins_for(call.req.program_id, short, now)
 
     # --- stretches of identical decode steps ---------------------------------------------
     def stretch_base(self, call: Call) -> int:
@@ -509,13 +492,13 @@ class Scheduler:
     def retire(self, call: Call, retention: Retention, now: float) -> None:
         """A finished call's KV: pinned blocks stay referenced, otherwise freed (still cached)."""
         if retention.action == Action.PIN:
-            self.pin(call.req.program_id, call.blocks, now)
+            self.hold_pin(call.req.program_id, call.blocks, now)
             call.blocks = []
         else:
             if retention.action == Action.RETAIN:
                 retain(self, call.blocks, retention, now)
             if self.retaining:
                 self.pool.now = now
-            if retention.action == Action.OFFLOAD and self.tier.enabled:
-                self.tier.offload(self._keys(call.blocks), now)  # its full chunks to the CPU tier, then free
+            if retention.action == Action.OFFLOAD:
+                self.offload_finished(call.req.program_id, call.blocks, now)
             self._free_call(call)

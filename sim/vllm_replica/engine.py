@@ -233,11 +233,11 @@ class _SchedView:
 
     @property
     def pins(self):
-        return self.r.core.pinned
+        return self.r.core.pins
 
     @property
     def pinned_blocks(self) -> int:
-        return self.r.core.pinned.distinct
+        return self.r.core.pinned_blocks
 
     @property
     def pinned_block_seconds(self) -> float:
@@ -303,7 +303,6 @@ class VllmReplica(Replica):
     def _build(self, connector: bool) -> None:
         self.core, self._hash_fn = build_scheduler(self.cfg, self.policy, self.profile, clock=lambda: self.env.now,
                                                    connector=connector)
-        self.stats = self.core.stats
         self.core.tier, self.core.block_keys = self.tier, self._block_keys
         if connector:
             self.core.connector.bind(self.tier, self._calls)
@@ -333,7 +332,7 @@ class VllmReplica(Replica):
     def state(self) -> str:
         core = self.core
         return (f"replica {self.index} (vLLM scheduler): {len(core.waiting) + len(core.kv_holding_waiting)} waiting, "
-                f"{len(core.running)} running, pinned {core.pinned.distinct} blocks for {len(core.pinned)} programs, "
+                f"{len(core.running)} running, pinned {core.pinned_blocks} blocks for {len(core.pins)} programs, "
                 f"free {core.free_blocks()} of {self.num_blocks} blocks")
 
     # --- requests -----------------------------------------------------------------------
@@ -374,7 +373,7 @@ class VllmReplica(Replica):
 
     def release_pin_later(self, program_id: str, reason: str) -> None:
         """As Engine.release_pin_later: mid-step it waits for the step's end."""
-        if program_id not in self.core.pinned:
+        if program_id not in self.core.pins:
             return
         if self._in_step:
             self._deferred.append((program_id, reason))
@@ -408,7 +407,7 @@ class VllmReplica(Replica):
             self._deferred.clear()
             if len(in_flight) + (empty_behind is not None) < depth and core.has_requests():
                 now = env.now
-                before = (core.preemptions, len(core.pinned), core.free_blocks())
+                before = (core.preemptions, len(core.pins), core.free_blocks())
                 batch = self._schedule(now, in_flight[-1][2] if in_flight else now)
                 if batch[3] is not None:
                     in_flight.append(batch)
@@ -420,7 +419,7 @@ class VllmReplica(Replica):
                     empty_behind = batch[0]
                 else:
                     self._apply_empty(batch[0])
-                    if (core.preemptions, len(core.pinned), core.free_blocks()) != before:
+                    if (core.preemptions, len(core.pins), core.free_blocks()) != before:
                         # it preempted every running call, or dropped pins: vLLM's engine core
                         # schedules again at once (an empty step costs no model time)
                         continue
@@ -472,7 +471,7 @@ class VllmReplica(Replica):
         used = self.sched.pool.num_used
         _, self._used_area, self.busy_time, end = stretch.account_steps(
             [dt], [0], used, self._used_area, self.busy_time, start,
-            self.kv_samples[-1][0] if self.kv_samples else -math.inf, self.kv_samples, core.pinned.distinct)
+            self.kv_samples[-1][0] if self.kv_samples else -math.inf, self.kv_samples, core.pinned_blocks)
         self.peak_used = max(self.peak_used, used)
         return out, dt, start + dt, rows
 

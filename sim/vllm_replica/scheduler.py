@@ -9,8 +9,9 @@
 (`--scheduler-cls` / `--additional-config` on the OpenAI server). Requests carry
 their program in `extra_args` (`vllm_xargs` on the server; see sim/replica/job_meta.py).
 
-It follows the call protocol of policies/base.py exactly as sim/simpy_replica/scheduler.py does,
-so a policy makes the same decisions in both engines:
+It follows the call protocol of policies/base.py exactly as sim/simpy_replica/scheduler.py does
+(both are the policy host of sim/replica/policy_host.py, which holds the view, the pins and
+their rules), so a policy makes the same decisions in both engines:
 - Pin: a finished call whose policy says "pin" keeps its blocks: they are taken out of
   the KV manager (`pop_blocks_for_free`) with their references held, so they cannot
   be evicted, yet stay in the prefix cache for the next turn to hit. Releasing a pin
@@ -42,13 +43,13 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from policies.base import Action, FinishStats, Policy, PolicyError, Release, Request
-from policies.pins import PinTable, pin_counts
-from policies.runtime import no_deadlock_victims, offloads_dropped_pin
+from policies.base import Action, Policy, PolicyError, Release, Request
+from policies.pins import pin_counts
 from policies.registry import make_policy
 from sim.kv.tiers import NO_TIER
 from sim.vllm_replica.retention import read_hint, retain_request
 from sim.replica.job_meta import parse_job_meta
+from sim.replica.policy_host import PolicyHost
 from sim.hardware.profile import Profile, load_profile, step_features
 from sim.hardware.shipped_models import bundled_profile_name
 from agentsim.errors import InputError
@@ -94,7 +95,7 @@ def check_profile_matches(profile: Profile, model_config, parallel_config) -> No
                              f"{key}={v}; calibrate this model with `sim calibrate` and pass its profile")
 
 
-class PolicyScheduler(Scheduler):
+class PolicyScheduler(PolicyHost, Scheduler):
     def __init__(self, vllm_config, *args, policy: Policy | None = None, profile: Profile | None = None,
                  clock=None, **kwargs) -> None:
         """vLLM builds it with its own arguments; the simulator's vLLM engine also passes
@@ -106,7 +107,7 @@ class PolicyScheduler(Scheduler):
         self.clock = time.monotonic if clock is None else clock
         try:
             self._policy_conf = (str(conf.get("policy", "vllm")), dict(conf.get("policy_args") or {}))
-            self.policy: Policy = make_policy(self._policy_conf[0], **self._policy_conf[1]) if policy is None else policy
+            policy = make_policy(self._policy_conf[0], **self._policy_conf[1]) if policy is None else policy
             if profile is None:
                 ref = conf.get("profile") or bundled_profile_name(vllm_config.model_config.model)
                 if ref is None:
@@ -123,10 +124,9 @@ class PolicyScheduler(Scheduler):
         self.calls: dict[str, _Call] = {}  # request id -> call, while in the engine
         self.inflight: dict[str, str] = {}  # program -> its request in the engine
         self.programs: dict[str, tuple[float, int]] = {}  # program -> (first arrival, turns seen)
-        self.pinned = PinTable(block_id=operator.attrgetter("block_id"))  # program -> the KVCacheBlocks its pin holds
+        self.init_host(policy, block_id=operator.attrgetter("block_id"))  # pins hold KVCacheBlocks
         self._seq = 0
         self._warned: set[str] = set()
-        self.stats = FinishStats()
         # (when it was scheduled, its step-model features) of each timed step not yet updated:
         # with async scheduling the next step is scheduled before this one's output arrives
         self._timed: deque[tuple[float, tuple]] = deque()
@@ -166,7 +166,7 @@ class PolicyScheduler(Scheduler):
 
         def allocate_slots(request, num_new_tokens, *a, **kw):
             blocks = allocate(request, num_new_tokens, *a, **kw)
-            if blocks is None and self.pinned and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            if blocks is None and self.pins and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 if self._unpin_for(request, num_new_tokens, kw):
                     blocks = allocate(request, num_new_tokens, *a, **kw)
             return blocks
@@ -174,73 +174,48 @@ class PolicyScheduler(Scheduler):
         # installed on the KV manager only while pins exist (a wrapper costs every call)
         self._allocate_with_unpin = allocate_slots
 
-    # --- EngineView (what the policy may read) ---------------------------------------------
+    # --- the block operations of the policy host (sim/replica/policy_host.py HostedEngine) ---
     @property
     def num_blocks(self) -> int:
         return self.kv_cache_manager.block_pool.num_gpu_blocks - 1  # minus vLLM's null block
 
-    def free_blocks(self) -> int:
+    def count_free(self) -> int:
         return self.kv_cache_manager.block_pool.get_num_free_blocks()
 
-    def blocks_of(self, program_id: str) -> int:
-        if program_id in self.pinned:
-            return len(self.pinned.get(program_id))
+    def running_blocks(self, program_id: str) -> int:
         rid = self.inflight.get(program_id)
         if rid is None or rid not in self.requests:
             return 0
         return sum(len(g) for g in self.kv_cache_manager.get_block_ids(rid))
 
-    def avg_request_blocks(self) -> float:
-        return self.stats.avg_request_blocks()
-
-    def linear_step(self) -> tuple[float, float]:
-        return self.profile.linear_step()
-
-    def running_tokens(self) -> tuple[int, int]:
-        """(tokens the running requests put in a step, KV tokens they hold: their blocks x
-        block size, as the simulator counts them, so that a request admitted earlier in
-        this step, whose tokens are not computed yet, counts as running (InferCept's
-        "nothing running" rule; the twin check found the two engines disagreeing there))."""
+    def running_rows(self) -> list[tuple[int, int]]:
+        # blocks as the simulator counts them, so that a request admitted earlier in this
+        # step, whose tokens are not computed yet, counts as running (the twin check)
         ids = self.kv_cache_manager.get_block_ids
-        return (sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running),
-                sum(len(ids(r.request_id)[0]) for r in self.running) * self.block_size)
+        return [(r.num_tokens - r.num_computed_tokens, len(ids(r.request_id)[0])) for r in self.running]
 
-    def prefill_reload_time(self, tokens: int) -> float:
-        """Prefill, or with an offload tier the reload from it (as sim/simpy_replica/engine.py)."""
-        return self.tier.reload_time(tokens) if self.tier.enabled else self.profile.prefill_time(tokens)
+    def running_requests(self) -> list[Request]:
+        calls = self.calls
+        return [calls[r.request_id].req for r in self.running]
 
-    # optional view facts (policies.base.OffloadView)
-    def offload_enabled(self) -> bool:
-        return self.tier.enabled
+    def waiting_programs(self) -> _Asked:
+        return self._waiting_programs
 
-    def reload_time(self, tokens: int) -> float:
-        return self.tier.reload_time(tokens)
+    def count_sole(self, blocks: list) -> int:
+        return sum(1 for b in blocks if b.ref_cnt == 1)
 
-    def queue_delay(self) -> float:
-        return self.stats.queue_delay()
-
-    # --- pins ------------------------------------------------------------------------------
-    @property
-    def pinned_block_seconds(self) -> float:
-        return self.pinned.block_seconds
-
-    def release_pin(self, pid: str, now: float, reason: Release) -> None:
-        blocks = self.pinned.pop(pid, now)
-        if blocks is None:
-            return
-        if self.tier.enabled and offloads_dropped_pin(self.policy, pid, reason):
-            self.tier.offload(self.block_keys(pid, blocks), now)
+    def free_pinned(self, blocks: list, now: float) -> None:
         self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))  # tail block evicted first
-        self.policy.pin_released(pid, now, reason)
-        self._pins_changed(pid, now)
 
-    def _pins_changed(self, pid: str, now: float) -> None:
+    # block_keys(pid, blocks): set by the simulator's vLLM engine (offload tiers only)
+
+    def pins_changed(self, pid: str, now: float) -> None:
         manager = self.kv_cache_manager
-        if self.pinned:
+        if self.pins:
             manager.allocate_slots = self._allocate_with_unpin
         else:
             manager.__dict__.pop("allocate_slots", None)  # back to the class's own method
-        pin = self.policy.pins.get(pid) if pid in self.pinned else None
+        pin = self.policy.pins.get(pid) if pid in self.pins else None
         if pin is not None:  # a new pin; a released one leaves the bound early, which is safe
             self._next_expiry = min(self._next_expiry, pin.expiry)
         rid = self.inflight.get(pid)
@@ -273,19 +248,17 @@ class PolicyScheduler(Scheduler):
     def _expire(self, now: float) -> None:
         """Release the pins whose TTL ran out, then bound the next expiry again (pins
         released since the last bound only made it early: one extra call here)."""
-        if self.pinned:
-            for pid in self.policy.expired_pins(now, self._waiting_programs):
-                self.release_pin(pid, now, Release.EXPIRED)
+        self.expire_pins(now)
         self._next_expiry = min((p.expiry for p in self.policy.pins.values()), default=float("inf"))
 
     def _next_call_waits(self, pid: str) -> bool:
         """A pinned program whose next call waits: a request of ours not running is in
         self.waiting (waiting or preempted). Asked only of expired pins, not of hundreds."""
         r = self.requests.get(self.inflight.get(pid))
-        return r is not None and r.status != RequestStatus.RUNNING and pid in self.pinned
+        return r is not None and r.status != RequestStatus.RUNNING and pid in self.pins
 
     def _unpin_for(self, request, num_new_tokens: int, kw: dict) -> bool:
-        """Continuum's no-deadlock rule (policies/runtime.py, shared with sim/simpy_replica/scheduler.py)."""
+        """Continuum's no-deadlock rule for a request whose allocation failed (PolicyHost.drop_pins_for)."""
         call = self.calls.get(request.request_id)
         pid = call.req.program_id if call else None
         hits = kw.get("new_computed_blocks")
@@ -294,13 +267,7 @@ class PolicyScheduler(Scheduler):
         tokens = request.num_tokens if kw.get("full_sequence_must_fit") else (
             request.num_computed_tokens + kw.get("num_new_computed_tokens", 0) + num_new_tokens)
         short = max(1, _cdiv(min(tokens, self.max_model_len), self.block_size) - len(hit) - free)
-        now = self.clock()
-        victims = no_deadlock_victims(
-            self.policy, self, self.pinned, pid, short, bool(self.running),
-            lambda: sum(sum(1 for b in blks if b.ref_cnt == 1) for p, blks in self.pinned.items() if p != pid))
-        for victim in victims:
-            self.release_pin(victim, now, Release.VICTIM)
-        return bool(victims)
+        return self.drop_pins_for(pid, short, self.clock())
 
     # --- requests --------------------------------------------------------------------------
     def _warn(self, key: str, msg: str) -> None:
@@ -349,9 +316,7 @@ class PolicyScheduler(Scheduler):
         now = self.clock()
         if now >= self._next_expiry:
             self._expire(now)
-        if self.policy.reviews_pins and self.pinned:  # InferCept re-judges its pins before each step
-            for pid in self.policy.review_pins(now, self):
-                self.release_pin(pid, now, Release.DISCARD)
+        self.drop_reviewed_pins(now)  # InferCept re-judges its pins before each step
         if self.policy.order_depends_on_time and len(self.waiting) > 1:
             for r in self.waiting:
                 self._keys[r.request_id] = self._key(self.calls[r.request_id], now)
@@ -361,7 +326,7 @@ class PolicyScheduler(Scheduler):
         if self._custom_victim and len(self.running) > 1:
             self._order_running_for_victims()
         out = super().schedule(*args, **kwargs)
-        calls, on_schedule, pinned = self.calls, self._on_schedule, self.pinned
+        calls, on_schedule, pinned = self.calls, self._on_schedule, self.pins
         for new in out.scheduled_new_reqs:  # a first admission is always a new request
             call = calls.get(new.req_id)
             if call is not None and call.scheduled_at is None:
@@ -390,10 +355,7 @@ class PolicyScheduler(Scheduler):
 
     def _order_running_for_victims(self) -> None:
         """vLLM preempts the tail of `running`: put the policy's victims there, in order."""
-        calls = self.calls
-        request_of = {id(calls[r.request_id].req): r for r in self.running}
-        order = self.policy.preemption_order([calls[r.request_id].req for r in self.running], self)
-        self.running[:] = [request_of[id(req)] for req in reversed(order)]
+        self.running[:] = self.victim_ordered()
 
     def _timed_update_from_output(self, scheduler_output, model_runner_output):
         """update_from_output, installed on the instance only when steps are timed (an
@@ -435,44 +397,32 @@ class PolicyScheduler(Scheduler):
             super()._free_request_blocks(request)
             self._end_program(req, now)
             return
-        req.output_tokens = request.num_output_tokens
-        delay = None if call.scheduled_at is None else call.scheduled_at - req.arrival
-        self.stats.record(req, delay, _cdiv(request.num_computed_tokens, self.block_size))
-        ret = self.policy.on_finish(req, now, self)
+        ret = self.call_finished(req, request.num_output_tokens, now, call.scheduled_at,
+                                 _cdiv(request.num_computed_tokens, self.block_size))
         action = ret.action
-        pin = action is Action.PIN
         if action is Action.RETAIN:  # soft retention: specs on its blocks, then freed below (sim/vllm_replica/retention.py)
             retain_request(self, request, ret, now)
         if action == Action.OFFLOAD and self.tier.enabled:  # its full chunks to the tier, then free
-            self.tier.offload(self.block_keys(pid, self.kv_cache_manager.get_blocks(request.request_id).blocks[0]), now)
-        if pin and self._request_blocks_can_be_freed(request):
-            if pid in self.pinned:  # never two pins for one program
-                self.release_pin(pid, now, Release.EXPIRED)
-            self.pinned.add(pid, self.kv_cache_manager.pop_blocks_for_free(request), now)
-            self._pins_changed(pid, now)
+            self.offload_finished(pid, self.kv_cache_manager.get_blocks(request.request_id).blocks[0], now)
+        if action is Action.PIN:
+            held = self._request_blocks_can_be_freed(request)  # else a step in flight may still write them
+            self.hold_pin(pid, self.kv_cache_manager.pop_blocks_for_free(request) if held else None, now)
         else:
-            if pin:  # the engine could not hold it: tell the policy
-                self.policy.pin_released(pid, now, Release.VICTIM)
+            held = False
+        if not held:
             super()._free_request_blocks(request)
         if req.is_last_step:
             self._end_program(req, now)
 
     def _end_program(self, req: Request, now: float) -> None:
-        """The program's last call finished: it ran req.turn + 1 turns (from the request's
-        own record: the calls this engine saw, or a caller's count, e.g. the simulator's
-        cluster, whose other replicas served turns too)."""
-        pid = req.program_id
-        if pid in self.pinned:
-            self.release_pin(pid, now, Release.LAST)
-        self.programs.pop(pid, None)
-        self.policy.on_program_end(pid, req.turn + 1, now)
+        """The program's last call finished, or its call failed (PolicyHost.end_program)."""
+        self.programs.pop(req.program_id, None)
+        self.end_program(req, now)
 
     def _hooks(self) -> None:
         """Per-call hooks the policy does not override are not called (the adapter runs
         per request; a no-op call still costs)."""
-        policy = type(self.policy)
-        self._on_schedule = None if policy.on_schedule is Policy.on_schedule else self.policy.on_schedule
-        self._custom_victim = policy.preemption_victim is not Policy.preemption_victim
+        self._on_schedule = None if type(self.policy).on_schedule is Policy.on_schedule else self.policy.on_schedule
 
     def _time_steps(self) -> None:
         self.timed_steps = True
@@ -486,12 +436,11 @@ class PolicyScheduler(Scheduler):
         one-turn programs and it pinned half as often as in the simulator)."""
         if self.calls:
             raise RuntimeError("reset_stats with requests in the engine")
-        for pid in list(self.pinned):  # programs of the earlier phase are over
+        for pid in list(self.pins):  # programs of the earlier phase are over
             self.release_pin(pid, self.clock(), Release.LAST)
-        self.pinned.restart(self.clock())
-        self.policy = make_policy(self._policy_conf[0], **self._policy_conf[1])
+        self.pins.restart(self.clock())
+        self.use_policy(make_policy(self._policy_conf[0], **self._policy_conf[1]))
         self._hooks()
-        self.stats = FinishStats()
         self.programs.clear()
         self._next_expiry = float("inf")
         self.step_log = []
@@ -505,7 +454,7 @@ class PolicyScheduler(Scheduler):
         """Pin counters for the replay report (same names as `sim run`)."""
         return {**pin_counts(self.policy.pin_outcomes),
                 "preemptions": self.preemptions, "pinned_block_seconds": self.pinned_block_seconds,
-                "pinned_blocks_now": self.pinned.distinct,
+                "pinned_blocks_now": self.pinned_blocks,
                 "peak_kv_usage": self.kv_peak / self.num_blocks,
                 "mean_kv_usage_per_step": self._kv_sum / max(self._kv_steps, 1) / self.num_blocks}
 
