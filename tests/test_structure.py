@@ -115,7 +115,8 @@ PIN_RULES = {"hold_pin", "release_pin", "expire_pins", "drop_reviewed_pins", "dr
              "victim_ordered", "call_finished", "end_program"}
 # The same name for another thing, which the host's method reads
 SAME_NAME = {("sim/kv/tiers.py", "reload_time"): "a tier's own transfer time",
-             ("sim/hardware/profile.py", "linear_step"): "the step model's linear fit"}
+             ("sim/hardware/profile.py", "linear_step"): "the step model's linear fit",
+             ("sim/vllm_replica/retention.py", "free_blocks"): "vLLM's BlockPool.free_blocks, overridden"}
 
 
 def _protocol_stubs(tree: ast.Module) -> set[int]:
