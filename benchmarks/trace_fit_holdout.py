@@ -57,7 +57,7 @@ def halves(logs: Path):
     return t[t["program_id"].isin(fit_ids)].reset_index(drop=True), t[t["program_id"].isin(held_ids)].reset_index(drop=True), prov
 
 
-def build(logs: Path, programs: int, tmp: Path, gen_seeds=(0,), resample_seeds=(0,)):
+def build(logs: Path, programs: int, tmp: Path, gen_seeds=(0,), resample_seeds=(0,), shuffled: bool = False):
     from benchmarks import agent_log_stats as als
     from traces import fit
     from traces.resample import resample
@@ -71,6 +71,7 @@ def build(logs: Path, programs: int, tmp: Path, gen_seeds=(0,), resample_seeds=(
         gens.append(str(tmp / f"generated-{seed}.parquet"))
         write_trace(gen, gens[-1], gmeta)
     paths = [gens]
+    shuffled_paths = []
     for label, half in (("held-out", b), ("fit", a)):  # the fit half resampled: the split's own difference
         paths.append([])
         for seed in resample_seeds:
@@ -78,8 +79,32 @@ def build(logs: Path, programs: int, tmp: Path, gen_seeds=(0,), resample_seeds=(
                                  max_context=als.CONTEXT_WINDOW, jitter=0.05)
             paths[-1].append(str(tmp / f"{label}-{seed}.parquet"))
             write_trace(rs, paths[-1][-1], rmeta)
+            if label == "held-out" and shuffled:
+                shuffled_paths.append(str(tmp / f"shuffled-{seed}.parquet"))
+                write_trace(shuffle_calls(rs, seed), shuffled_paths[-1], {**rmeta, "shuffled": True})
     info = {"fit_sessions": a["program_id"].nunique(), "held_sessions": b["program_id"].nunique()}
-    return *paths, info
+    return *paths, shuffled_paths, info
+
+
+def shuffle_calls(df, seed: int):
+    """The trace with each call's output tokens (calls before a tool among themselves, last
+    calls among themselves) and its (tool, duration) permuted across all programs: the
+    marginals a spec fits are kept, what makes one session unlike another (a verbose model,
+    a task whose tests run for minutes) is gone, as in a trace sampled from a spec."""
+    rng = np.random.default_rng(seed)
+    df = df.copy()
+    pid = df["program_id"].to_numpy()
+    last = np.r_[pid[1:] != pid[:-1], True]
+    for sel in (~last, last):
+        idx = np.flatnonzero(sel)
+        df.iloc[idx, df.columns.get_loc("output_tokens")] = df["output_tokens"].to_numpy()[rng.permutation(idx)]
+    idx = np.flatnonzero(df["tool_duration_s"].notna().to_numpy())
+    perm = rng.permutation(idx)
+    for c in ("tool", "tool_duration_s"):
+        df.iloc[idx, df.columns.get_loc(c)] = df[c].to_numpy()[perm]
+    if "reasoning_tokens" in df:
+        df["reasoning_tokens"] = np.minimum(df["reasoning_tokens"], df["output_tokens"])
+    return df
 
 
 def interval(x: list[float], y: list[float]) -> tuple[float, float] | None:
@@ -112,6 +137,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--seeds", default="0", help="arrival seeds")
     ap.add_argument("--gen-seeds", default="0", help="seeds of the generated traces (their mean is compared)")
     ap.add_argument("--resample-seeds", default="0", help="seeds of the halves' resampled traces (their mean is compared)")
+    ap.add_argument("--shuffled", action="store_true",
+                    help="also run the held-out traces with calls shuffled across sessions (shuffle_calls)")
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "traces.md"), default=None, metavar="PAGE")
@@ -124,8 +151,8 @@ def main(argv: list[str] | None = None) -> str:
     pols, seeds = a.policies.split(","), [int(s) for s in a.seeds.split(",")]
     gseeds, rseeds = [int(x) for x in a.gen_seeds.split(",")], [int(x) for x in a.resample_seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="holdout_") as tmp:
-        gs, rs, fs, info = build(logs, a.programs, Path(tmp), gseeds, rseeds)
-        side = {"gen": gs, "held": rs, "fit": fs}
+        gs, rs, fs, ss, info = build(logs, a.programs, Path(tmp), gseeds, rseeds, a.shuffled)
+        side = {"gen": gs, "held": rs, "fit": fs, **({"shuf": ss} if a.shuffled else {})}
         jobs = [(tr, a.programs, a.num_blocks, a.jps, p, s) for trs in side.values() for tr in trs for p in pols for s in seeds]
         res = dict(map_points(one, jobs, a.workers))
     per = {(k, p): [float(np.mean([res[(tr, p, s)] for s in seeds])) for tr in trs] for k, trs in side.items() for p in pols}
@@ -136,14 +163,19 @@ def main(argv: list[str] | None = None) -> str:
     split = {p: jct[("fit", p)] / jct[("held", p)] - 1 for p in pols}
     ci = {p: interval(per[("gen", p)], per[("held", p)]) for p in pols}
     ci_split = {p: interval(per[("fit", p)], per[("held", p)]) for p in pols}
+    shuf = ({p: (jct[("shuf", p)], jct[("shuf", p)] / jct[("held", p)] - 1, interval(per[("shuf", p)], per[("held", p)]))
+             for p in pols} if a.shuffled else None)
     ok = rank["gen"] == rank["held"] and all(abs(e) <= TOLERANCE for e in err.values())
     lines = [f"Table: fit on {info['fit_sessions']} AgentCgroup GLM-local sessions, held out {info['held_sessions']}; "
              f"{a.programs} programs each, JPS {a.jps:g}, {a.num_blocks} KV blocks, arrival seeds {a.seeds}, "
              f"generation seeds {a.gen_seeds}, resample seeds {a.resample_seeds}; mean JCT (s), 95% intervals",
              "", "| policy | generated from the fit half | held-out half resampled | difference | 95% interval | "
-                 "per generation seed | fit half resampled | its difference | 95% interval |", "|---|---|---|---|---|---|---|---|---|"]
+                 "per generation seed | fit half resampled | its difference | 95% interval |"
+             + (" held-out, calls shuffled across sessions | its difference | 95% interval |" if shuf else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if shuf else "")]
     lines += [f"| {p} | {jct[('gen', p)]:.1f} | {jct[('held', p)]:.1f} | {err[p]:+.1%} | {_ci(ci[p])} | "
               f"{spread[p][0]:+.1%} to {spread[p][1]:+.1%} | {jct[('fit', p)]:.1f} | {split[p]:+.1%} | {_ci(ci_split[p])} |"
+              + (f" {shuf[p][0]:.1f} | {shuf[p][1]:+.1%} | {_ci(shuf[p][2])} |" if shuf else "")
               for p in pols]
     lines += ["", f"Ranking (best first): generated {' < '.join(rank['gen'])}; held-out {' < '.join(rank['held'])}. "
                   f"{'PASS' if ok else 'FAIL'}: ranking {'equal' if rank['gen'] == rank['held'] else 'differs'}, "
@@ -154,6 +186,7 @@ def main(argv: list[str] | None = None) -> str:
     if a.write_docs:
         key = (f"--logs {a.logs} --programs {a.programs} --num-blocks {a.num_blocks} --jps {a.jps:g} --seeds {a.seeds} "
                f"--gen-seeds {a.gen_seeds}" + ("" if a.resample_seeds == "0" else f" --resample-seeds {a.resample_seeds}")
+               + (" --shuffled" if a.shuffled else "")
                + ("" if a.policies == POLICIES else f" --policies {a.policies}"))
         write_block(a.write_docs, "trace_fit_holdout", key, text)
     return text
