@@ -110,9 +110,10 @@ def command(blocks: list[Block], page: Path) -> list[str]:
     return [sys.executable, str(script), *[os.path.expandvars(t) for b in blocks for t in shlex.split(b.key)], "--write-docs", str(page)]
 
 
-def redo(check: bool, only: set[str] | None = None, docs: Path = DOCS, out=print) -> int:
-    """Redo (or with check, compare) every marked table; 1 when a command fails or check
-    finds a table its command no longer gives."""
+def redo(check: bool, only: set[str] | None = None, docs: Path = DOCS, out=print, select=None) -> int:
+    """Redo (or with check, compare) every marked table (of the scripts in only; a group of
+    blocks one run writes only when select(block) holds for each); 1 when a command fails or
+    check finds a table its command no longer gives."""
     groups: dict[tuple, list[Block]] = {}
     nth: dict[tuple, int] = {}
     for b in marked_blocks(docs):
@@ -123,6 +124,8 @@ def redo(check: bool, only: set[str] | None = None, docs: Path = DOCS, out=print
             groups.setdefault((b.page, b.script, i), []).append(b)
         else:
             groups.setdefault((b.page, b.script, b.key), []).append(b)
+    if select is not None:
+        groups = {k: g for k, g in groups.items() if all(select(b) for b in g)}
     stale = failed = 0
     with tempfile.TemporaryDirectory(prefix="docs_tables_") as tmp:
         for blocks in groups.values():
