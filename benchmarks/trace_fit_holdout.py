@@ -107,6 +107,30 @@ def shuffle_calls(df, seed: int):
     return df
 
 
+STATS = (("calls", "calls per program"), ("out", "output tokens per program"), ("tool", "tool s per program"),
+         ("cv_out", "spread of programs' output per call (CV)"), ("cv_tool", "spread of programs' mean tool time (CV)"),
+         ("ac_tool", "lag-1 autocorrelation of log tool time"))
+
+
+def workload_stats(path) -> dict[str, float]:
+    """What sets a trace's load beyond the marginals a spec fits: per-program totals, how
+    much programs differ from one another (CV over programs of their mean output per call and
+    mean tool time) and how alike a program's successive tool times are (lag-1 autocorrelation
+    of log duration within a program)."""
+    import pandas as pd
+
+    df = pd.read_parquet(path, columns=["program_id", "output_tokens", "tool_duration_s"])
+    g = df.groupby("program_id", sort=False)
+    n = g.ngroups
+    mo, mt = g["output_tokens"].mean(), g["tool_duration_s"].mean()
+    t = df[df["tool_duration_s"].notna()]
+    lg = np.log(np.maximum(t["tool_duration_s"].to_numpy(), 1e-3))
+    same = t["program_id"].to_numpy()[1:] == t["program_id"].to_numpy()[:-1]
+    return {"calls": len(df) / n, "out": df["output_tokens"].sum() / n, "tool": t["tool_duration_s"].sum() / n,
+            "cv_out": float(mo.std() / mo.mean()), "cv_tool": float(mt.std() / mt.mean()),
+            "ac_tool": float(np.corrcoef(lg[:-1][same], lg[1:][same])[0, 1])}
+
+
 def interval(x: list[float], y: list[float]) -> tuple[float, float] | None:
     """95% interval of mean(x) / mean(y) - 1 from Welch's t on the difference of the means
     (delta method on the ratio); None when a side has one value."""
@@ -155,6 +179,7 @@ def main(argv: list[str] | None = None) -> str:
         side = {"gen": gs, "held": rs, "fit": fs, **({"shuf": ss} if a.shuffled else {})}
         jobs = [(tr, a.programs, a.num_blocks, a.jps, p, s) for trs in side.values() for tr in trs for p in pols for s in seeds]
         res = dict(map_points(one, jobs, a.workers))
+        stats = {k: {m: float(np.mean([workload_stats(tr)[m] for tr in trs])) for m, _ in STATS} for k, trs in side.items()}
     per = {(k, p): [float(np.mean([res[(tr, p, s)] for s in seeds])) for tr in trs] for k, trs in side.items() for p in pols}
     jct = {kp: float(np.mean(v)) for kp, v in per.items()}
     spread = {p: (min(per[("gen", p)]) / jct[("held", p)] - 1, max(per[("gen", p)]) / jct[("held", p)] - 1) for p in pols}
@@ -181,6 +206,11 @@ def main(argv: list[str] | None = None) -> str:
                   f"{'PASS' if ok else 'FAIL'}: ranking {'equal' if rank['gen'] == rank['held'] else 'differs'}, "
                   f"largest mean-JCT difference {max(abs(e) for e in err.values()):.1%} (bound {TOLERANCE:.0%}); "
                   f"between the halves' own sessions {max(abs(e) for e in split.values()):.1%}."]
+    names = {"gen": "generated", "held": "held-out resampled", "fit": "fit half resampled", "shuf": "held-out, shuffled"}
+    lines += ["", "Table: the traces compared (means over their seeds)", "",
+              "| | " + " | ".join(label for _, label in STATS) + " |", "|---|" + "---|" * len(STATS)]
+    lines += [f"| {names[k]} | " + " | ".join(f"{v[m]:.2f}" if m.startswith(("cv", "ac")) else f"{v[m]:,.0f}" if m == "out"
+                                             else f"{v[m]:.1f}" for m, _ in STATS) + " |" for k, v in stats.items()]
     text = "\n".join(lines)
     print(text)
     if a.write_docs:
