@@ -50,3 +50,18 @@ def read_columns_frame(df):
     from traces.schema import columns
 
     return columns(df)
+
+
+def test_workload_stats_by_hand(tmp_path):
+    """Two programs of three calls: one terse with 1 s tools, one verbose with 10 s tools."""
+    from traces.schema import write_trace
+
+    df = pd.DataFrame({"program_id": ["a"] * 3 + ["b"] * 3, "turn": [0, 1, 2] * 2,
+                       "new_input_tokens": [100, 10, 10] * 2, "output_tokens": [100, 100, 100, 300, 300, 300],
+                       "tool": ["x", "x", None] * 2, "tool_duration_s": [1.0, 1.0, np.nan, 10.0, 10.0, np.nan]})
+    path = write_trace(df, tmp_path / "two.parquet", {"generator": "test"})
+    st = h.workload_stats(path)
+    assert st["calls"] == 3 and st["out"] == 600 and st["tool"] == 11
+    assert st["cv_out"] == pytest.approx(np.std([100, 300], ddof=1) / 200)
+    assert st["cv_tool"] == pytest.approx(np.std([1, 10], ddof=1) / 5.5)
+    assert st["ac_tool"] == pytest.approx(1.0)  # a program's tool times are alike (pairs within a program only)
