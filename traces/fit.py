@@ -28,7 +28,11 @@ empirical quantile function (no tail).
 Generation (`generate_from_spec`) draws programs turn by turn from
 numpy.random.default_rng(seed), as traces/generate.py does: the same spec and seed give
 the same trace. Turns per program are stratified (one draw per 1/N quantile slice). The tool after a turn is independent of the previous ones (no tool
-sequences), and a turn's new input depends on its context only.
+sequences), and a turn's new input depends on its context only; every call is drawn
+alike, so programs differ less from one another than logged sessions do (a session's
+output per call and tool times are its own: benchmarks/trace_fit_holdout.py). A later
+turn's output, then its new input, are clipped so that the context stays within
+`max_context`.
 """
 from __future__ import annotations
 
