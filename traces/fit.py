@@ -32,7 +32,7 @@ sequences), and a turn's new input depends on its context only; every call is dr
 alike, so programs differ less from one another than logged sessions do (a session's
 output per call and tool times are its own: benchmarks/trace_fit_holdout.py). A later
 turn's output, then its new input, are clipped so that the context stays within
-`max_context`.
+`max_context` (plus one output token per turn a program spends at it).
 """
 from __future__ import annotations
 
