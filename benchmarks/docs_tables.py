@@ -36,7 +36,8 @@ from agentsim.files import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-# a marked table's script is benchmarks/<its name>.py, except these (one run writes both)
+# a marked table's script is benchmarks/<its name>.py, except these (one run writes both: a
+# page's n-th table5 block and its n-th fig9 block are one run's)
 SCRIPT_OF = {"table5": "table5_fig9", "fig9": "table5_fig9"}
 NOT_REDONE = {"sim_speed": "wall-clock timings against a baseline commit", "clock_sensitivity": "runs a real vLLM engine",
               "tune_speed": "a wall-clock timing on a shared machine"}
@@ -110,14 +111,22 @@ def command(blocks: list[Block], page: Path) -> list[str]:
     return [sys.executable, str(script), *[os.path.expandvars(t) for b in blocks for t in shlex.split(b.key)], "--write-docs", str(page)]
 
 
-def redo(check: bool, only: set[str] | None = None, docs: Path = DOCS, out=print) -> int:
-    """Redo (or with check, compare) every marked table; 1 when a command fails or check
-    finds a table its command no longer gives."""
+def redo(check: bool, only: set[str] | None = None, docs: Path = DOCS, out=print, select=None) -> int:
+    """Redo (or with check, compare) every marked table (of the scripts in only; a group of
+    blocks one run writes only when select(block) holds for each); 1 when a command fails or
+    check finds a table its command no longer gives."""
     groups: dict[tuple, list[Block]] = {}
+    nth: dict[tuple, int] = {}
     for b in marked_blocks(docs):
         if only and b.script not in only:
             continue
-        groups.setdefault((b.page, b.script) if b.name in SCRIPT_OF else (b.page, b.script, b.key), []).append(b)
+        if b.name in SCRIPT_OF:
+            i = nth[(b.page, b.name)] = nth.get((b.page, b.name), -1) + 1
+            groups.setdefault((b.page, b.script, i), []).append(b)
+        else:
+            groups.setdefault((b.page, b.script, b.key), []).append(b)
+    if select is not None:
+        groups = {k: g for k, g in groups.items() if all(select(b) for b in g)}
     stale = failed = 0
     with tempfile.TemporaryDirectory(prefix="docs_tables_") as tmp:
         for blocks in groups.values():
@@ -168,3 +177,32 @@ def external_logs(arg: str) -> Path:
                          f"tracelab/ (the agent logs, read in place), or give --logs DIR")
     p = Path(path)
     return p if p.is_absolute() else ROOT / p
+
+
+SPEC_PREFIX = "spec:"
+
+
+def workload_trace(name: str, programs: int, folder: Path, seed: int = 0) -> str:
+    """What a table's `--trace` names, as a path or bundled name the simulator reads:
+    `spec:NAME` (a shipped measured spec or a spec JSON) is sampled by `sim trace gen --spec`
+    (programs, seed) into folder; `openhands` is generated (seed); anything else is itself."""
+    if name.startswith(SPEC_PREFIX) or name == "openhands":
+        from agentsim.errors import InputError
+        from traces.schema import write_trace
+
+        if name == "openhands":
+            from traces.generate import generate
+
+            df, meta = generate("openhands", programs=programs, seed=seed)
+        else:
+            from traces.fit import generate_from_spec, read_spec
+
+            try:
+                spec = read_spec(name[len(SPEC_PREFIX):])
+            except InputError as e:
+                print(f"error: --trace {name}: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+            df, meta = generate_from_spec(spec, programs, seed)
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        return str(write_trace(df, Path(folder) / f"{stem}-{programs}-{seed}.parquet", meta))
+    return name

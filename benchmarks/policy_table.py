@@ -1,9 +1,12 @@
 """Mean and p95 JCT per policy at a low and a high load, under memory pressure.
 
-    python benchmarks/policy_table.py [--trace swebench|bfcl|PATH] [--programs 300]
+    python benchmarks/policy_table.py [--trace swebench|bfcl|PATH|spec:NAME] [--programs 300]
                                       [--num-blocks 6000] [--loads 0.15,0.25] [--seeds 0,1,2]
                                       [--policies vllm,program-fcfs,...] [--profile NAME] [--workers 2]
                                       [--write-docs [PAGE]]
+
+--trace spec:NAME runs on --programs programs sampled from a measured workload spec
+(`sim trace gen --spec NAME --seed 0`: claude-code, codex, mini-swe-agent or a spec JSON).
 
 Profile: --profile (default: the bundled default, llama3.1-8b-h100) with its
 GPU KV pool cut to --num-blocks to create memory pressure. Arrivals are Poisson at
@@ -22,12 +25,13 @@ from __future__ import annotations
 import sys
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: the repository root, for `benchmarks.`
-from benchmarks.docs_tables import DOCS, write_block
+from benchmarks.docs_tables import DOCS, workload_trace, write_block
 from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.study.sweep import map_points
 from sim.hardware.profile import DEFAULT_PROFILE
@@ -90,7 +94,7 @@ def render(a, loads: list[float], pols: list[str], seeds: list[int], res: dict) 
 
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", default="swebench")
+    ap.add_argument("--trace", default="swebench", help="swebench, bfcl, a trace parquet, or spec:NAME (sampled, seed 0)")
     ap.add_argument("--programs", type=int, default=300)
     ap.add_argument("--num-blocks", type=int, default=6000)
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
@@ -107,8 +111,10 @@ def main(argv: list[str] | None = None) -> str:
     loads = [float(x) for x in a.loads.split(",")]
     pols = a.policies.split(",")
     seeds = [a.seed] if a.seed is not None else [int(x) for x in a.seeds.split(",")]
-    jobs = [(a.trace, a.programs, a.num_blocks, j, p, s, a.profile) for j in loads for p in pols for s in seeds]
-    res = dict(map_points(one, jobs, a.workers))
+    with tempfile.TemporaryDirectory(prefix="policy_table_") as tmp:
+        trace = workload_trace(a.trace, a.programs, Path(tmp))
+        jobs = [(trace, a.programs, a.num_blocks, j, p, s, a.profile) for j in loads for p in pols for s in seeds]
+        res = dict(map_points(one, jobs, a.workers))
     text = render(a, loads, pols, seeds, res)
     print(text)
     if a.write_docs:

@@ -184,6 +184,34 @@ def test_the_docs_tables_that_are_quick_to_redo_are_what_their_commands_give(mon
     assert sum(s.startswith("current") for s in ran) >= 2, said
 
 
+def test_the_measured_workload_tables_are_what_their_commands_give():
+    """The tables of docs/results.md on programs sampled from the shipped measured specs
+    (`--trace spec:NAME`, `--table5-trace spec:NAME`, Fig. 9 loads `spec:NAME:JPS`), each
+    redone by its marker's command (about a minute each on 2 cores)."""
+    said = []
+    measured = lambda b: b.page.name == "results.md" and "spec:" in b.key  # noqa: E731
+    assert docs_tables.redo(True, only={"policy_table", "table5_fig9"}, out=said.append, select=measured) == 0, said
+    assert len(said) >= 5 and all(s.startswith("current") for s in said), said
+    assert {s.split()[2].rstrip(":") for s in said} >= {"policy_table", "table5", "fig9"}
+
+
+def test_a_pages_second_table5_and_fig9_are_one_run_apart_from_the_first(tmp_path, monkeypatch):
+    """Two table5/fig9 pairs on a page: the n-th table5 block and the n-th fig9 block are
+    written by one run of table5_fig9.py with their two keys' flags (not all four's)."""
+    import subprocess
+    import sys
+
+    k5 = ["--programs 3 --concurrency 2 --policies vllm", "--programs 3 --concurrency 2 --policies vllm --table5-trace spec:codex"]
+    k9 = ["--fig9-programs 3 --loads swebench:0.5 --seeds 0", "--fig9-programs 3 --loads spec:codex:0.5 --seeds 0"]
+    page = tmp_path / "results.md"
+    page.write_text("".join(f"<!-- table5: {a} -->\n\nold\n\n<!-- end table5 -->\n\n<!-- fig9: {b} -->\n\nold\n\n"
+                            f"<!-- end fig9 -->\n\n" for a, b in zip(k5, k9)))
+    cmds, run = [], subprocess.run
+    monkeypatch.setattr(docs_tables.subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or run([sys.executable, "-c", ""], **kw))
+    assert docs_tables.redo(True, only={"table5_fig9"}, docs=tmp_path, out=lambda s: None) == 0
+    assert [" ".join(c[2:-2]) for c in cmds] == [f"{a} {b}" for a, b in zip(k5, k9)]
+
+
 def test_every_marked_table_is_keyed_by_the_flags_that_redo_it():
     """A marker's key is the command line docs_tables.py runs the script with: flags, each
     `--name`, never a bare word the script would not parse."""

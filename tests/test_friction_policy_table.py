@@ -64,7 +64,8 @@ def test_the_results_page_marks_each_table_of_the_script(pt):
     and every table the script printed into the page is marked."""
     text = RESULTS.read_text()
     blocks = re.findall(r"^<!-- policy_table: (.*?) -->\n\n(.*?)\n\n<!-- end policy_table -->$", text, re.S | re.M)
-    assert len(blocks) == 3 and len(blocks) == len(re.findall(r"^<!-- end policy_table -->$", text, re.M))
+    assert len(blocks) == 6 and len(blocks) == len(re.findall(r"^<!-- end policy_table -->$", text, re.M))
+    assert sum(a.startswith("--trace spec:") for a, _ in blocks) == 3  # the measured workloads' tables
     for key, body in blocks:
         a = dict(re.findall(r"--([\w-]+) (\S+)", key))
         trace, blocks_, profile = a["trace"], a["num-blocks"], a["profile"]
@@ -78,3 +79,28 @@ def test_the_results_page_marks_each_table_of_the_script(pt):
     # no table of the script left unmarked: each header line sits inside a block
     heads = re.findall(r"^(?:Table: )?\S+, \d+ programs, profile .* KV blocks .*Poisson arrivals.*$", text, re.M)
     assert len(heads) == len(blocks)
+
+
+def test_a_measured_spec_runs_as_a_trace_and_a_bad_one_is_refused(pt, capsys):
+    """--trace spec:NAME: the table runs on programs sampled from the shipped spec (seed 0),
+    the same as on that trace written by `sim trace gen --spec`; an unknown spec is refused
+    in one line, exit 2."""
+    import pandas as pd
+
+    from traces.fit import generate_from_spec, read_spec
+    from traces.schema import write_trace
+
+    args = ["--programs", "3", "--num-blocks", "3000", "--loads", "0.5", "--seeds", "0", "--policies", "vllm", "--workers", "1"]
+    text = pt.main(["--trace", "spec:codex", *args])
+    assert text.startswith("spec:codex, 3 programs, profile llama3.1-8b-h100 with 3000 KV blocks")
+    df, meta = generate_from_spec(read_spec("codex"), 3, 0)
+    path = write_trace(df, Path(pytest.importorskip("tempfile").mkdtemp()) / "codex.parquet", meta)
+    again = pt.main(["--trace", str(path), *args])
+    assert text.split("\n", 1)[1] == again.split("\n", 1)[1]  # the same rows
+    assert len(pd.read_parquet(path)) == 27  # codex: 9 calls per program
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        pt.main(["--trace", "spec:no-such-agent", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --trace spec:no-such-agent:") and "codex" in err[0]

@@ -54,6 +54,7 @@ def test_fig9_gain_column_by_hand(tiny):
 
 def test_parse_loads():
     assert t59.parse_loads("swebench:1,2/openhands:0.05") == {"swebench": [1.0, 2.0], "openhands": [0.05]}
+    assert t59.parse_loads("spec:mini-swe-agent:0.1,0.2/bfcl:1") == {"spec:mini-swe-agent": [0.1, 0.2], "bfcl": [1.0]}
     with pytest.raises(SystemExit):
         t59.parse_loads("swebench")
 
@@ -62,16 +63,17 @@ def test_results_page_marks_both_blocks():
     page = (ROOT / "docs" / "results.md").read_text()
     for name, first in (("table5", "Table: Table 5 set-up"), ("fig9", "Table: Fig. 9 comparison")):
         found = re.findall(rf"^<!-- {name}: (.*?) -->\n\n(Table: .*?)\n\n<!-- end {name} -->$", page, re.S | re.M)
-        assert len(found) == 1, name
-        key, body = found[0]
-        assert body.startswith(first)
-        rows = body.split("\n")[4:]
-        assert rows and all(r.startswith("| ") for r in rows)
-    key5 = re.search(r"^<!-- table5: (.*?) -->$", page, re.M).group(1)
-    conc = re.search(r"--concurrency (\S+)", key5).group(1).split(",")
-    pols = re.search(r"--policies (\S+)", key5).group(1).split(",")
-    body5 = page.split(f"<!-- table5: {key5} -->")[1].split("<!-- end table5 -->")[0].strip().split("\n")[4:]
-    assert [(_cells(r)[0], _cells(r)[1]) for r in body5] == [(n, p) for n in conc for p in pols]
+        assert len(found) == 2, name  # the synthetic workloads, then the measured ones
+        assert "spec:" not in found[0][0] and "spec:" in found[1][0]
+        for key, body in found:
+            assert body.startswith(first)
+            rows = body.split("\n")[4:]
+            assert rows and all(r.startswith("| ") for r in rows)
+    for key5 in re.findall(r"^<!-- table5: (.*?) -->$", page, re.M):
+        conc = re.search(r"--concurrency (\S+)", key5).group(1).split(",")
+        pols = re.search(r"--policies (\S+)", key5).group(1).split(",")
+        body5 = page.split(f"<!-- table5: {key5} -->")[1].split("<!-- end table5 -->")[0].strip().split("\n")[4:]
+        assert [(_cells(r)[0], _cells(r)[1]) for r in body5] == [(n, p) for n in conc for p in pols]
 
 
 def test_main_writes_both_blocks(tmp_path, capsys):
@@ -85,3 +87,23 @@ def test_main_writes_both_blocks(tmp_path, capsys):
     out, text = capsys.readouterr().out, page.read_text()
     assert t5 in out and f9 in out and t5 in text and f9 in text and "old" not in text
     assert text.startswith("a\n") and text.endswith("c\n")
+
+
+def test_table5_and_fig9_on_a_measured_spec(tiny, tmp_path, capsys):
+    """--table5-trace spec:NAME and Fig. 9 loads spec:NAME:JPS run on programs sampled from
+    the shipped spec (seed 0) and say so; the Fig. 9 row's turns are the spec's sample's;
+    --table5-trace that is neither openhands nor spec:NAME is refused (exit 2)."""
+    profile, _ = tiny
+    from benchmarks.docs_tables import workload_trace
+
+    trace = workload_trace("spec:codex", 4, tmp_path)
+    text = t59.table5(trace, profile, 4, [2], ["vllm", "continuum"], "spec:codex")
+    assert text.startswith("Table: Table 5 set-up: 4 programs sampled from the measured spec codex (`sim trace gen --spec`, seed 0)")
+    f9 = t59.fig9({"spec:codex": trace}, 4, {"spec:codex": [0.5]}, [0])
+    assert "4 programs per trace (spec:codex: `sim trace gen --spec codex`, seed 0)" in f9.split("\n")[0]
+    row = _cells(f9.split("\n")[4])
+    assert row[0] == "spec:codex" and row[1] == "9.0"  # codex sessions: 9 calls each
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        t59.main(["--table5-trace", "swebench"])
+    assert e.value.code == 2 and "--table5-trace 'swebench': give openhands or spec:NAME" in capsys.readouterr().err

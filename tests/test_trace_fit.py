@@ -72,6 +72,18 @@ def test_same_seed_same_trace_other_seed_other(swe_spec):
     assert ma["seed"] == 7 and ma["synthetic"] is True and ma["generator"] == "spec:swe"
 
 
+def test_generated_contexts_stay_within_the_specs_max_context():
+    """A program whose context reaches max_context gets no new input and one output token per
+    turn after: it stays within max_context plus its remaining turns. Before the output was
+    clipped, claude-code at seed 0 reached 131,362 tokens (limit 128,000), past the 131,072
+    an H100 profile serves, and `sim run` refused the trace."""
+    s = fit.read_spec("claude-code")
+    df, _ = fit.generate_from_spec(s, 100, 0)
+    ctx = (df["new_input_tokens"] + df["output_tokens"]).groupby(df["program_id"]).cumsum()
+    assert ctx.max() > s.max_context - 1000  # some program runs into the limit at this seed
+    assert ctx.max() <= s.max_context + s.max_turns
+
+
 @pytest.mark.parametrize("name", ["claude-code", "codex", "mini-swe-agent"])
 def test_shipped_specs_load_generate_and_carry_provenance(name, tmp_path):
     s = fit.read_spec(name)

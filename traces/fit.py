@@ -28,7 +28,11 @@ empirical quantile function (no tail).
 Generation (`generate_from_spec`) draws programs turn by turn from
 numpy.random.default_rng(seed), as traces/generate.py does: the same spec and seed give
 the same trace. Turns per program are stratified (one draw per 1/N quantile slice). The tool after a turn is independent of the previous ones (no tool
-sequences), and a turn's new input depends on its context only.
+sequences), and a turn's new input depends on its context only; every call is drawn
+alike, so programs differ less from one another than logged sessions do (a session's
+output per call and tool times are its own: benchmarks/trace_fit_holdout.py). A later
+turn's output, then its new input, are clipped so that the context stays within
+`max_context` (plus one output token per turn a program spends at it).
 """
 from __future__ import annotations
 
@@ -389,8 +393,10 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
         u = rng.random(k)
         out = np.where(last, spec.last_output.ppf(u), spec.output.ppf(u))
         out = np.maximum(np.rint(out), 1)
-        room = spec.max_context - ctx[act] - out  # keep the final context within the logged max
-        new = np.where(t == 0, new, np.clip(new, 0, np.maximum(room, 0)))
+        if t > 0:  # keep the context within the logged max: the output too, else a program at the
+            # limit grew by an output per turn (claude-code: 131,362 tokens against 128,000, past an H100's 131,072)
+            out = np.clip(out, 1, np.maximum(spec.max_context - ctx[act], 1))
+            new = np.clip(new, 0, np.maximum(spec.max_context - ctx[act] - out, 0))
         mix = [m for m in mixes if m.from_turn <= t][-1]
         w = np.array([mix.weights.get(x, 0.0) for x in tool_names])
         w = w / w.sum()
