@@ -10,6 +10,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import pandas as pd
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -95,6 +96,10 @@ def _check_invariants(c):
     except InputError:
         assume(False)
     assert len(base.turns) == len(c["trace"])
+    if c["cache"] == "radix" and POLICIES[c["policy"]].retains:  # soft retention needs vLLM's block pool
+        with pytest.raises(InputError, match="soft retention"):
+            _simulate(c, c["policy"])
+        return
     # execute checks itself: every call finished exactly once, nothing waits or
     # runs at the end, no pin outlives its program, no block or tier leak (check_end).
     # A policy deadlock or a frozen clock raises SimulationError: none may where plain vLLM finishes.
