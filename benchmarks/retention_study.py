@@ -51,8 +51,8 @@ TWINS = (("continuum", "continuum-soft"), ("client-ttl-pin", "client-ttl"))
 # workload -> programs, pools (KV blocks), loads (programs/s)
 STUDIES = {
     "full": dict(workloads={"swebench": (80, (1100, 2000, 4000), (0.2, 0.4)),
-                            "mini-swe-agent": (40, (4500, 8000, 16000), (0.02, 0.04))},
-                 seeds=(1, 2), tune_seeds=(0,), trials=10),
+                            "mini-swe-agent": (30, (4500, 8000, 16000), (0.02, 0.04))},
+                 seeds=(1, 2), tune_seeds=(0,), trials=8),
     "quick": dict(workloads={"swebench": (30, (1100,), (0.4,))}, seeds=(1,), tune_seeds=(0,), trials=6),
 }
 
