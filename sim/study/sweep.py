@@ -120,6 +120,8 @@ def parse_value(text: str):
 
 
 def _coerce(name: str, value, kind: type | None, default):
+    if kind is str and value == "" == default:  # an empty text parameter (client-ttl's tool_ttls) is not none
+        return value
     if isinstance(value, str) and value.strip().lower() in ("none", "null", ""):
         value = None
     if value is None:
