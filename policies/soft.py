@@ -27,6 +27,7 @@ import numpy as np
 
 from policies.base import FREE, Action, EngineView, Policy, Request, Retention
 from policies.continuum import ContinuumPolicy
+from policies.contextserve import NIG
 
 TTL_MODES = ("fixed", "tool", "lognormal")
 
@@ -76,19 +77,11 @@ class ContinuumSoftPolicy(ContinuumPolicy):
         return Retention(Action.RETAIN, ttl, prio, self.half_life)
 
 
-class _LogGaps:
-    """Running mean and variance of log gaps (Welford), for a log-normal fit."""
+class _LogGaps(NIG):
+    """Running mean and variance of log gaps (Welford's update, as ContextServe's NIG keeps
+    them), for a log-normal fit."""
 
-    __slots__ = ("n", "mean", "m2")
-
-    def __init__(self) -> None:
-        self.n, self.mean, self.m2 = 0, 0.0, 0.0
-
-    def add(self, x: float) -> None:
-        self.n += 1
-        d = x - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
+    __slots__ = ()
 
     def quantile(self, z: float) -> float:
         sd = math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0

@@ -163,13 +163,13 @@ class SimConfig(_Section):
 SECTIONS = {"workload": WorkloadConfig, "policy": PolicyConfig, "engine": EngineLimits, "cluster": ClusterConfig}
 
 
-def _kind(annotation) -> type:
+def scalar_kind(annotation) -> type | None:
     """bool, int, float or str: the scalar type under Optional/Annotated."""
     for t in (bool, int, float, str):
         if annotation is t:
             return t
     for a in typing.get_args(annotation):
-        k = _kind(a)
+        k = scalar_kind(a)
         if k is not None:
             return k
     return None
@@ -186,7 +186,7 @@ def leaves() -> dict[str, tuple[str, str, type, object, str]]:
                     out["policy"] = (sec, name, str, f.default, f.description)
                 continue
             if typing.get_origin(f.annotation) is not dict:  # not router_args: a mapping, given as --router-arg K=V
-                out[name] = (sec, name, _kind(f.annotation), f.default, f.description)
+                out[name] = (sec, name, scalar_kind(f.annotation), f.default, f.description)
     return out
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ import pandas as pd
 from policies.base import PolicyError
 from policies.registry import POLICIES, load_plugins, params_model, policy_params
 from sim.run.bound import BOUNDABLE, Bound
+from sim.run.config import scalar_kind
 from sim.study.sweep import RUN_AXES, Workers, build_run, canonical, parse_value, point_key, stopped_early, sweep
 from agentsim.errors import InputError
 from agentsim.files import atomic_write, check_output
@@ -100,17 +100,6 @@ class Space:
     held: dict[str, object]
 
 
-def _kind(annotation) -> type | None:
-    for t in (bool, int, float, str):
-        if annotation is t:
-            return t
-    for a in typing.get_args(annotation):
-        k = _kind(a)
-        if k is not None:
-            return k
-    return None
-
-
 def _limits(metadata) -> tuple[float, bool, float, bool]:
     """(low, low exclusive, high, high exclusive) of a field's declared range."""
     lo, lo_ex, hi, hi_ex = -math.inf, False, math.inf, False
@@ -136,7 +125,7 @@ def derive_space(policy: str) -> Space:
     """The default search space of a policy, from its declared parameters (module docstring)."""
     dims, held = [], {}
     for name, f in params_model(policy).model_fields.items():
-        kind, d = _kind(f.annotation), f.default
+        kind, d = scalar_kind(f.annotation), f.default
         lo, lo_ex, hi, hi_ex = _limits(f.metadata)
         choices = _choices(f.metadata)
         if kind is bool:
@@ -191,7 +180,7 @@ def apply_param(spaces: dict[str, Space], text: str) -> None:
     for p in names:
         s = spaces[p]
         f = params_model(p).model_fields[name]
-        kind = _kind(f.annotation)
+        kind = scalar_kind(f.annotation)
         s.dims = [d for d in s.dims if d.name != name]
         s.held.pop(name, None)
         parts = spec.split(":")
