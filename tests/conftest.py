@@ -157,3 +157,11 @@ def vllm_server(model, *args: str, start_s: int = 240):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+@pytest.fixture
+def environ_kept():
+    saved = dict(os.environ)  # distributed's Nanny sets OMP_NUM_THREADS=1 here and never restores it
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

@@ -36,14 +36,6 @@ def serial(tmp_path_factory):
     return comparable(sw.load_results(out))
 
 
-@pytest.fixture
-def environ_kept():
-    saved = dict(os.environ)  # distributed's Nanny sets OMP_NUM_THREADS=1 here and never restores it
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def test_dask_worker_killed_mid_point_loses_nothing(serial, tmp_path, monkeypatch, environ_kept):
     from distributed import Client, LocalCluster
 

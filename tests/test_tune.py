@@ -127,14 +127,6 @@ def test_same_search_with_workers_and_resumed(small, tmp_path):
     assert "Runs: 0 simulated" in (out / "tune.md").read_text()
 
 
-@pytest.fixture
-def environ_kept():
-    saved = dict(os.environ)  # distributed's Nanny sets OMP_NUM_THREADS=1 here and never restores it
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def test_same_search_on_a_dask_cluster(small, tmp_path, monkeypatch, environ_kept):
     from distributed import LocalCluster
 
