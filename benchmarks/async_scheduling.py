@@ -2,12 +2,12 @@
 asynchronous.
 
     python benchmarks/async_scheduling.py [--trace swebench] [--programs 300] [--jps 0.5]
-        [--num-blocks 6000] [--policies vllm,continuum] [--seeds 0] [--profile NAME]
-        [--engine simpy|vllm] [--write-docs [PAGE]]
+        [--num-gpu-blocks 6000] [--policies vllm,continuum] [--seeds 0] [--profile NAME]
+        [--scheduler simpy|vllm] [--write-docs [PAGE]]
 
 vLLM 0.32 schedules asynchronously by default on a GPU (a batch queue of two: the next
 step is scheduled while one runs, from the state before that one's output, its decodes
-as placeholders). Both runs use the same engine (the SimPy replica by default; `--engine
+as placeholders). Both runs use the same engine (the SimPy replica by default; `--scheduler
 vllm`: vLLM's own scheduler, the same figures, as the twin check's async tests assert)
 and the same step model, so the difference is the scheduling mode alone: a call that arrives during a step is admitted a step later, and a finished
 call's blocks return a step later. Per policy, means over the seeds: mean and p95 JCT,
@@ -60,26 +60,26 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", default="swebench")
     ap.add_argument("--programs", type=int, default=300)
     ap.add_argument("--jps", type=float, default=0.5)
-    ap.add_argument("--num-blocks", type=int, default=6000)
+    ap.add_argument("--num-gpu-blocks", type=int, default=6000)
     ap.add_argument("--policies", default="vllm,continuum")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--profile", default=None)
-    ap.add_argument("--engine", choices=("simpy", "vllm"), default="simpy")
+    ap.add_argument("--scheduler", choices=("simpy", "vllm"), default="simpy")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "validation.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     spec = {"workload": {"trace": a.trace, "programs": a.programs, "jps": a.jps},
-            "engine": {"num_blocks": a.num_blocks, **({"profile": a.profile} if a.profile else {})}}
+            "engine": {"num_gpu_blocks": a.num_gpu_blocks, **({"profile": a.profile} if a.profile else {})}}
     rows = {}
     for pol in a.policies.split(","):
         rows[pol] = []
         for seed in map(int, a.seeds.split(",")):
-            rows[pol].append((run(spec, pol, False, seed, a.engine), run(spec, pol, True, seed, a.engine)))
+            rows[pol].append((run(spec, pol, False, seed, a.scheduler), run(spec, pol, True, seed, a.scheduler)))
             s, y = rows[pol][-1]
             print(f"{pol} seed {seed}: mean JCT {s['mean_jct']:.3f} / {y['mean_jct']:.3f} s", file=sys.stderr, flush=True)
     text = table(rows)
     print(text)
     if a.write_docs:
-        key = (f"--trace {a.trace} --programs {a.programs} --jps {a.jps:g} --num-blocks {a.num_blocks} "
+        key = (f"--trace {a.trace} --programs {a.programs} --jps {a.jps:g} --num-gpu-blocks {a.num_gpu_blocks} "
                f"--policies {a.policies} --seeds {a.seeds}" + (f" --profile {a.profile}" if a.profile else ""))
         write_block(a.write_docs, "async_scheduling", key, text)
     return 0

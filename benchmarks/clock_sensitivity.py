@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> str:
                   "max_num_batched_tokens": e.max_num_batched_tokens, "max_num_seqs": e.max_num_seqs,
                   "max_model_len": min(shape.max_model_len, e.max_model_len),
                   "enable_chunked_prefill": e.enable_chunked_prefill,
-                  "scheduler_reserve_full_isl": e.reserve_full_prompt}
+                  "scheduler_reserve_full_isl": e.scheduler_reserve_full_isl}
     cache: dict[tuple[str, float], float] = {}
 
     def jct(pol: str, clock: float) -> float:

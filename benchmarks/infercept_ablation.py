@@ -3,10 +3,10 @@ the difference? Mean JCT of continuum, infercept, infercept with each ingredient
 switched off one at a time, and with all of them off (which is exactly continuum).
 
     python benchmarks/infercept_ablation.py [--traces swebench,bfcl] [--programs 300]
-        [--num-blocks 6000,12000] [--jps 0.5,0.3] [--seeds 0,1,2] [--profile NAME]
+        [--num-gpu-blocks 6000,12000] [--jps 0.5,0.3] [--seeds 0,1,2] [--profile NAME]
         [--one-on] [--workers 1] [--write-docs [PAGE]]
 
---num-blocks and --jps give one value per trace. The ingredients (InferceptPolicy's
+--num-gpu-blocks and --jps give one value per trace. The ingredients (InferceptPolicy's
 switches, policies/infercept.py), each switched off towards Continuum:
   true tool time       true_tool_time=0: remaining tool time from the tool's mean observed
                        duration instead of the trace's true duration (an oracle)
@@ -63,13 +63,13 @@ def one(job):
     trace_name, programs, blocks, jps, policy, kw, seed, profile = job
     res = execute(build_run(SimConfig(
         workload=WorkloadConfig(trace=trace_name, programs=programs, jps=jps, seed=seed),
-        policy=PolicyConfig(name=policy, args=dict(kw)), engine=EngineLimits(profile=profile, num_blocks=blocks))))
+        policy=PolicyConfig(name=policy, args=dict(kw)), engine=EngineLimits(profile=profile, num_gpu_blocks=blocks))))
     return res.summary["mean_jct"]
 
 
 def table_key(a) -> str:
     """The flags that define the table, as its docs marker names them."""
-    return (f"--traces {a.traces} --programs {a.programs} --num-blocks {a.num_blocks} --jps {a.jps} "
+    return (f"--traces {a.traces} --programs {a.programs} --num-gpu-blocks {a.num_gpu_blocks} --jps {a.jps} "
             f"--seeds {a.seeds} --profile {a.profile}" + (" --one-on" if a.one_on else ""))
 
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", default="swebench,bfcl")
     ap.add_argument("--programs", type=int, default=300)
-    ap.add_argument("--num-blocks", default="6000,12000", help="GPU KV blocks, one per trace")
+    ap.add_argument("--num-gpu-blocks", default="6000,12000", help="GPU KV blocks, one per trace")
     ap.add_argument("--jps", default="0.5,0.3", help="programs/s, one per trace")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> str:
                          "`<!-- infercept_ablation: FLAGS -->` and `<!-- end infercept_ablation -->`")
     a = ap.parse_args(argv)
     traces = a.traces.split(",")
-    blocks = [int(x) for x in a.num_blocks.split(",")]
+    blocks = [int(x) for x in a.num_gpu_blocks.split(",")]
     rates = [float(x) for x in a.jps.split(",")]
     if len(blocks) != len(traces) or len(rates) != len(traces):
-        ap.error("--num-blocks and --jps need one value per trace")
+        ap.error("--num-gpu-blocks and --jps need one value per trace")
     seeds = [int(x) for x in a.seeds.split(",")]
     rows = variants(a.one_on)
     jobs = [(t, a.programs, b, j, pol, tuple(sorted(kw.items())), s, a.profile)

@@ -2,7 +2,7 @@
 and a sweep over GPU memory size: where does offload without pinning overtake pinning?
 
     python benchmarks/offload_table.py [--programs 300] [--traces swebench,bfcl] [--jps 0.25,0.12]
-        [--num-blocks 6000] [--offload cpu:100GB] [--policies vllm,autellix,infercept,continuum,...]
+        [--num-gpu-blocks 6000] [--offload cpu:100GB] [--policies vllm,autellix,infercept,continuum,...]
         [--sweep-trace swebench] [--sweep-blocks 2000,3000,4000,6000,9000,12000,18000,27529]
         [--profile NAME] [--seeds 0,1,2] [--workers 2] [--write-docs [PAGE]]
 
@@ -10,7 +10,7 @@ and a sweep over GPU memory size: where does offload without pinning overtake pi
 contexts are ~2.5x SWE-bench's, so it saturates at a lower rate). --sweep-blocks ""
 skips the memory sweep.
 Profile: --profile (default: the bundled default, llama3.1-8b-h100), its GPU KV pool
-cut to --num-blocks; 100 GB of CPU DRAM per GPU as the paper gives its A100 runs.
+cut to --num-gpu-blocks; 100 GB of CPU DRAM per GPU as the paper gives its A100 runs.
 Cells are means over --seeds (Poisson arrival seeds; default --seed 0).
 Prints two Markdown tables; --write-docs also puts them into docs/results.md (or PAGE) in
 place of the block marked `<!-- offload_table: FLAGS -->` ... `<!-- end offload_table -->`
@@ -36,7 +36,7 @@ def one(job):
     trace_name, programs, blocks, jps, policy, offload, seed, profile = job
     res = execute(build_run(SimConfig(
         workload=WorkloadConfig(trace=trace_name, programs=programs, jps=jps, seed=seed),
-        policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_blocks=blocks),
+        policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_gpu_blocks=blocks),
         cluster=ClusterConfig(offload=offload))))
     return job, res.summary
 
@@ -45,7 +45,7 @@ def table_key(a) -> str:
     """The flags that define the tables, as their docs marker names them."""
     seeds = f"--seeds {a.seeds}" if a.seeds else f"--seed {a.seed}"
     sweep = a.sweep_blocks or '""'
-    return (f"--programs {a.programs} --traces {a.traces} --jps {a.jps} --num-blocks {a.num_blocks} "
+    return (f"--programs {a.programs} --traces {a.traces} --jps {a.jps} --num-gpu-blocks {a.num_gpu_blocks} "
             f"--offload {a.offload} --policies {a.policies} --sweep-trace {a.sweep_trace} "
             f"--sweep-blocks {sweep} {seeds} --profile {a.profile}")
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--programs", type=int, default=300)
     ap.add_argument("--jps", default="0.25,0.12", help="programs/s, one per trace")
-    ap.add_argument("--num-blocks", type=int, default=6000)
+    ap.add_argument("--num-gpu-blocks", type=int, default=6000)
     ap.add_argument("--offload", default="cpu:100GB")
     ap.add_argument("--traces", default="swebench,bfcl")
     ap.add_argument("--policies", default="vllm,autellix,infercept,continuum,continuum-offload,thunderagent")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> str:
     sweep = [int(b) for b in a.sweep_blocks.split(",")] if a.sweep_blocks else []
     sweep_cfgs = [("vllm", a.offload), ("continuum", None), ("continuum", a.offload), ("vllm", None)]
     seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [a.seed]
-    jobs = [(t, a.programs, a.num_blocks, jps[t], p, off, sd, a.profile)
+    jobs = [(t, a.programs, a.num_gpu_blocks, jps[t], p, off, sd, a.profile)
             for t in traces for p in pols for off in (None, a.offload) for sd in seeds]
     jobs += [(a.sweep_trace, a.programs, b, jps[a.sweep_trace], p, off, sd, a.profile)
              for b in sweep for p, off in sweep_cfgs for sd in seeds]
@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> str:
 
     seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
     out = [f"Table: {a.programs} programs per trace, JPS " + ", ".join(f"{t} {jps[t]:g}" for t in traces) +
-           f", {seed_txt}; profile `{a.profile}` with {a.num_blocks} GPU KV blocks ({a.num_blocks * 16} tokens); "
+           f", {seed_txt}; profile `{a.profile}` with {a.num_gpu_blocks} GPU KV blocks ({a.num_gpu_blocks * 16} tokens); "
            f"offload {a.offload}, 1 replica", "",
            "| policy | " + " | ".join(f"{t}: mean JCT, offload (s) | p95 (s) | CPU hit | no offload (s)" for t in traces) + " |",
            "|" + "---|" * (1 + 4 * len(traces))]
     for p in pols:
         cells = []
         for t in traces:
-            on, off = s(t, a.num_blocks, p, a.offload), s(t, a.num_blocks, p, None)
+            on, off = s(t, a.num_gpu_blocks, p, a.offload), s(t, a.num_gpu_blocks, p, None)
             cells += [f"{on['mean_jct']:.1f}", f"{on['p95_jct']:.1f}", f"{on['cpu_hit_ratio']:.2f}", f"{off['mean_jct']:.1f}"]
         out.append(f"| {p} | " + " | ".join(cells) + " |")
     if sweep:

@@ -1,7 +1,7 @@
 """Mean and p95 JCT per policy at a low and a high load, under memory pressure.
 
     python benchmarks/policy_table.py [--trace swebench|bfcl|PATH|spec:NAME] [--programs 300]
-                                      [--num-blocks 6000] [--loads 0.15,0.25] [--seeds 0,1,2]
+                                      [--num-gpu-blocks 6000] [--loads 0.15,0.25] [--seeds 0,1,2]
                                       [--policies vllm,program-fcfs,...] [--profile NAME] [--workers 2]
                                       [--write-docs [PAGE]]
 
@@ -9,7 +9,7 @@
 (`sim trace gen --spec NAME --seed 0`: claude-code, codex, mini-swe-agent or a spec JSON).
 
 Profile: --profile (default: the bundled default, llama3.1-8b-h100) with its
-GPU KV pool cut to --num-blocks to create memory pressure. Arrivals are Poisson at
+GPU KV pool cut to --num-gpu-blocks to create memory pressure. Arrivals are Poisson at
 each JPS, one run per seed; every cell is the mean over the seeds. Prints a Markdown
 table, then per load in how many seeds the paper's ablation order held for mean JCT
 (Fig. 16: vllm > program-fcfs > static-ttl > continuum), whether continuum beat the
@@ -42,16 +42,16 @@ RESULTS_PAGE = DOCS / "results.md"
 
 
 def one(args):
-    trace_name, programs, num_blocks, jps, policy, seed, profile = args
+    trace_name, programs, num_gpu_blocks, jps, policy, seed, profile = args
     res = execute(build_run(SimConfig(
         workload=WorkloadConfig(trace=trace_name, programs=programs, jps=jps, seed=seed),
-        policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_blocks=num_blocks))))
+        policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_gpu_blocks=num_gpu_blocks))))
     return (jps, policy, seed), res.summary
 
 
 def table_key(a, loads: list[float], pols: list[str], seeds: list[int]) -> str:
     """The flags that define a table, as its docs marker names them (a command that redoes it)."""
-    key = (f"--trace {a.trace} --programs {a.programs} --num-blocks {a.num_blocks} --profile {a.profile} "
+    key = (f"--trace {a.trace} --programs {a.programs} --num-gpu-blocks {a.num_gpu_blocks} --profile {a.profile} "
            f"--loads {','.join(f'{j:g}' for j in loads)} --seeds {','.join(map(str, seeds))}")
     return key + ("" if ",".join(pols) == DEFAULT_POLICIES else f" --policies {','.join(pols)}")
 
@@ -69,8 +69,8 @@ def render(a, loads: list[float], pols: list[str], seeds: list[int], res: dict) 
 
     out = []
     seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean over seeds {','.join(map(str, seeds))}"
-    out.append(f"{a.trace}, {a.programs} programs, profile {a.profile} with {a.num_blocks} KV blocks "
-               f"({a.num_blocks * 16} tokens), Poisson arrivals, {seed_txt}\n")
+    out.append(f"{a.trace}, {a.programs} programs, profile {a.profile} with {a.num_gpu_blocks} KV blocks "
+               f"({a.num_gpu_blocks * 16} tokens), Poisson arrivals, {seed_txt}\n")
     out.append("| policy | " + " | ".join(f"JPS {j}: mean JCT (s) | p95 (s) | hit ratio" for j in loads) + " |")
     out.append("|" + "---|" * (1 + 3 * len(loads)))
     for p in pols:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", default="swebench", help="swebench, bfcl, a trace parquet, or spec:NAME (sampled, seed 0)")
     ap.add_argument("--programs", type=int, default=300)
-    ap.add_argument("--num-blocks", type=int, default=6000)
+    ap.add_argument("--num-gpu-blocks", type=int, default=6000)
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
     ap.add_argument("--loads", default="0.15,0.25")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> str:
     seeds = [a.seed] if a.seed is not None else [int(x) for x in a.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="policy_table_") as tmp:
         trace = workload_trace(a.trace, a.programs, Path(tmp))
-        jobs = [(trace, a.programs, a.num_blocks, j, p, s, a.profile) for j in loads for p in pols for s in seeds]
+        jobs = [(trace, a.programs, a.num_gpu_blocks, j, p, s, a.profile) for j in loads for p in pols for s in seeds]
         res = dict(map_points(one, jobs, a.workers))
     text = render(a, loads, pols, seeds, res)
     print(text)

@@ -38,7 +38,7 @@ def run(trace, programs, blocks, jps, policy, offload, seed):
     res = execute(build_run(SimConfig(
         workload=WorkloadConfig(trace=trace, programs=programs, jps=jps, seed=seed),
         policy=PolicyConfig(name=policy, args=ARGS.get(policy, {})),
-        engine=EngineLimits(num_blocks=blocks), cluster=ClusterConfig(offload=offload))))
+        engine=EngineLimits(num_gpu_blocks=blocks), cluster=ClusterConfig(offload=offload))))
     return res.summary["mean_jct"], res.summary["p95_jct"]
 
 

@@ -72,7 +72,7 @@ def one(job):
     key, trace, programs, blocks, jps, seed, policy, args = job
     s = execute(build_run(SimConfig(
         workload=WorkloadConfig(trace=trace, programs=programs, jps=jps, seed=seed),
-        policy=PolicyConfig(name=policy, args=args), engine=EngineLimits(num_blocks=blocks)))).summary
+        policy=PolicyConfig(name=policy, args=args), engine=EngineLimits(num_gpu_blocks=blocks)))).summary
     return key, {"mean": s["mean_jct"], "p95": s["p95_jct"], "hit": s["cache_hit_ratio"],
                  "preempt": s["preemptions"], "evicted": s.get("retention", {}).get("evicted", 0)}
 
@@ -81,7 +81,7 @@ def tuned(trace: str, programs: int, blocks: int, jps: float, spec: dict, worker
     """`sim tune`'s chosen (policy, params) for one cell, searched on the tuning seeds."""
     from sim.commands.tune import question
     from sim.study.tune import tune
-    q = question(Namespace(trace=trace, programs=programs, jps=jps, profile=None, num_blocks=blocks, replicas=None,
+    q = question(Namespace(trace=trace, programs=programs, jps=jps, profile=None, num_gpu_blocks=blocks, replicas=None,
                            router=None, set=[], policies=FAMILIES, param=[], objective="mean_jct", slo=None,
                            trials=spec["trials"], seeds=",".join(map(str, spec["tune_seeds"])), holdout_seeds="none",
                            seed=0, batch=5, workers=workers, dask=None, no_early_stop=False))

@@ -108,7 +108,7 @@ def one(job):
     try:
         run = build_run(SimConfig(
             workload=WorkloadConfig(trace=trace_path, programs=programs, jps=jps, seed=seed),
-            policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_blocks=blocks),
+            policy=PolicyConfig(name=policy), engine=EngineLimits(profile=profile, num_gpu_blocks=blocks),
             cluster=ClusterConfig(offload=offload, **cluster)))
     except (InputError, PolicyError) as e:
         return key, {"refused": str(e)}

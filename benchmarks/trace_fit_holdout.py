@@ -1,7 +1,7 @@
 """Held-out check of `sim trace fit`: fit on half of a real corpus, generate, and run the
 policy table on the generated trace and on the other half's resampled sessions.
 
-    python benchmarks/trace_fit_holdout.py [--logs DIR] [--programs 100] [--num-blocks 26124] [--jps 0.05]
+    python benchmarks/trace_fit_holdout.py [--logs DIR] [--programs 100] [--num-gpu-blocks 26124] [--jps 0.05]
         [--seeds 0] [--gen-seeds 0] [--resample-seeds 0] [--policies vllm,...] [--workers 1] [--write-docs [PAGE]]
 
 Corpus: AgentCgroup's 111 Claude Code + GLM-4.7-Flash sessions (main chains, as
@@ -11,7 +11,7 @@ even positions are the fit half, odd the held-out half. The fit half's spec gene
 --programs programs per --gen-seeds seed; the held-out half is resampled to as many (`sim
 trace resample --jitter`) per --resample-seeds seed (100 draws of 55 sessions repeat 45 of
 them: which ones moves the reference itself). Each policy runs on every trace at --jps on
-the default profile with its KV pool cut to --num-blocks, per arrival seed (--seeds). A
+the default profile with its KV pool cut to --num-gpu-blocks, per arrival seed (--seeds). A
 trace's mean JCT is its mean over the arrival seeds; a side's is the mean over its traces,
 and the 95% interval of the difference is Welch's t over those per-trace means (both sides'
 sampling noise; none with one trace a side). Passes when the policies rank the same by mean
@@ -42,9 +42,9 @@ TOLERANCE = 0.10
 def one(args):
     from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
-    trace, programs, num_blocks, jps, policy, seed = args
+    trace, programs, num_gpu_blocks, jps, policy, seed = args
     res = execute(build_run(SimConfig(workload=WorkloadConfig(trace=trace, programs=programs, jps=jps, seed=seed),
-                                      policy=PolicyConfig(name=policy), engine=EngineLimits(num_blocks=num_blocks))))
+                                      policy=PolicyConfig(name=policy), engine=EngineLimits(num_gpu_blocks=num_gpu_blocks))))
     return (trace, policy, seed), res.summary["mean_jct"]
 
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--logs", default=DEFAULT_LOGS, help=f"the folder holding agentcgroup/ and tracelab/ (default {DEFAULT_LOGS})")
     ap.add_argument("--programs", type=int, default=100)
-    ap.add_argument("--num-blocks", type=int, default=26124)
+    ap.add_argument("--num-gpu-blocks", type=int, default=26124)
     ap.add_argument("--jps", type=float, default=0.05)
     ap.add_argument("--seeds", default="0", help="arrival seeds")
     ap.add_argument("--gen-seeds", default="0", help="seeds of the generated traces (their mean is compared)")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> str:
     with tempfile.TemporaryDirectory(prefix="holdout_") as tmp:
         gs, rs, fs, ss, info = build(logs, a.programs, Path(tmp), gseeds, rseeds, a.shuffled)
         side = {"gen": gs, "held": rs, "fit": fs, **({"shuf": ss} if a.shuffled else {})}
-        jobs = [(tr, a.programs, a.num_blocks, a.jps, p, s) for trs in side.values() for tr in trs for p in pols for s in seeds]
+        jobs = [(tr, a.programs, a.num_gpu_blocks, a.jps, p, s) for trs in side.values() for tr in trs for p in pols for s in seeds]
         res = dict(map_points(one, jobs, a.workers))
         stats = {k: {m: float(np.mean([workload_stats(tr)[m] for tr in trs])) for m, _ in STATS} for k, trs in side.items()}
     per = {(k, p): [float(np.mean([res[(tr, p, s)] for s in seeds])) for tr in trs] for k, trs in side.items() for p in pols}
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> str:
              for p in pols} if a.shuffled else None)
     ok = rank["gen"] == rank["held"] and all(abs(e) <= TOLERANCE for e in err.values())
     lines = [f"Table: fit on {info['fit_sessions']} AgentCgroup GLM-local sessions, held out {info['held_sessions']}; "
-             f"{a.programs} programs each, JPS {a.jps:g}, {a.num_blocks} KV blocks, arrival seeds {a.seeds}, "
+             f"{a.programs} programs each, JPS {a.jps:g}, {a.num_gpu_blocks} KV blocks, arrival seeds {a.seeds}, "
              f"generation seeds {a.gen_seeds}, resample seeds {a.resample_seeds}; mean JCT (s), 95% intervals",
              "", "| policy | generated from the fit half | held-out half resampled | difference | 95% interval | "
                  "per generation seed | fit half resampled | its difference | 95% interval |"
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join(lines)
     print(text)
     if a.write_docs:
-        key = (f"--logs {a.logs} --programs {a.programs} --num-blocks {a.num_blocks} --jps {a.jps:g} --seeds {a.seeds} "
+        key = (f"--logs {a.logs} --programs {a.programs} --num-gpu-blocks {a.num_gpu_blocks} --jps {a.jps:g} --seeds {a.seeds} "
                f"--gen-seeds {a.gen_seeds}" + ("" if a.resample_seeds == "0" else f" --resample-seeds {a.resample_seeds}")
                + (" --shuffled" if a.shuffled else "")
                + ("" if a.policies == POLICIES else f" --policies {a.policies}"))

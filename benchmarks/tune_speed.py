@@ -1,7 +1,7 @@
 """`sim tune`'s speed: a whole search timed as a user runs it, with the machine's load.
 
     python benchmarks/tune_speed.py [--programs 500] [--trials 200] [--workers 2] [--jps 0.5]
-        [--num-blocks 6000] [--seeds 0] [--holdout-seeds 1,2] [--policies a,b] [--write-docs PAGE]
+        [--num-gpu-blocks 6000] [--seeds 0] [--holdout-seeds 1,2] [--policies a,b] [--write-docs PAGE]
 
 Runs `python -m agentsim.cli tune ...` in a fresh process into a fresh --out (so no run is
 resumed) and prints the command, its wall time, the trials pruned and runs simulated, the
@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--jps", type=float, default=0.5)
-    ap.add_argument("--num-blocks", type=int, default=6000)
+    ap.add_argument("--num-gpu-blocks", type=int, default=6000)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--holdout-seeds", default="1,2")
     ap.add_argument("--policies", default=None, help="default: every registered policy")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--write-docs", default=None, metavar="PAGE")
     a = ap.parse_args(argv)
-    flags = ["--trace", a.trace, "--programs", str(a.programs), "--jps", f"{a.jps:g}", "--num-blocks", str(a.num_blocks),
+    flags = ["--trace", a.trace, "--programs", str(a.programs), "--jps", f"{a.jps:g}", "--num-gpu-blocks", str(a.num_gpu_blocks),
              "--trials", str(a.trials), "--seeds", a.seeds, "--holdout-seeds", a.holdout_seeds, "--batch", str(a.batch),
              "--workers", str(a.workers)] + (["--policies", a.policies] if a.policies else [])
     loads: list[float] = []

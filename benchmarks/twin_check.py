@@ -1,8 +1,8 @@
 """The twin check: one run spec on both engines, the SimPy replica and vLLM's own scheduler
-(`--engine vllm`, sim/vllm_replica/engine.py), both priced by the same profile step model.
+(`--scheduler vllm`, sim/vllm_replica/engine.py), both priced by the same profile step model.
 
     python benchmarks/twin_check.py [--trace swebench] [--programs 100] [--jps 0.5]
-        [--num-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
+        [--num-gpu-blocks 1500] [--policies vllm,continuum] [--seed 0] [--profile NAME]
         [--replicas N --router NAME] [--disagg xPyD] [--offload TIERS] [--async-scheduling] [--no-log] [--speed] [--write-docs [--doc-section NAME]] [--json OUT]
 
 Any difference between the two engines is a scheduling-semantics difference (admission,
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", default="swebench")
     ap.add_argument("--programs", type=int, default=100)
     ap.add_argument("--jps", type=float, default=0.5)
-    ap.add_argument("--num-blocks", type=int, default=1500)
+    ap.add_argument("--num-gpu-blocks", type=int, default=1500)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default="vllm,continuum")
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
                          "the other flags name the spec for its caption")
     args = ap.parse_args(argv)
     spec = {"workload": {"trace": args.trace, "programs": args.programs, "jps": args.jps, "seed": args.seed},
-            "engine": {"num_blocks": args.num_blocks, **({"profile": args.profile} if args.profile else {}),
+            "engine": {"num_gpu_blocks": args.num_gpu_blocks, **({"profile": args.profile} if args.profile else {}),
                        **({"async_scheduling": True} if args.async_scheduling else {})},
             "cluster": {"replicas": args.replicas, **({"router": args.router} if args.router else {}),
                         **({"disagg": args.disagg} if args.disagg else {}),
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
               f"pins {r['pins']}, speed {r['speed'][0]:.0f} / {r['speed'][1]:.0f} sim s per wall s, "
               f"first difference {r['first_difference']}, targets {r['targets']}", flush=True)
     spec_line = (f"`python benchmarks/twin_check.py --trace {args.trace} --programs {args.programs} --jps {args.jps} "
-                 f"--num-blocks {args.num_blocks} --policies {args.policies} --seed {args.seed}"
+                 f"--num-gpu-blocks {args.num_gpu_blocks} --policies {args.policies} --seed {args.seed}"
                  + (f" --profile {args.profile}" if args.profile else "")
                  + (f" --replicas {args.replicas}" if args.replicas > 1 else "") + (f" --router {args.router}" if args.router else "")
                  + (f" --disagg {args.disagg}" if args.disagg else "")

@@ -20,7 +20,7 @@ this simulator's `llama3.1-8b-a100-80gb` profile under `--policy vllm`; Vidur's
 `meta-llama/Meta-Llama-3-8B` on `a100` (its measured profiling data, random-forest
 predictor, its defaults) under its `sarathi` scheduler. Both: chunked prefill with an
 8,192-token step budget (Vidur: chunk size 8192), block size 16, at most `--max-num-seqs`
-running (Vidur: batch_size_cap), the same KV pool (Vidur's num_blocks set to 24,766 blocks
+running (Vidur: batch_size_cap), the same KV pool (Vidur's num_gpu_blocks set to 24,766 blocks
 of 16 tokens, this project's A100 pool when the comparison was first run, kept so runs compare).
 
 Each simulator runs as a whole process (interpreter start, imports, reading its inputs,
@@ -85,7 +85,7 @@ sys.path.insert(0, sys.argv[1])
 from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 cfg = SimConfig(workload=WorkloadConfig(trace=sys.argv[2]), policy=PolicyConfig(name="vllm"),
                 engine=EngineLimits(profile=sys.argv[3], block_size=int(sys.argv[4]), max_num_batched_tokens=int(sys.argv[5]),
-                                    max_num_seqs=int(sys.argv[6]), num_blocks=int(sys.argv[7]), chunked_prefill=True))
+                                    max_num_seqs=int(sys.argv[6]), num_gpu_blocks=int(sys.argv[7]), enable_chunked_prefill=True))
 s = execute(build_run(cfg)).summary
 print(json.dumps({"requests": s["calls"],
                   "mean_e2e_s": s["mean_e2el_ms"] / 1e3, "p50_e2e_s": s["median_e2el_ms"] / 1e3, "p99_e2e_s": s["p99_e2el_ms"] / 1e3,

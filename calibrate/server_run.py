@@ -157,7 +157,7 @@ def simulate_run(run: ServerRun, profile_name: str | None, path, engine: str = "
         raise _bad(path, f"a request of {too_long} tokens (prompt + output) exceeds max_model_len "
                          f"{profile.engine.max_model_len} of profile {profile.name!r}")
     view = "client" if profile.server is not None else "engine"
-    cfg = SimConfig(engine=EngineLimits(profile=profile_name, kind=engine, metrics_at=view))
+    cfg = SimConfig(engine=EngineLimits(profile=profile_name, scheduler=engine, metrics_at=view))
     built = build_run(cfg, trace=trace_of(run), arrivals=run.arrivals)
     return execute(built).summary, profile
 

@@ -243,10 +243,10 @@ def sim_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile: Pro
             policy_args: dict | None = None):
     """The simulator on the real engine's own limits and the real replay's trace and arrivals."""
     config = SimConfig(policy=PolicyConfig(name=policy, args=dict(policy_args or {})), engine=EngineLimits(
-        num_blocks=engine["num_gpu_blocks"], block_size=engine["block_size"],
+        num_gpu_blocks=engine["num_gpu_blocks"], block_size=engine["block_size"],
         max_num_batched_tokens=engine["max_num_batched_tokens"], max_num_seqs=engine["max_num_seqs"],
-        max_model_len=engine["max_model_len"], chunked_prefill=bool(engine["enable_chunked_prefill"]),
-        reserve_full_prompt=bool(engine.get("scheduler_reserve_full_isl", True))))
+        max_model_len=engine["max_model_len"], enable_chunked_prefill=bool(engine["enable_chunked_prefill"]),
+        scheduler_reserve_full_isl=bool(engine.get("scheduler_reserve_full_isl", True))))
     return execute(build_run(config, trace=trace, profile=profile, arrivals=arrivals))
 
 

@@ -33,7 +33,7 @@ def linear_profile(c0=0.01, c1=0.001, c2=0.0, c3=0.0, c4=0.0, c5=0.0, blocks=100
 
 def simulate(trace, policy, profile, arrivals, *, disagg=None, progress=None, watch=None, **fields):
     """A run as every caller makes one (sim.run.config.build_run, then execute): `policy` a name or
-    a Policy, `fields` flat config leaves (num_blocks=, chunked_prefill=, cache=, offload=,
+    a Policy, `fields` flat config leaves (num_gpu_blocks=, enable_chunked_prefill=, cache=, offload=,
     replicas=, router=, fast_forward=, kind=, ...); `disagg` a spec ("1P1D") or a
     sim.cluster.disagg.Disagg whose link is the test's own (a config names only the shipped links)."""
     from dataclasses import replace

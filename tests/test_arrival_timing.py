@@ -36,10 +36,10 @@ def test_usage_divides_by_the_usable_blocks_as_the_vllm_adapter_does():
     """One block total on both sides: vLLM's pool keeps one of num_gpu_blocks as its null
     block, and sim/vllm_replica/scheduler.py divides by num_gpu_blocks - 1; so does the
     simulator, and a full pool reads 100%, not (n-1)/n."""
-    from sim.simpy_replica.engine import Engine
+    from sim.simpy_replica.engine import SimpyReplica
 
     trace = make_trace([[(16 * 9 - 1, 2, None, None)]])  # 143 + 1 tokens: 9 blocks of 16
     prof = linear_profile(blocks=10)
     res = simulate(trace, "vllm", prof, np.array([0.0]))
     assert res.summary["peak_kv_usage"] == pytest.approx(1.0)
-    assert Engine.num_blocks.fget(type("E", (), {"cfg": engine_config(prof)})()) == 9
+    assert SimpyReplica.num_blocks.fget(type("E", (), {"cfg": engine_config(prof)})()) == 9

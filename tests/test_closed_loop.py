@@ -21,7 +21,7 @@ def _tiny(n=4, tool_s=10.0, arrival=None):
 
 def _run(frame=None, policy="vllm", **workload):
     cfg = SimConfig(workload=WorkloadConfig(**workload), policy=PolicyConfig(name=policy),
-                    engine=EngineLimits(num_blocks=3000))
+                    engine=EngineLimits(num_gpu_blocks=3000))
     return execute(build_run(cfg, trace=frame))
 
 
@@ -67,7 +67,7 @@ def test_fast_forward_same_as_step_by_step(replicas, router):
     runs = []
     for ff in (True, False):
         cfg = SimConfig(workload=WorkloadConfig(trace="swebench", programs=12, mode="closed", concurrency=5),
-                        policy=PolicyConfig(name="continuum"), engine=EngineLimits(num_blocks=1200, fast_forward=ff),
+                        policy=PolicyConfig(name="continuum"), engine=EngineLimits(num_gpu_blocks=1200, fast_forward=ff),
                         cluster=ClusterConfig(replicas=replicas, router=router))
         runs.append(execute(build_run(cfg)))
     assert runs[0].summary["peak_kv_usage"] > 0.9  # memory runs short: pins and evictions matter
@@ -102,7 +102,7 @@ def test_closed_config_round_trips(tmp_path):
     from agentsim.cli import main
 
     out = tmp_path / "r"
-    assert main(["run", "--programs", "6", "--workload", "closed", "--concurrency", "2", "--num-blocks", "3000",
+    assert main(["run", "--programs", "6", "--workload", "closed", "--concurrency", "2", "--num-gpu-blocks", "3000",
                  "--no-progress", "--out", str(out)]) == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["workload"]["mode"] == "closed" and cfg["workload"]["concurrency"] == 2
@@ -139,8 +139,8 @@ def test_closed_loop_table_writes_its_block_and_the_results_page_marks_it(tmp_pa
     rows = body.split("\n")[4:]
     assert [r.split(" | ")[0][2:] for r in rows] == re.search(r"--concurrency (\S+)", key).group(1).split(",")
     assert all(r.count("(x") == 3 for r in rows) and "(x1.00;" in rows[0]
-    tiny = ["--programs", "4", "--concurrency", "1,2", "--num-blocks", "3000", "--policies", "vllm,continuum"]
-    tiny_key = "--trace swebench --programs 4 --num-blocks 3000 --concurrency 1,2 --policies vllm,continuum --profile llama3.1-8b-h100"
+    tiny = ["--programs", "4", "--concurrency", "1,2", "--num-gpu-blocks", "3000", "--policies", "vllm,continuum"]
+    tiny_key = "--trace swebench --programs 4 --num-gpu-blocks 3000 --concurrency 1,2 --policies vllm,continuum --profile llama3.1-8b-h100"
     page = tmp_path / "results.md"
     page.write_text(f"before\n<!-- closed_loop_table: {tiny_key} -->\nold\n<!-- end closed_loop_table -->\nafter\n")
     text = clt.main([*tiny, "--write-docs", str(page)])

@@ -213,7 +213,7 @@ def test_cli_bad_cluster_flags_are_one_line(argv, fragment, capsys):
 
 
 def test_cli_cluster_run(capsys):
-    assert main(["run", "--trace", "swebench", "--programs", "6", "--jps", "0.5", "--num-blocks", "4000",
+    assert main(["run", "--trace", "swebench", "--programs", "6", "--jps", "0.5", "--num-gpu-blocks", "4000",
                  "--replicas", "2", "--router", "session", "--offload", "cpu:20GiB", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "replicas / router" in out and "CPU hit ratio" in out
@@ -337,14 +337,14 @@ def test_a_stretch_ends_on_a_float_no_timeout_delay_reaches():
 def _stretches(monkeypatch):
     """Records the (replica, steps) of every batch of steps the engine ran as one
     (after any cut short by a call that reached the replica mid-stretch)."""
-    from sim.simpy_replica.engine import Engine
+    from sim.simpy_replica.engine import SimpyReplica
 
-    seen, orig = [], Engine._account
+    seen, orig = [], SimpyReplica._account
 
     def record(self, now, dts, scheduled):
         seen.append((self.index, len(dts)))
         return orig(self, now, dts, scheduled)
-    monkeypatch.setattr(Engine, "_account", record)
+    monkeypatch.setattr(SimpyReplica, "_account", record)
     return seen
 
 
@@ -376,7 +376,7 @@ def test_a_first_arrival_routed_elsewhere_neither_cuts_a_stretch_nor_reads_it_st
     # t=1); p1 starts on replica 1 at t=0.8 (4 blocks). At t=1 p2 arrives: one call runs
     # on each replica, so the router's tie-break is used blocks, and step by step replica
     # 1 holds fewer. Replica 0's stretch allocates its blocks only at its end, so the
-    # router must be told what step-by-step would show (Engine.used_blocks), not the pool.
+    # router must be told what step-by-step would show (SimpyReplica.used_blocks), not the pool.
     tr = make_trace([[(16, 400, None, None)], [(48, 400, None, None)], [(16, 5, None, None)]])
     seen = _stretches(monkeypatch)
     kw = dict(router="session", replicas=2, async_=async_)

@@ -16,7 +16,7 @@ from sim.cli import main
 from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute, leaves
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--trace", "swebench", "--programs", "12", "--jps", "1", "--num-blocks", "3000", "--no-progress"]
+SMALL = ["--trace", "swebench", "--programs", "12", "--jps", "1", "--num-gpu-blocks", "3000", "--no-progress"]
 _WALL = ("wall_s", "sim_s_per_wall_s")
 
 
@@ -35,7 +35,7 @@ def _same(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("extra", [
     ["--policy", "continuum", "--policy-arg", "max_ttl=3", "--replicas", "2", "--router", "session"],
-    ["--policy", "infercept", "--offload", "cpu:2GiB", "--no-chunked-prefill", "--seed", "3", "--turn-repeat", "2"],
+    ["--policy", "infercept", "--offload", "cpu:2GiB", "--no-enable-chunked-prefill", "--seed", "3", "--turn-repeat", "2"],
 ], ids=["continuum-2-replicas", "infercept-offload"])
 def test_rerun_from_written_config_is_identical(extra, tmp_path, capsys):
     assert main(["run", *SMALL, *extra, "--out", str(tmp_path / "a")]) == 0
@@ -51,9 +51,9 @@ def test_written_config_is_resolved(tmp_path, capsys):
     c = json.loads((tmp_path / "config.json").read_text())
     assert set(c) == {"workload", "policy", "engine", "cluster"}
     assert c["policy"] == {"name": "continuum", "args": {**policy_params("continuum"), "K": 7}}
-    assert c["engine"]["profile"] == "llama3.1-8b-h100" and c["engine"]["num_blocks"] == 3000
+    assert c["engine"]["profile"] == "llama3.1-8b-h100" and c["engine"]["num_gpu_blocks"] == 3000
     assert None not in [c["engine"][k] for k in ("block_size", "max_num_batched_tokens", "max_num_seqs",
-                                                 "max_model_len", "chunked_prefill", "reserve_full_prompt")]
+                                                 "max_model_len", "enable_chunked_prefill", "scheduler_reserve_full_isl")]
     assert c["cluster"]["router"] == "round_robin"
     capsys.readouterr()
 
@@ -62,13 +62,13 @@ def test_yaml_config_with_flags_over_it(tmp_path, capsys):
     (tmp_path / "run.yaml").write_text(
         "workload: {trace: swebench, programs: 6, jps: 2.0}\n"
         "policy:\n  name: continuum\n  args: {K: 5, max_ttl: 2.0}\n"
-        "engine: {num_blocks: 2500}\n")
+        "engine: {num_gpu_blocks: 2500}\n")
     assert main(["run", "--config", str(tmp_path / "run.yaml"), "--programs", "4", "--policy-arg", "K=9",
                  "--no-progress", "--out", str(tmp_path / "r")]) == 0
     c = json.loads((tmp_path / "r" / "config.json").read_text())
     assert c["workload"]["programs"] == 4 and c["workload"]["jps"] == 2.0  # the flag wins, the file fills the rest
     assert c["policy"]["args"]["K"] == 9 and c["policy"]["args"]["max_ttl"] == 2.0
-    assert c["engine"]["num_blocks"] == 2500
+    assert c["engine"]["num_gpu_blocks"] == 2500
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["programs"] == 4
     capsys.readouterr()
 
@@ -77,7 +77,7 @@ def test_yaml_config_with_flags_over_it(tmp_path, capsys):
     ("c.json", '{"engine": {"num_blokcs": 5}}', "field 'engine.num_blokcs'"),
     ("c.json", '{"workload": {"programs": "five"}}', "field 'workload.programs'"),
     ("c.json", '{"workload": {"seed": -1}}', "field 'workload.seed'"),
-    ("c.json", '{"engine": {"chunked_prefill": "no"}}', "field 'engine.chunked_prefill'"),
+    ("c.json", '{"engine": {"enable_chunked_prefill": "no"}}', "field 'engine.enable_chunked_prefill'"),
     ("c.json", '{"clusters": {}}', "field 'clusters'"),
     ("c.json", '{"workload": ', "is not valid JSON"),
     ("c.yaml", "- a\n- b\n", "not list"),
@@ -111,7 +111,7 @@ def test_every_policy_rebuilds_from_its_resolved_config(policy, small_files):
     """Filling in every default (policy parameters, engine limits) changes nothing."""
     trace, prof = small_files
     given = SimConfig(workload=WorkloadConfig(trace=trace, jps=3.0, seed=1), policy=PolicyConfig(name=policy),
-                      engine=EngineLimits(profile=prof, num_blocks=150))
+                      engine=EngineLimits(profile=prof, num_gpu_blocks=150))
     first = build_run(given)
     again = build_run(SimConfig.model_validate(json.loads(first.config.to_json())))
     assert again.config == first.config
@@ -140,9 +140,9 @@ def test_validation_sim_run_uses_the_real_engines_limits():
     engine = {"num_gpu_blocks": 140, "block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 6,
               "max_model_len": 4096, "enable_chunked_prefill": True, "scheduler_reserve_full_isl": False}
     got = sim_run(tr, arr, "continuum", prof, engine, {"K": "5"})
-    want = simulate(tr, make_policy("continuum", K=5), prof, arr, num_blocks=140, block_size=16,
-                    max_num_batched_tokens=512, max_num_seqs=6, max_model_len=4096, chunked_prefill=True,
-                    reserve_full_prompt=False)
+    want = simulate(tr, make_policy("continuum", K=5), prof, arr, num_gpu_blocks=140, block_size=16,
+                    max_num_batched_tokens=512, max_num_seqs=6, max_model_len=4096, enable_chunked_prefill=True,
+                    scheduler_reserve_full_isl=False)
     assert got.summary == want.summary and got.summary["num_gpu_blocks"] == 140
 
 
@@ -161,5 +161,51 @@ def test_sim_imports_no_calibrate():
 
 def test_docs_page_lists_every_field():
     text = (ROOT / "docs" / "config.md").read_text()
-    for name, (sec, field, *_) in leaves().items():
-        assert f"`{sec}.{field}`" in text, name
+    from sim.run.config import FLAG_NAMES
+    for name, (sec, field, kind, *_) in leaves().items():
+        flag = FLAG_NAMES.get(name, name).replace("_", "-")
+        assert f"| `{sec}.{field}` | `--{'[no-]' if kind is bool else ''}{flag}" in text, name
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "--num-blocks", "3000"], "--num-blocks is now --num-gpu-blocks"),
+    (["run", "--num-blocks=3000"], "--num-blocks is now --num-gpu-blocks"),
+    (["run", "--no-chunked-prefill"], "--no-chunked-prefill is now --no-enable-chunked-prefill"),
+    (["run", "--engine", "vllm"], "--engine is now --scheduler"),
+    (["sweep", "--axis", "num_blocks=3000"], "axis 'num_blocks' is now 'num_gpu_blocks'"),
+])
+def test_the_limits_old_names_are_told_their_vllm_name(argv, words, tmp_path, capsys, monkeypatch):
+    """The engine limits are spelled as vLLM spells them (num_gpu_blocks, enable_chunked_prefill,
+    scheduler_reserve_full_isl) in flags, config fields and sweep axes alike; the old spelling is
+    one line naming the new one, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv + ["--out", "o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("old, new", [("num_blocks", "num_gpu_blocks"), ("reserve_full_prompt", "scheduler_reserve_full_isl"),
+                                      ("chunked_prefill", "enable_chunked_prefill"), ("kind", "scheduler")])
+def test_a_config_file_with_an_old_limit_name_is_told_the_new_one(old, new, tmp_path, capsys):
+    (tmp_path / "c.json").write_text(json.dumps({"engine": {old: {"num_blocks": 3000, "kind": "vllm"}.get(old, True)}}))
+    assert main(["run", "--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"field 'engine.{old}' is now 'engine.{new}'" in err and not (tmp_path / "o").exists()
+
+
+def test_one_spelling_of_the_limits_from_config_to_profile_to_runtime():
+    """A run config's engine fields, a profile's `engine` keys and the runtime EngineConfig
+    share vLLM's names (vLLM 0.32: CacheConfig.num_gpu_blocks, SchedulerConfig.*)."""
+    from dataclasses import fields
+
+    from sim.hardware.engine_config import EngineConfig
+    runtime = {f.name for f in fields(EngineConfig)}
+    config = set(EngineLimits.model_fields)
+    profile = set(EngineConfig(num_gpu_blocks=10).profile_section())
+    limits = {"num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+              "enable_chunked_prefill", "scheduler_reserve_full_isl"}
+    assert limits <= runtime and limits <= config and limits == profile
+    vllm = pytest.importorskip("vllm.config")
+    known = set(vllm.CacheConfig.__dataclass_fields__) | set(vllm.SchedulerConfig.__dataclass_fields__) | {"max_model_len"}
+    assert limits <= known

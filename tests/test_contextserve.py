@@ -170,7 +170,7 @@ def test_sim_run_on_the_bundled_trace_finishes_every_call_once(tmp_path, capsys)
 
     out = tmp_path / "r"
     assert main(["run", "--trace", "swebench", "--policy", "contextserve", "--programs", "30", "--jps", "0.5",
-                 "--num-blocks", "3000", "--out", str(out), "--no-progress"]) == 0
+                 "--num-gpu-blocks", "3000", "--out", str(out), "--no-progress"]) == 0
     import pandas as pd
 
     trace, _ = read_trace("swebench")

@@ -132,7 +132,7 @@ def test_end_to_end_on_the_bundled_trace(policy, spec, router):
     # exactly once, nothing waits, runs, is pinned or is in transfer, no block leaked in
     # any replica's pool, prefill or decode
     c = SimConfig(workload=WorkloadConfig(trace="swebench", programs=6, jps=1.0), policy=PolicyConfig(name=policy),
-                  engine=EngineLimits(num_blocks=3000),
+                  engine=EngineLimits(num_gpu_blocks=3000),
                   cluster=ClusterConfig(disagg=spec, router=router, disagg_local_prefill=256))
     run = build_run(c)
     assert run.config.cluster.replicas == sum(parse_disagg(spec))
@@ -150,7 +150,7 @@ def test_end_to_end_on_the_bundled_trace(policy, spec, router):
 
 def test_disaggregated_stretches_are_exact():
     c = SimConfig(workload=WorkloadConfig(trace="swebench", programs=5, jps=1.0), policy=PolicyConfig(name="continuum"),
-                  engine=EngineLimits(num_blocks=2500), cluster=ClusterConfig(disagg="2P2D", router="session",
+                  engine=EngineLimits(num_gpu_blocks=2500), cluster=ClusterConfig(disagg="2P2D", router="session",
                                                                                disagg_local_prefill=256))
     fast = execute(build_run(c))
     slow = execute(build_run(c.model_copy(update={"engine": c.engine.model_copy(update={"fast_forward": False})})))
@@ -201,7 +201,7 @@ def test_cli_bad_disagg_is_one_line(argv, fragment, capsys):
 
 
 def test_cli_disaggregated_run(capsys):
-    assert main(["run", "--trace", "swebench", "--programs", "4", "--jps", "0.5", "--num-blocks", "4000",
+    assert main(["run", "--trace", "swebench", "--programs", "4", "--jps", "0.5", "--num-gpu-blocks", "4000",
                  "--disagg", "1P1D", "--disagg-local-prefill", "256", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "disaggregation" in out and "1P1D over rdma-ndr" in out and "prefill," in out

@@ -55,7 +55,7 @@ def test_readme_maps_every_page():
 def test_readme_is_short_and_keeps_the_commands():
     text = README.read_text()
     assert len(text.encode()) <= 10_000, f"README is {len(text.encode())} bytes; keep it under 10 KB, move detail to docs/"
-    for cmd in ("pip install -e . && sim run --trace swebench --policy continuum --jps 0.5 --num-blocks 6000", "make test", "make test-fast"):
+    for cmd in ("pip install -e . && sim run --trace swebench --policy continuum --jps 0.5 --num-gpu-blocks 6000", "make test", "make test-fast"):
         assert cmd in text, cmd
     assert "make test" in (ROOT / ".ci" / "run").read_text()  # what CI runs is what README says
 

@@ -70,8 +70,8 @@ def test_infercept_ablation_writes_its_table_and_the_results_page_marks_it(tmp_p
     key, body = marked[0]
     assert body.split("\n")[0] == "Table: profile `llama3.1-8b-h100`, no offload, 300 programs, mean JCT (s) over seeds 0,1,2"
     assert [r.split(" | ")[0][2:] for r in body.split("\n")[4:]] == [label for label, _, _ in ia.variants("--one-on" in key)]
-    tiny = ["--traces", "swebench", "--programs", "4", "--num-blocks", "3000", "--jps", "0.5", "--seeds", "0"]
-    tiny_key = "--traces swebench --programs 4 --num-blocks 3000 --jps 0.5 --seeds 0 --profile llama3.1-8b-h100"
+    tiny = ["--traces", "swebench", "--programs", "4", "--num-gpu-blocks", "3000", "--jps", "0.5", "--seeds", "0"]
+    tiny_key = "--traces swebench --programs 4 --num-gpu-blocks 3000 --jps 0.5 --seeds 0 --profile llama3.1-8b-h100"
     page = tmp_path / "results.md"
     page.write_text(f"before\n<!-- infercept_ablation: {tiny_key} -->\nold\n<!-- end infercept_ablation -->\nafter\n")
     text = ia.main([*tiny, "--write-docs", str(page)])
@@ -90,7 +90,7 @@ def test_offload_table_writes_its_tables_and_the_results_page_marks_them(tmp_pat
     key, body = next(m for m in marked if "--traces swebench,bfcl" in m[0])
     a = dict(re.findall(r"--([\w-]+) (\S+)", key))
     assert body.startswith(f"Table: {a['programs']} programs per trace, JPS swebench 0.25, bfcl 0.12, seed {a['seed']}; "
-                           f"profile `{a['profile']}` with {a['num-blocks']} GPU KV blocks")
+                           f"profile `{a['profile']}` with {a['num-gpu-blocks']} GPU KV blocks")
     assert [r.split(" | ")[0][2:] for r in body.split("\n") if r.startswith("| ") and "(" not in r.split(" | ")[0]
             and r.split(" | ")[0] != "| policy"] == a["policies"].split(",")
     assert body.count("\n| ") - 2 == len(a["policies"].split(",")) + len(a["sweep-blocks"].split(","))
@@ -98,7 +98,7 @@ def test_offload_table_writes_its_tables_and_the_results_page_marks_them(tmp_pat
             "--sweep-blocks", "3000", "--workers", "1"]
     page = tmp_path / "results.md"
     args = ot.main([*tiny])  # the text it prints
-    tiny_key = ("--programs 4 --traces swebench --jps 0.5 --num-blocks 6000 --offload cpu:100GB --policies vllm,continuum "
+    tiny_key = ("--programs 4 --traces swebench --jps 0.5 --num-gpu-blocks 6000 --offload cpu:100GB --policies vllm,continuum "
                 "--sweep-trace swebench --sweep-blocks 3000 --seed 0 --profile llama3.1-8b-h100")
     page.write_text(f"<!-- offload_table: {tiny_key} -->\nold\n<!-- end offload_table -->\n")
     text = ot.main([*tiny, "--write-docs", str(page)])
@@ -136,7 +136,7 @@ def test_redo_checks_a_marked_table_against_its_command_and_skips_what_it_cannot
     """benchmarks/docs_tables.py: write mode puts the command's table in; --check then finds
     it current, finds a planted number stale (exit 1) and leaves the page as it was; a
     timing table and one whose input file is missing are skipped, each with why."""
-    key = "--trace swebench --programs 6 --num-blocks 2000 --concurrency 2 --policies vllm --profile llama3.1-8b-h100"
+    key = "--trace swebench --programs 6 --num-gpu-blocks 2000 --concurrency 2 --policies vllm --profile llama3.1-8b-h100"
     page = tmp_path / "results.md"
     page.write_text(f"# R\n\n<!-- closed_loop_table: {key} -->\n\nold\n\n<!-- end closed_loop_table -->\n\n"
                     "<!-- sim_speed: --baseline HEAD --reps 1 -->\n\nx\n\n<!-- end sim_speed -->\n\n"

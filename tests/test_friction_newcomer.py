@@ -37,14 +37,14 @@ def test_sweep_says_when_the_pool_was_never_under_pressure(tmp_path, capsys):
     t = pd.read_parquet(tmp_path / "s" / "results.parquet")
     assert (t["peak_kv_usage"] < 0.9).all()
     assert len(notes) == 1 and "never under pressure" in notes[0] and "every one of the 2 points" in notes[0]
-    assert "retention policies cannot differ" in notes[0] and "--axis num_blocks=N" in notes[0]
+    assert "retention policies cannot differ" in notes[0] and "--axis num_gpu_blocks=N" in notes[0]
 
-    assert main([*base, "--axis", "jps=50", "--axis", "num_blocks=160"]) == 0  # all at once on 160 blocks
+    assert main([*base, "--axis", "jps=50", "--axis", "num_gpu_blocks=160"]) == 0  # all at once on 160 blocks
     t = pd.read_parquet(tmp_path / "s" / "results.parquet")
-    assert (t.loc[t["num_blocks"] == 160, "peak_kv_usage"] >= 0.9).all()
+    assert (t.loc[t["num_gpu_blocks"] == 160, "peak_kv_usage"] >= 0.9).all()
     assert not _notes(capsys.readouterr().out)  # only this grid's points count, not the table's
 
-    assert main([*base, "--axis", "jps=0.5,50", "--axis", "num_blocks=160,none"]) == 0
+    assert main([*base, "--axis", "jps=0.5,50", "--axis", "num_gpu_blocks=160,none"]) == 0
     notes = _notes(capsys.readouterr().out)
     t = pd.read_parquet(tmp_path / "s" / "results.parquet")
     n_low = int((t["peak_kv_usage"] < 0.9).sum())

@@ -22,9 +22,9 @@ def pt():
     return mod
 
 
-TINY = ["--trace", "swebench", "--programs", "5", "--num-blocks", "3000", "--loads", "0.5", "--seeds", "0",
+TINY = ["--trace", "swebench", "--programs", "5", "--num-gpu-blocks", "3000", "--loads", "0.5", "--seeds", "0",
         "--policies", "vllm,continuum", "--workers", "1"]
-TINY_KEY = ("--trace swebench --programs 5 --num-blocks 3000 --profile llama3.1-8b-h100 --loads 0.5 --seeds 0 "
+TINY_KEY = ("--trace swebench --programs 5 --num-gpu-blocks 3000 --profile llama3.1-8b-h100 --loads 0.5 --seeds 0 "
             "--policies vllm,continuum")
 
 
@@ -68,7 +68,7 @@ def test_the_results_page_marks_each_table_of_the_script(pt):
     assert sum(a.startswith("--trace spec:") for a, _ in blocks) == 3  # the measured workloads' tables
     for key, body in blocks:
         a = dict(re.findall(r"--([\w-]+) (\S+)", key))
-        trace, blocks_, profile = a["trace"], a["num-blocks"], a["profile"]
+        trace, blocks_, profile = a["trace"], a["num-gpu-blocks"], a["profile"]
         head = body.splitlines()[0]
         assert re.match(rf"(Table: )?{re.escape(trace)}, {a['programs']} programs, profile `?{re.escape(profile)}`? "
                         rf"with {blocks_} KV blocks", head), (key, head)
@@ -90,7 +90,7 @@ def test_a_measured_spec_runs_as_a_trace_and_a_bad_one_is_refused(pt, capsys):
     from traces.fit import generate_from_spec, read_spec
     from traces.schema import write_trace
 
-    args = ["--programs", "3", "--num-blocks", "3000", "--loads", "0.5", "--seeds", "0", "--policies", "vllm", "--workers", "1"]
+    args = ["--programs", "3", "--num-gpu-blocks", "3000", "--loads", "0.5", "--seeds", "0", "--policies", "vllm", "--workers", "1"]
     text = pt.main(["--trace", "spec:codex", *args])
     assert text.startswith("spec:codex, 3 programs, profile llama3.1-8b-h100 with 3000 KV blocks")
     df, meta = generate_from_spec(read_spec("codex"), 3, 0)

@@ -24,27 +24,27 @@ import pytest
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 
 # contended pool (3000 blocks, 40 SWE-bench programs at 1 job/s: peak KV use 100%)
-_SWE = ["--trace", "swebench", "--programs", "40", "--jps", "1", "--num-blocks", "3000"]
+_SWE = ["--trace", "swebench", "--programs", "40", "--jps", "1", "--num-gpu-blocks", "3000"]
 RUNS: dict[str, list[str]] = {
     "vllm": [*_SWE, "--policy", "vllm"],
     "continuum": [*_SWE, "--policy", "continuum"],
     "infercept_offload": [*_SWE, "--policy", "infercept", "--offload", "cpu:2GiB"],
-    "thunderagent_bfcl": ["--trace", "bfcl", "--programs", "50", "--jps", "2", "--num-blocks", "8000",
+    "thunderagent_bfcl": ["--trace", "bfcl", "--programs", "50", "--jps", "2", "--num-gpu-blocks", "8000",
                           "--policy", "thunderagent"],
     "static_ttl_replicas3_prefix": [*_SWE, "--policy", "static-ttl", "--policy-arg", "cold_tool_mean=2",
                                     "--replicas", "3", "--router", "prefix", "--seed", "5"],
-    "fcfs_nochunk_limits": [*_SWE, "--policy", "program-fcfs", "--no-chunked-prefill",
+    "fcfs_nochunk_limits": [*_SWE, "--policy", "program-fcfs", "--no-enable-chunked-prefill",
                             "--max-num-seqs", "32", "--max-num-batched-tokens", "16384"],
 }
 # content segments shared across programs (a system prompt, task texts, repeated tool
 # results; built from 40 SWE-bench programs): prefix hits by content, radix cache, routers
-_SEG = ["--trace", "tests/fixtures/golden/segments_trace.parquet", "--jps", "1", "--num-blocks", "3000"]
+_SEG = ["--trace", "tests/fixtures/golden/segments_trace.parquet", "--jps", "1", "--num-gpu-blocks", "3000"]
 RUNS.update({
     "segments_continuum": [*_SEG, "--policy", "continuum"],
     "segments_radix_cache_aware": [*_SEG, "--policy", "continuum", "--cache", "radix", "--router", "cache_aware", "--replicas", "2"],
     "disagg_1p1d_continuum": [*_SWE, "--policy", "continuum", "--disagg", "1P1D"],
     "contextserve_replicas4_session": [*_SWE, "--policy", "contextserve", "--replicas", "4", "--router", "session",
-                                       "--num-blocks", "1200", "--offload", "cpu:1GiB"],
+                                       "--num-gpu-blocks", "1200", "--offload", "cpu:1GiB"],
 })
 _WALL = ("wall_s", "sim_s_per_wall_s")  # wall-clock figures: not part of the result
 

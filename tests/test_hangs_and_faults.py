@@ -15,20 +15,20 @@ import pytest
 from agentsim.cli import main
 from agentsim.errors import SimulationError
 from sim.simpy_replica import engine as engine_mod
-from sim.simpy_replica.engine import Engine
+from sim.simpy_replica.engine import SimpyReplica
 from sim.simpy_replica.scheduler import Scheduler
 
 REG = Path(__file__).parent / "fixtures" / "regressions"
 
 # trace -> the flags of its `sim run` (tests/fixtures/regressions/README.md)
 CASES = {
-    "case4413": "--policy continuum-static --num-blocks 43 --max-num-batched-tokens 8192 --max-num-seqs 16 --replicas 1 "
+    "case4413": "--policy continuum-static --num-gpu-blocks 43 --max-num-batched-tokens 8192 --max-num-seqs 16 --replicas 1 "
                 "--router cache_aware --offload cpu:256MiB,ssd:2GiB --jps 0.3 --seed 874",
-    "case20682": "--policy oracle --num-blocks 9 --max-num-batched-tokens 8192 --max-num-seqs 2 --replicas 1 "
+    "case20682": "--policy oracle --num-gpu-blocks 9 --max-num-batched-tokens 8192 --max-num-seqs 2 --replicas 1 "
                  "--router round_robin --offload cpu:1GiB --jps 0.3 --seed 702",
-    "case21621": "--policy continuum-static --num-blocks 10 --max-num-batched-tokens 8192 --max-num-seqs 256 --replicas 2 "
+    "case21621": "--policy continuum-static --num-gpu-blocks 10 --max-num-batched-tokens 8192 --max-num-seqs 256 --replicas 2 "
                  "--router prefix --offload cpu:256MiB,ssd:2GiB --jps 2.0 --seed 908",
-    "case21972": "--policy infercept --num-blocks 240 --max-num-batched-tokens 16 --max-num-seqs 256 --replicas 3 "
+    "case21972": "--policy infercept --num-gpu-blocks 240 --max-num-batched-tokens 16 --max-num-seqs 256 --replicas 3 "
                  "--router cache_aware --offload cpu:1GiB --seed 674",
 }
 
@@ -79,7 +79,7 @@ def _old_wake_at(self, now):
 
 def test_watchdog_stops_a_frozen_clock_with_one_line_naming_the_state(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(Scheduler, "_unpin_for", _old_unpin_for)
-    monkeypatch.setattr(Engine, "_wake_at", _old_wake_at)
+    monkeypatch.setattr(SimpyReplica, "_wake_at", _old_wake_at)
     t0 = time.perf_counter()
     rc = main(argv("case4413", "--out", str(tmp_path / "o")))
     wall = time.perf_counter() - t0
@@ -100,7 +100,7 @@ def test_watchdog_stops_a_frozen_clock_with_one_line_naming_the_state(monkeypatc
 def test_watchdog_bound_is_passes_at_one_instant(monkeypatch):
     # a lower bound stops the same run sooner: the counter is what stops it, not a timer
     monkeypatch.setattr(Scheduler, "_unpin_for", _old_unpin_for)
-    monkeypatch.setattr(Engine, "_wake_at", _old_wake_at)
+    monkeypatch.setattr(SimpyReplica, "_wake_at", _old_wake_at)
     monkeypatch.setattr(engine_mod, "STALL_PASSES", 50)
     from sim.run.config import build_run, execute
     from sim.commands.run import config_from_args
@@ -127,11 +127,11 @@ def test_sweep_marks_a_failed_point_and_goes_on(monkeypatch, tmp_path, capsys):
     from sim.study import sweep as sweep_mod
 
     monkeypatch.setattr(Scheduler, "_unpin_for", _old_unpin_for)
-    monkeypatch.setattr(Engine, "_wake_at", _old_wake_at)
+    monkeypatch.setattr(SimpyReplica, "_wake_at", _old_wake_at)
     trace = str(REG / "case4413.parquet")
     out = tmp_path / "sw"
     rc = main(["sweep", "--out", str(out), "--axis", f"trace={trace}", "--axis", "policy=continuum-static,vllm",
-               "--axis", "num_blocks=43", "--axis", "max_num_seqs=16", "--axis", "jps=0.3", "--axis", "seed=874",
+               "--axis", "num_gpu_blocks=43", "--axis", "max_num_seqs=16", "--axis", "jps=0.3", "--axis", "seed=874",
                "--no-progress"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
@@ -144,7 +144,7 @@ def test_sweep_marks_a_failed_point_and_goes_on(monkeypatch, tmp_path, capsys):
     assert "warning: 1 of 2 points failed" in cap.err
     # a rerun skips both (deterministic), and `sim plot` plots the point that finished
     assert main(["sweep", "--out", str(out), "--axis", f"trace={trace}", "--axis", "policy=continuum-static,vllm",
-                 "--axis", "num_blocks=43", "--axis", "max_num_seqs=16", "--axis", "jps=0.3", "--axis", "seed=874",
+                 "--axis", "num_gpu_blocks=43", "--axis", "max_num_seqs=16", "--axis", "jps=0.3", "--axis", "seed=874",
                  "--no-progress"]) == 0
     assert "2 already in" in capsys.readouterr().out
 
@@ -153,7 +153,7 @@ def test_plan_marks_a_failed_candidate_and_goes_on(monkeypatch, tmp_path):
     from sim.study.plan import Question, SLO, candidates, load_prices, plan
 
     monkeypatch.setattr(Scheduler, "_unpin_for", _old_unpin_for)
-    monkeypatch.setattr(Engine, "_wake_at", _old_wake_at)
+    monkeypatch.setattr(SimpyReplica, "_wake_at", _old_wake_at)
     cands, _, profiles = candidates(["H100"], ["llama3.1-8b"], [1], ["continuum-static", "vllm"], ["none"], ["round_robin"],
                                     load_prices(), tmp_path / "p" / "profiles")
     q = Question(str(REG / "case4413.parquet"), 0.3, SLO("mean_jct", 1e9), (874,), None, 43, 2)
@@ -186,7 +186,7 @@ def _tie_run(ff: bool):
 
     trace = make_trace([[(1, 5, "ls", 0.0), (1, 1, None, None)], [(1, 5, "ls", 0.0), (4, 1, None, None)], [(1, 1, None, None)]])
     prof = linear_profile(blocks=5, budget=16, seqs=2, c2=1e-6, c4=1e-5)
-    return simulate(trace, "continuum-static", prof, np.zeros(3), fast_forward=ff, chunked_prefill=False, cache="vllm",
+    return simulate(trace, "continuum-static", prof, np.zeros(3), fast_forward=ff, enable_chunked_prefill=False, cache="vllm",
                     disagg=Disagg(1, 1, find_link(None), max_local_prefill=0))
 
 

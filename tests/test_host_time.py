@@ -51,7 +51,7 @@ def _trace():
 @pytest.mark.parametrize("async_", [False, True])
 def test_stretches_price_the_host_as_step_by_step(async_):
     tr, arr = _trace()
-    runs = [simulate(tr, "continuum", h100(), arr, num_blocks=3000, fast_forward=ff, async_scheduling=async_)
+    runs = [simulate(tr, "continuum", h100(), arr, num_gpu_blocks=3000, fast_forward=ff, async_scheduling=async_)
             for ff in (True, False)]
     pd.testing.assert_frame_equal(runs[0].turns, runs[1].turns, check_exact=True)
     assert runs[0].summary == runs[1].summary
@@ -59,7 +59,7 @@ def test_stretches_price_the_host_as_step_by_step(async_):
 
 def test_the_host_lengthens_synchronous_runs_and_hides_behind_asynchronous_ones():
     tr, arr = _trace()
-    jct = {(host is not None, a): simulate(tr, "vllm", h100(host), arr, num_blocks=3000, async_scheduling=a).summary["mean_jct"]
+    jct = {(host is not None, a): simulate(tr, "vllm", h100(host), arr, num_gpu_blocks=3000, async_scheduling=a).summary["mean_jct"]
            for host in (None, HOST) for a in (False, True)}
     assert jct[True, False] > jct[False, False] * 1.02
     # 1 ms + 20 us a sequence is below every H100 step here: asynchronously nothing moves
@@ -70,7 +70,7 @@ def test_the_host_lengthens_synchronous_runs_and_hides_behind_asynchronous_ones(
 @pytest.mark.parametrize("async_", [False, True])
 def test_the_vllm_engine_prices_the_host_alike(async_):
     tr, arr = _trace()
-    res = [simulate(tr, "continuum", h100(), arr, num_blocks=3000, kind=k, async_scheduling=async_).turns
+    res = [simulate(tr, "continuum", h100(), arr, num_gpu_blocks=3000, scheduler=k, async_scheduling=async_).turns
            for k in ("simpy", "vllm")]
     cols = ["program_id", "turn", "scheduled", "first_token", "finish"]
     pd.testing.assert_frame_equal(res[0][cols], res[1][cols], check_exact=True)
@@ -101,6 +101,6 @@ def test_a_zero_host_section_is_no_host_section(async_):
     tr, arr = _trace()
     none, zero = h100(None), h100({"step_s": 0.0})
     assert none.scheduled(async_) is none and zero.scheduled(async_) is zero  # nothing to add or overlap
-    runs = [simulate(tr, "continuum", p, arr, num_blocks=3000, async_scheduling=async_) for p in (none, zero)]
+    runs = [simulate(tr, "continuum", p, arr, num_gpu_blocks=3000, async_scheduling=async_) for p in (none, zero)]
     pd.testing.assert_frame_equal(runs[0].turns, runs[1].turns, check_exact=True)
     assert runs[0].summary["host_time"] == runs[1].summary["host_time"] == "none"

@@ -25,7 +25,7 @@ def profile_with_server(tmp_path):
 
 def _run(profile, view, kind="simpy", async_scheduling=False):
     cfg = SimConfig.model_validate({"workload": {"trace": "swebench", "programs": 6, "jps": 2.0},
-                                    "engine": {"profile": profile, "metrics_at": view, "kind": kind,
+                                    "engine": {"profile": profile, "metrics_at": view, "scheduler": kind,
                                                "async_scheduling": async_scheduling}})
     return execute(build_run(cfg))
 
@@ -73,7 +73,7 @@ def test_bad_server_section_refused(tmp_path):
 @pytest.mark.engine
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_twin_stays_exact_with_the_client_view(profile_with_server, tmp_path, async_scheduling):
-    """vLLM's own scheduler (--engine vllm) and the SimPy one see the same step ends, host
+    """vLLM's own scheduler (--scheduler vllm) and the SimPy one see the same step ends, host
     time per step on; the client view, computed after the run, is then the same too."""
     raw = json.loads(open(profile_with_server).read())
     raw["host"] = {"step_s": 0.0008, "per_seq_s": 1e-5, "per_token_s": 1e-7}

@@ -14,7 +14,7 @@ from agentsim.errors import InputError
 # A tiny case: 12 SWE-bench programs on a cut KV pool, two GPUs (measured H100, roofline
 # A100), two policies, up to 4 replicas. The SLO sits where the candidates need different
 # replica counts, some more than one (checked below, so the case stays a real search).
-TINY = dict(trace="swebench", jps=0.5, seeds=(0,), programs=12, num_blocks=1500, max_replicas=4)
+TINY = dict(trace="swebench", jps=0.5, seeds=(0,), programs=12, num_gpu_blocks=1500, max_replicas=4)
 SLO = "mean_jct<=57"
 GPUS, POLICIES = ["H100", "A100-80GB"], ["vllm", "continuum"]
 

@@ -19,7 +19,7 @@ def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("plot")
     write_trace(random_trace(np.random.default_rng(5), 24), d / "t.parquet", {"generator": "test"})
     (d / "prof.json").write_text(json.dumps(linear_profile(c2=1e-7, blocks=400).raw))
-    common = {"trace": str(d / "t.parquet"), "profile": str(d / "prof.json"), "num_blocks": 64}
+    common = {"trace": str(d / "t.parquet"), "profile": str(d / "prof.json"), "num_gpu_blocks": 64}
     pts = sw.expand_grid([
         {**common, "policy": ["vllm", "continuum", "continuum-static"], "pin_seconds": [0.3, 1.5],
          "jps": [0.5, 1.0, 2.0], "rep": [0, 1]},

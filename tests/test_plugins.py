@@ -57,7 +57,7 @@ def _sim(args, plugin_root: Path | None, cwd: Path):
     return subprocess.run([sys.executable, "-m", "agentsim.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
-RUN = ["run", "--trace", "swebench", "--programs", "12", "--jps", "1", "--num-blocks", "3000", "--replicas", "2"]
+RUN = ["run", "--trace", "swebench", "--programs", "12", "--jps", "1", "--num-gpu-blocks", "3000", "--replicas", "2"]
 
 
 def test_an_installed_policy_and_router_run_by_name(tmp_path):

@@ -32,7 +32,7 @@ def _mean_jct(trace_name, programs, blocks, jps, policies):
     trace = trace[trace["program_id"].isin(keep)]
     prof = load_profile("llama3.1-8b-a100-80gb")  # the orders below were measured on it (README tables)
     arrivals = arrivals_for(trace, jps, 0)
-    return {p: simulate(trace, p, prof, arrivals, num_blocks=blocks).summary["mean_jct"] for p in policies}
+    return {p: simulate(trace, p, prof, arrivals, num_gpu_blocks=blocks).summary["mean_jct"] for p in policies}
 
 
 @pytest.fixture(scope="module")

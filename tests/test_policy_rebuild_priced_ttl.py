@@ -129,7 +129,7 @@ def test_sim_run_finishes_every_call_once(tmp_path, offload):
 
     out = tmp_path / "r"
     args = ["run", "--trace", "swebench", "--policy", "rebuild-priced-ttl", "--programs", "30", "--jps", "0.5",
-            "--num-blocks", "3000", "--out", str(out), "--no-progress"]
+            "--num-gpu-blocks", "3000", "--out", str(out), "--no-progress"]
     assert main(args + (["--offload", offload] if offload else [])) == 0
     trace, _ = read_trace("swebench")
     keep = trace["program_id"].drop_duplicates().iloc[:30]

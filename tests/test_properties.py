@@ -61,14 +61,14 @@ def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.in
     )
 
 
-def _simulate(c, policy, ff=True, kind="simpy", **fields):
+def _simulate(c, policy, ff=True, scheduler="simpy", **fields):
     prof = linear_profile(blocks=c["blocks"], budget=c["budget"], seqs=c["seqs"], c2=1e-6, c4=1e-5)
     dg = None
     if c["disagg"]:  # x prefill + y decode replicas instead of `replicas`; a slow link makes transfers count
         x, y = parse_disagg(c["disagg"])
         dg = Disagg(x, y, Link("slow", 4096 * 100.0, 0.01) if c["slow_link"] else find_link(None), max_local_prefill=c["local_prefill"])
-    return simulate(c["trace"], policy, prof, c["arrivals"], fast_forward=ff, chunked_prefill=c["chunked"], cache=c["cache"],
-                    replicas=1 if dg else c["replicas"], router=c["router"], offload=c["offload"], disagg=dg, kind=kind,
+    return simulate(c["trace"], policy, prof, c["arrivals"], fast_forward=ff, enable_chunked_prefill=c["chunked"], cache=c["cache"],
+                    replicas=1 if dg else c["replicas"], router=c["router"], offload=c["offload"], disagg=dg, scheduler=kind,
                     **fields)
 
 

@@ -167,7 +167,7 @@ def test_radix_and_block_pool_evict_differently():
 
 # --- whole runs ------------------------------------------------------------------------------------
 
-_SWE = ["--trace", "swebench", "--programs", "40", "--jps", "1", "--num-blocks", "3000", "--no-progress"]
+_SWE = ["--trace", "swebench", "--programs", "40", "--jps", "1", "--num-gpu-blocks", "3000", "--no-progress"]
 
 
 @pytest.fixture

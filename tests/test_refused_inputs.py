@@ -93,7 +93,7 @@ RUN = ["run", "--trace", "swebench", "--programs", "2", "--jps", "1"]
     (["--policy", "oracle", "--policy-arg", "epsilon=nan"], "'epsilon' is 'nan'"),
     (["--policy", "continuum", "--policy-arg", "unpin_while_running=maybe"], "'unpin_while_running' is 'maybe'"),  # was False
     (["--seed", "-1"], "'--seed' is -1"),  # numpy ValueError
-    (["--max-num-batched-tokens", "512", "--no-chunked-prefill"], "cannot be prefilled whole"),  # deadlocked after simulating
+    (["--max-num-batched-tokens", "512", "--no-enable-chunked-prefill"], "cannot be prefilled whole"),  # deadlocked after simulating
     (["--offload", "cpu:1KB@25"], "smaller than one chunk"),  # a tier that held nothing
 ])
 def test_bad_run_input_is_refused_up_front(args, words, capsys, tmp_path):

@@ -80,7 +80,7 @@ def test_run_columns_agree_with_summary():
     from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
     res = execute(build_run(SimConfig(workload=WorkloadConfig(trace="swebench", programs=6, jps=1.0),
-                                      policy=PolicyConfig(name="vllm"), engine=EngineLimits(num_blocks=3000))))
+                                      policy=PolicyConfig(name="vllm"), engine=EngineLimits(num_gpu_blocks=3000))))
     t, s = res.turns, res.summary
     assert np.allclose(t["ttft"], t["first_token"] - t["arrival"])
     assert np.allclose(t["e2el"], t["finish"] - t["arrival"])
@@ -101,7 +101,7 @@ def test_loaded_tokens_of_a_preempted_call_stay_within_its_prompt():
     from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
     res = execute(build_run(SimConfig(workload=WorkloadConfig(trace="swebench", programs=20, jps=1.0),
-                                      policy=PolicyConfig(name="infercept"), engine=EngineLimits(num_blocks=1500),
+                                      policy=PolicyConfig(name="infercept"), engine=EngineLimits(num_gpu_blocks=1500),
                                       cluster=ClusterConfig(offload="cpu:4GiB"))))
     t = res.turns
     over = t[t["reloaded_tokens_total"] > t["prompt_tokens"]]
@@ -124,7 +124,7 @@ def test_each_admission_adds_up_to_the_prompt_after_preemptions_with_offload():
     from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 
     res = execute(build_run(SimConfig(workload=WorkloadConfig(trace="swebench", programs=20, jps=1.0),
-                                      policy=PolicyConfig(name="infercept"), engine=EngineLimits(num_blocks=1500),
+                                      policy=PolicyConfig(name="infercept"), engine=EngineLimits(num_gpu_blocks=1500),
                                       cluster=ClusterConfig(offload="cpu:4GiB"))))
     t = res.turns
     again = t[t["admissions"] > 1]

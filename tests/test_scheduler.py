@@ -44,7 +44,7 @@ def test_admission_needs_the_whole_prompt_to_fit():
     s = sched(num_gpu_blocks=7, max_num_batched_tokens=64)
     s.waiting.append(call("a", 100, 3, 0))
     assert s.schedule(0.0) == []
-    s = sched(num_gpu_blocks=7, max_num_batched_tokens=64, reserve_full_prompt=False)
+    s = sched(num_gpu_blocks=7, max_num_batched_tokens=64, scheduler_reserve_full_isl=False)
     s.waiting.append(call("a", 100, 3, 0))
     assert [(c.req.program_id, n) for c, n in s.schedule(0.0)] == [("a", 64)]
 

@@ -48,8 +48,8 @@ def test_cached_tokens_per_call_match_the_simulator():
         del llm
         gc.collect()
     profile = load_profile(bundled_profile_name(default_model("cpu")))
-    sim = simulate(tr, "vllm", profile, arrivals, num_blocks=limits["num_gpu_blocks"],
-                   chunked_prefill=bool(limits["enable_chunked_prefill"]),
+    sim = simulate(tr, "vllm", profile, arrivals, num_gpu_blocks=limits["num_gpu_blocks"],
+                   enable_chunked_prefill=bool(limits["enable_chunked_prefill"]),
                    **{k: limits[k] for k in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")}).turns
     key = ["program_id", "turn"]
     both = real[key + ["cached_tokens"]].merge(sim[key + ["cached_tokens"]], on=key, suffixes=("", "_sim")).set_index(key)

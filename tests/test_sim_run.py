@@ -75,8 +75,8 @@ def test_lone_replica_stretch_runs_through_the_step_an_arrival_lands_in(monkeypa
     # p000 decodes 200 tokens (0.011 s a step); p001 arrives at 0.5 s, inside a step
     tr = make_trace([[(100, 200, None, None)], [(50, 3, None, None)]])
     lengths = []
-    account = sim.simpy_replica.engine.Engine._account
-    monkeypatch.setattr(sim.simpy_replica.engine.Engine, "_account", lambda self, now, dts, sch: lengths.append(len(dts)) or account(self, now, dts, sch))
+    account = sim.simpy_replica.engine.SimpyReplica._account
+    monkeypatch.setattr(sim.simpy_replica.engine.SimpyReplica, "_account", lambda self, now, dts, sch: lengths.append(len(dts)) or account(self, now, dts, sch))
     fast = run(tr, [0.0, 0.5])
     ff_lengths, lengths[:] = lengths[:], []
     slow = run(tr, [0.0, 0.5], ff=False)
@@ -108,7 +108,7 @@ def test_no_leaks_on_random_traces_under_pressure(policy, offload):
 def test_cli_run_writes_results(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["run", "--trace", "swebench", "--policy", "vllm", "--jps", "0.5", "--programs", "5",
-                 "--num-blocks", "4000", "--out", str(out), "--no-progress"]) == 0
+                 "--num-gpu-blocks", "4000", "--out", str(out), "--no-progress"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["programs"] == 5 and s["num_gpu_blocks"] == 4000
     printed = capsys.readouterr().out
@@ -123,7 +123,7 @@ def test_cli_run_writes_results(tmp_path, capsys):
     (["run", "--policy", "nope"], "unknown policy 'nope'"),
     (["run", "--trace", "nosuch"], "trace 'nosuch' not found"),
     (["run", "--block-size", "32"], "contradicts profile"),
-    (["run", "--num-blocks", "99999999"], "exceeds the"),
+    (["run", "--num-gpu-blocks", "99999999"], "exceeds the"),
     (["run", "--jps", "0", "--programs", "2"], "--jps must be > 0"),
     (["run", "--policy-arg", "x"], "is not K=V"),
     (["run", "--jps", "abc"], "invalid float value"),
@@ -178,7 +178,7 @@ def test_summary_lists_the_most_pinned_tools_and_says_when_memory_never_ran_shor
     assert "3 more in summary.json" in text
     notes = [ln for ln in text.splitlines() if ln.startswith("note:")]
     assert s["peak_kv_usage"] < 0.9 and len(notes) == 1 and "the KV pool was never under pressure" in notes[0]
-    assert "retention policies cannot differ" in notes[0] and "--num-blocks" in notes[0]
+    assert "retention policies cannot differ" in notes[0] and "--num-gpu-blocks" in notes[0]
     tight = run(tr, np.zeros(30), policy="static-ttl", blocks=80).summary
     assert tight["peak_kv_usage"] >= 0.9 and "never under pressure" not in format_summary(tight)
 

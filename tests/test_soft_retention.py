@@ -194,7 +194,7 @@ def test_hints_read_from_a_trace_change_retention_in_both_engines_alike():
     arrivals = np.cumsum(np.random.default_rng(4).exponential(0.3, 24))
     cols = ["program_id", "turn", "scheduled", "first_token", "finish", "cached_tokens", "preemptions"]
     base = simulate(plain, "vllm", prof, arrivals).turns
-    rows = {e: simulate(_hinted(plain), "vllm", prof, arrivals, kind=e).turns[cols] for e in ("simpy", "vllm")}
+    rows = {e: simulate(_hinted(plain), "vllm", prof, arrivals, scheduler=e).turns[cols] for e in ("simpy", "vllm")}
     assert rows["simpy"].equals(rows["vllm"])
     assert rows["simpy"]["cached_tokens"].sum() > base["cached_tokens"].sum()
 
@@ -219,7 +219,7 @@ def test_policy_parameters_are_checked():
 
 
 class _View:
-    block_size, num_blocks = 16, 1000
+    block_size, num_gpu_blocks = 16, 1000
 
     def prefill_reload_time(self, tokens):
         return 0.01 * tokens  # 10 s for the 1,000-token context: worth pinning for

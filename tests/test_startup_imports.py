@@ -9,7 +9,7 @@ CHILD = """
 import json, sys
 from sim.run.config import ClusterConfig, EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 cfg = SimConfig(workload=WorkloadConfig(trace="swebench", programs=4), policy=PolicyConfig(name="continuum"),
-                engine=EngineLimits(num_blocks=3000), cluster=ClusterConfig(replicas=2))
+                engine=EngineLimits(num_gpu_blocks=3000), cluster=ClusterConfig(replicas=2))
 res = execute(build_run(cfg))
 before = "pandas" in sys.modules
 turns = res.turns  # asking for a table brings pandas in
@@ -28,7 +28,7 @@ def test_summary_only_run_imports_no_pandas():
 CLI = """
 import json, sys
 from agentsim.cli import main
-rc = main(["run", "--trace", "swebench", "--programs", "3", "--num-blocks", "3000", "--no-progress"])
+rc = main(["run", "--trace", "swebench", "--programs", "3", "--num-gpu-blocks", "3000", "--no-progress"])
 print(json.dumps({"rc": rc, "loaded": sorted(m for m in ("pandas", "calibrate", "traces.generate", "sim.study.plan") if m in sys.modules)}))
 """
 

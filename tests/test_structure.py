@@ -266,7 +266,7 @@ def test_no_module_of_sim_is_in_an_import_circle():
 
 @pytest.mark.parametrize("planted, found", [
     ({"sim/kv/a.py": "from sim.hardware import profile\n", "sim/hardware/profile.py": ""}, ["sim.kv.a imports sim.hardware.profile"]),
-    ({"sim/cluster/c.py": "def f():\n    from sim.simpy_replica.engine import Engine\n", "sim/simpy_replica/engine.py": ""},
+    ({"sim/cluster/c.py": "def f():\n    from sim.simpy_replica.engine import SimpyReplica\n", "sim/simpy_replica/engine.py": ""},
      ["sim.cluster.c imports sim.simpy_replica.engine"]),
     ({"sim/vllm_replica/e.py": "import sim.simpy_replica.scheduler\n"}, ["sim.vllm_replica.e imports sim.simpy_replica.scheduler"]),
     ({"sim/run/r.py": "from sim.kv import tiers\n", "sim/kv/tiers.py": ""}, []),

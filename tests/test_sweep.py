@@ -31,7 +31,7 @@ def files(tmp_path_factory):
 def grid(files):
     trace, prof = files
     return sw.expand_grid({"trace": trace, "profile": prof, "policy": ["vllm", "continuum", "continuum-static"],
-                           "pin_seconds": [0.5, 2.0], "jps": [0.5, 3.0], "num_blocks": 64, "rep": [0, 1]})
+                           "pin_seconds": [0.5, 2.0], "jps": [0.5, 3.0], "num_gpu_blocks": 64, "rep": [0, 1]})
 
 
 def comparable(table: pd.DataFrame) -> pd.DataFrame:
@@ -69,22 +69,22 @@ def test_unknown_axes_and_bad_values_are_one_line_errors():
         sw.expand_grid({"seed": ["x"]})
     with pytest.raises(InputError, match="axis 'replicas' must be >= 1"):
         sw.build_run({"replicas": 0})
-    with pytest.raises(InputError, match="num-blocks"):  # the profile's limits hold in sweeps too
-        sw.build_run({"num_blocks": 10**9})
+    with pytest.raises(InputError, match="num-gpu-blocks"):  # the profile's limits hold in sweeps too
+        sw.build_run({"num_gpu_blocks": 10**9})
 
 
 def test_point_runs_like_sim_run(files):
     """The translation applies every axis: a row equals the run built by hand."""
     trace_path, prof_path = files
     row, kv = sw.run_point({"trace": trace_path, "profile": prof_path, "policy": "continuum-static", "pin_seconds": 0.7,
-                            "jps": 2.0, "seed": 5, "num_blocks": 70, "programs": 20, "max_num_seqs": 8}, save_kv=True)
+                            "jps": 2.0, "seed": 5, "num_gpu_blocks": 70, "programs": 20, "max_num_seqs": 8}, save_kv=True)
     from sim.hardware.profile import load_profile
     from traces.schema import read_trace
     trace, _ = read_trace(trace_path)
     trace = trace[trace["program_id"].isin(trace["program_id"].unique()[:20])]
     prof = load_profile(prof_path)
     res = simulate(trace, make_policy("continuum-static", pin_seconds=0.7), prof, arrivals_for(trace, 2.0, 5),
-                   num_blocks=70, max_num_seqs=8)
+                   num_gpu_blocks=70, max_num_seqs=8)
     for k in ("mean_jct", "p95_jct", "cache_hit_ratio", "pins", "steps", "num_gpu_blocks"):
         assert row[k] == res.summary[k]
     assert row["n_programs"] == 20 and row["programs"] == 20
@@ -128,10 +128,10 @@ def test_resumed_after_interrupt_equals_serial(files, serial, tmp_path, monkeypa
 
 def test_failing_point_keeps_finished_ones(files, tmp_path):
     trace, prof = files
-    pts = sw.expand_grid({"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": [64, 3]})
+    pts = sw.expand_grid({"trace": trace, "profile": prof, "jps": 1.0, "num_gpu_blocks": [64, 3]})
     with pytest.raises(InputError, match="KV blocks"):
         sw.sweep(pts, tmp_path)
-    assert sw.load_results(tmp_path)["num_blocks"].tolist() == [64]
+    assert sw.load_results(tmp_path)["num_gpu_blocks"].tolist() == [64]
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_cli_sweep_resumes_and_reports(files, tmp_path, capsys):
     trace, prof = files
     (tmp_path / "grid.json").write_text(json.dumps([{"policy": "vllm"}, {"policy": "continuum", "max_ttl": [None, 0.1]}]))
     argv = ["sweep", "--out", str(tmp_path / "r"), "--grid", str(tmp_path / "grid.json"), "--axis", f"trace={trace}",
-            "--axis", f"profile={prof}", "--axis", "jps=1,2", "--axis", "num_blocks=64", "--reps", "2", "--no-progress"]
+            "--axis", f"profile={prof}", "--axis", "jps=1,2", "--axis", "num_gpu_blocks=64", "--reps", "2", "--no-progress"]
     assert main(argv) == 0
     assert "12 points: 0 already" in capsys.readouterr().out
     t = sw.load_results(tmp_path / "r")
@@ -208,8 +208,8 @@ def test_repeat_turns_scales_tokens_and_keeps_tools():
 
 def test_turn_repeat_axis_runs_the_transformed_trace(files):
     trace, prof = files
-    one, _ = sw.run_point({"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": 64})
-    three, _ = sw.run_point({"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": 64, "turn_repeat": 3})
+    one, _ = sw.run_point({"trace": trace, "profile": prof, "jps": 1.0, "num_gpu_blocks": 64})
+    three, _ = sw.run_point({"trace": trace, "profile": prof, "jps": 1.0, "num_gpu_blocks": 64, "turn_repeat": 3})
     assert three["calls"] == 3 * one["calls"] and three["n_programs"] == one["n_programs"]
 
 
@@ -243,7 +243,7 @@ def test_router_parameters_are_axes_of_the_routers_that_have_them(files, tmp_pat
     from sim.cluster.router import Router, register_router, _CLASSES
 
     trace, prof = files
-    base = {"trace": trace, "profile": prof, "jps": 1.0, "num_blocks": 64, "replicas": 2, "programs": 12}
+    base = {"trace": trace, "profile": prof, "jps": 1.0, "num_gpu_blocks": 64, "replicas": 2, "programs": 12}
     pts = sw.expand_grid({**base, "router": ["session", "cache_aware"], "cache_threshold": [0.1, 0.9]})
     assert sorted((p["router"], p.get("cache_threshold")) for p in pts) == [
         ("cache_aware", 0.1), ("cache_aware", 0.9), ("session", None)]
@@ -283,7 +283,7 @@ def test_router_parameters_are_axes_of_the_routers_that_have_them(files, tmp_pat
 # --- sweeps that die cleanly (issue 17 item 4): subprocesses signalled as a terminal would --
 
 LINUX = Path("/proc/self/stat").exists()
-SLOW_GRID = ["--axis", "trace=swebench", "--axis", "programs=60", "--axis", "jps=1", "--axis", "num_blocks=3000",
+SLOW_GRID = ["--axis", "trace=swebench", "--axis", "programs=60", "--axis", "jps=1", "--axis", "num_gpu_blocks=3000",
              "--axis", "seed=" + ",".join(map(str, range(8)))]
 
 

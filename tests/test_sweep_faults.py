@@ -22,7 +22,7 @@ from agentsim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 # points of 0.5-1 s each on a shared 2-core machine, so that a kill lands inside one
-GRID = {"trace": "swebench", "programs": 150, "jps": 1, "num_blocks": 3000, "seed": list(range(6))}
+GRID = {"trace": "swebench", "programs": 150, "jps": 1, "num_gpu_blocks": 3000, "seed": list(range(6))}
 
 
 def comparable(t: pd.DataFrame) -> pd.DataFrame:

@@ -21,8 +21,8 @@ from sim.study.sweep import load_results, point_key, canonical, run_point
 
 # A small case under memory pressure, where continuum's parameters matter.
 ROOT = Path(__file__).resolve().parents[1]
-FIXED = {"trace": "swebench", "programs": 30, "jps": 0.5, "num_blocks": 2000}
-WORK = ["--trace", "swebench", "--programs", "30", "--jps", "0.5", "--num-blocks", "2000"]
+FIXED = {"trace": "swebench", "programs": 30, "jps": 0.5, "num_gpu_blocks": 2000}
+WORK = ["--trace", "swebench", "--programs", "30", "--jps", "0.5", "--num-gpu-blocks", "2000"]
 SMALL = [*WORK, "--policies", "vllm,continuum,static-ttl", "--trials", "14", "--batch", "4", "--seeds", "0,1",
          "--holdout-seeds", "2", "--no-progress"]
 
@@ -248,7 +248,7 @@ def test_a_registered_policy_is_searched_without_edits(registered, tmp_path):
     (["--slo", "mean_jct<60"], "--slo"),
     (["--trials", "3"], "--trials 3"),
     (["--workers", "2", "--dask", "tcp://x:1"], "--workers does not apply"),
-    (["--set", "num_blocks=999999999"], "exceeds the"),
+    (["--set", "num_gpu_blocks=999999999"], "exceeds the"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, extra, match):
     out = tmp_path / "bad"

@@ -1,4 +1,4 @@
-"""`--engine vllm` input checks that need no vLLM (they run before it is imported), and
+"""`--scheduler vllm` input checks that need no vLLM (they run before it is imported), and
 the twin check's first-difference classifier (benchmarks/twin_check.py)."""
 import sys
 from pathlib import Path
@@ -15,10 +15,10 @@ _RUN = ["run", "--trace", "swebench", "--programs", "3", "--no-progress"]
 
 
 def test_the_radix_cache_is_one_line_exit_2(capsys, tmp_path):
-    rc = main([*_RUN, "--engine", "vllm", "--cache", "radix", "--out", str(tmp_path / "o")])
+    rc = main([*_RUN, "--scheduler", "vllm", "--cache", "radix", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert rc == 2
-    assert err.count("\n") == 0 and "cannot run --cache radix" in err and "--engine simpy" in err
+    assert err.count("\n") == 0 and "cannot run --cache radix" in err and "--scheduler simpy" in err
     assert not (tmp_path / "o").exists()  # nothing written
 
 
@@ -39,24 +39,24 @@ def test_async_scheduling_on_simpy_runs(capsys, tmp_path):
 
 def test_without_vllm_one_line_exit_2(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    rc = main([*_RUN, "--engine", "vllm"])
+    rc = main([*_RUN, "--scheduler", "vllm"])
     err = capsys.readouterr().err.strip()
     assert rc == 2
-    assert err.count("\n") == 0 and "--engine vllm needs vLLM 0.32 installed" in err
+    assert err.count("\n") == 0 and "--scheduler vllm needs vLLM 0.32 installed" in err
 
 
 def test_unknown_engine_is_refused(capsys):
-    assert main([*_RUN, "--engine", "sglang"]) == 2
-    assert "no such engine; give one of: simpy, vllm" in capsys.readouterr().err
+    assert main([*_RUN, "--scheduler", "sglang"]) == 2
+    assert "no such scheduler; give one of: simpy, vllm" in capsys.readouterr().err
 
 
 def test_engine_field_in_the_config():
     from sim.run.config import SimConfig, parse_config
 
-    assert SimConfig().engine.kind == "simpy"  # the SimPy replica stays the default
-    assert parse_config({"engine": {"kind": "vllm"}}, "t").engine.kind == "vllm"
-    with pytest.raises(InputError, match="engine.kind"):
-        parse_config({"engine": {"kind": "x"}}, "t")
+    assert SimConfig().engine.scheduler == "simpy"  # the SimPy replica stays the default
+    assert parse_config({"engine": {"scheduler": "vllm"}}, "t").engine.scheduler == "vllm"
+    with pytest.raises(InputError, match="engine.scheduler"):
+        parse_config({"engine": {"scheduler": "x"}}, "t")
 
 
 def test_first_difference_names_the_mechanism():

@@ -1,4 +1,4 @@
-"""`--engine vllm` (sim/vllm_replica/engine.py: vLLM 0.32's own Scheduler and KV cache manager as
+"""`--scheduler vllm` (sim/vllm_replica/engine.py: vLLM 0.32's own Scheduler and KV cache manager as
 a replica, no model) and the twin check against the SimPy replica (benchmarks/twin_check.py).
 
 Needs vLLM (installed by `make test`), but starts no engine and measures no wall time:
@@ -28,7 +28,7 @@ from benchmarks import twin_check  # noqa: E402
 
 # The reduced twin (issue 32): 100 bundled SWE-bench programs at 0.5 jobs/s on 1,500 KV
 # blocks of the default H100 profile (peak KV use 100%: memory pressure on).
-SPEC = {"workload": {"trace": "swebench", "programs": 100, "jps": 0.5, "seed": 0}, "engine": {"num_blocks": 1500}}
+SPEC = {"workload": {"trace": "swebench", "programs": 100, "jps": 0.5, "seed": 0}, "engine": {"num_gpu_blocks": 1500}}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_small_random_twin_identical_per_call(policy, offload):
     arrivals = np.cumsum(np.random.default_rng(4).exponential(0.3, 24))
     rows = {}
     for engine in ("simpy", "vllm"):
-        res = simulate(trace, policy, prof, arrivals, kind=engine, offload=offload)
+        res = simulate(trace, policy, prof, arrivals, scheduler=engine, offload=offload)
         rows[engine] = res.turns[["program_id", "turn", "scheduled", "first_token", "finish", "cached_tokens",
                                   "computed_prompt_tokens", "preemptions", "output_tokens", "loaded_tokens"]]
         assert res.summary["engine"] == engine
@@ -90,7 +90,7 @@ def test_small_random_twin_identical_per_call(policy, offload):
 
 def test_schedule_logs_find_no_difference_and_a_planted_one():
     """The twin's schedule logs cover both engines; a changed step is reported."""
-    spec = {"workload": {"trace": "swebench", "programs": 8, "jps": 1.0}, "engine": {"num_blocks": 1200}}
+    spec = {"workload": {"trace": "swebench", "programs": 8, "jps": 1.0}, "engine": {"num_gpu_blocks": 1200}}
     pair = twin_check.run_pair(spec, "continuum", log=True)
     assert pair["first_difference"] is None
 
@@ -133,13 +133,13 @@ def test_identical_content_identical_tokens_and_vllms_own_hashes():
 
 def test_sim_run_engine_vllm_writes_the_usual_outputs(tmp_path, capsys):
     out = tmp_path / "o"
-    rc = main(["run", "--trace", "swebench", "--programs", "4", "--num-blocks", "800", "--policy", "continuum",
-               "--engine", "vllm", "--no-progress", "--out", str(out)])
+    rc = main(["run", "--trace", "swebench", "--programs", "4", "--num-gpu-blocks", "800", "--policy", "continuum",
+               "--scheduler", "vllm", "--no-progress", "--out", str(out)])
     assert rc == 0
     assert "engine: vLLM's own scheduler" in capsys.readouterr().out
     for f in ("summary.json", "config.json", "turns.parquet", "programs.parquet", "kv_usage.parquet"):
         assert (out / f).exists(), f
-    assert json.loads((out / "config.json").read_text())["engine"]["kind"] == "vllm"
+    assert json.loads((out / "config.json").read_text())["engine"]["scheduler"] == "vllm"
     assert json.loads((out / "summary.json").read_text())["engine"] == "vllm"
     # the config reruns the same run
     rc = main(["run", "--config", str(out / "config.json"), "--no-progress", "--out", str(tmp_path / "again")])
@@ -155,7 +155,7 @@ def test_replicas_behind_routers():
     trace = random_trace(np.random.default_rng(5), 20)
     arrivals = np.cumsum(np.random.default_rng(6).exponential(0.2, 20))
     for router in ("session", "prefix"):
-        got = {e: simulate(trace, "continuum", prof, arrivals, kind=e, replicas=2,
+        got = {e: simulate(trace, "continuum", prof, arrivals, scheduler=e, replicas=2,
                            router=router).turns[["program_id", "turn", "replica", "finish"]]
                for e in ("simpy", "vllm")}
         assert got["simpy"].equals(got["vllm"]), router
@@ -168,11 +168,11 @@ def test_programs_moving_between_replicas_twin_is_exact(router):
     (pins 'moved'); each replica's policy then ends the program with the turn count of its
     record, not the turns that replica happened to serve (the adapter had counted its own,
     which moved Continuum's memoryfulness and its TTLs: 60 programs here differed)."""
-    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.2, "seed": 0}, "engine": {"num_blocks": 1200},
+    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.2, "seed": 0}, "engine": {"num_gpu_blocks": 1200},
             "cluster": {"replicas": 3, "router": router}, "policy": {"name": "continuum"}}
     from sim.run.config import SimConfig, build_run, execute
 
-    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
+    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "scheduler": e}})))
            for e in ("simpy", "vllm")}
     cols = ["program_id", "turn", "replica", "scheduled", "finish", "cached_tokens"]
     assert res["simpy"].turns[cols].equals(res["vllm"].turns[cols])
@@ -185,9 +185,9 @@ def test_thunderagents_proxy_in_front_of_vllm_replicas_twin_is_exact():
     vLLM's own schedulers it pauses, holds and places programs as in front of SimPy ones."""
     from sim.run.config import SimConfig, build_run, execute
 
-    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.2, "seed": 0}, "engine": {"num_blocks": 1200},
+    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.2, "seed": 0}, "engine": {"num_gpu_blocks": 1200},
             "cluster": {"replicas": 2}, "policy": {"name": "thunderagent"}}
-    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
+    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "scheduler": e}})))
            for e in ("simpy", "vllm")}
     cols = ["program_id", "turn", "replica", "scheduled", "finish", "cached_tokens"]
     assert res["simpy"].turns[cols].equals(res["vllm"].turns[cols])
@@ -201,9 +201,9 @@ def test_prefill_decode_disaggregation_twin_is_exact(policy):
     same calls, prefills, handoffs and received tokens as the SimPy replicas' Inbox."""
     from sim.run.config import SimConfig, build_run, execute
 
-    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_blocks": 1500},
+    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_gpu_blocks": 1500},
             "cluster": {"disagg": "1P2D"}, "policy": {"name": policy}}
-    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
+    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "scheduler": e}})))
            for e in ("simpy", "vllm")}
     cols = ["program_id", "turn", "replica", "scheduled", "first_token", "finish", "cached_tokens", "computed_prompt_tokens"]
     assert res["simpy"].turns[cols].equals(res["vllm"].turns[cols])
@@ -217,7 +217,7 @@ def test_content_shared_across_programs_twin_is_exact():
     made from content hits exactly what the SimPy pool's content keys hit (same-step
     hits, duplicate copies of shared blocks)."""
     spec = {"workload": {"trace": str(ROOT / "tests/fixtures/golden/segments_trace.parquet"), "programs": 20, "jps": 1.0},
-            "engine": {"num_blocks": 1200}}
+            "engine": {"num_gpu_blocks": 1200}}
     for policy in ("vllm", "continuum"):
         r = twin_check.compare(twin_check.run_pair(spec, policy, log=False))
         assert r["cached"][0] == r["cached"][1] > 0, policy
@@ -246,7 +246,7 @@ def test_pins_are_reviewed_once_more_after_the_last_call_finishes():
     runs = {}
     for engine in ("simpy", "vllm"):
         pol = Recording()
-        res = simulate(trace, pol, linear_profile(blocks=200), [0.0], kind=engine)
+        res = simulate(trace, pol, linear_profile(blocks=200), [0.0], scheduler=engine)
         runs[engine] = (pol.reviews, res.turns.set_index("turn")["finish"][0])
     (reviews, finish), (vllm_reviews, _) = runs["simpy"], runs["vllm"]
     assert (finish, ("p000",)) in reviews  # the pass after the first call's last step: its pin is reviewed
@@ -264,10 +264,10 @@ def test_offload_tiers_twin_is_exact(policy, disagg):
     swap-out had evicted chunks): vLLM retries with the lookups it made before."""
     from sim.run.config import SimConfig, build_run, execute
 
-    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_blocks": 1500},
+    spec = {"workload": {"trace": "swebench", "programs": 60, "jps": 1.0, "seed": 0}, "engine": {"num_gpu_blocks": 1500},
             "cluster": {"offload": "cpu:512MiB,ssd:4GiB", **({"disagg": disagg} if disagg else {})},
             "policy": {"name": policy}}
-    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "kind": e}})))
+    res = {e: execute(build_run(SimConfig.model_validate({**spec, "engine": {**spec["engine"], "scheduler": e}})))
            for e in ("simpy", "vllm")}
     cols = ["program_id", "turn", "replica", "scheduled", "first_token", "finish", "cached_tokens", "computed_prompt_tokens"]
     assert res["simpy"].turns[cols].equals(res["vllm"].turns[cols])
@@ -288,7 +288,7 @@ def test_a_pass_that_preempted_every_running_call_is_followed_by_a_new_pass(seed
     arrivals = np.cumsum(np.random.default_rng(seed + 1000).exponential(0.3, 20))
     prof = linear_profile(c2=1e-7, blocks=120, seqs=16)
     cols = ["program_id", "turn", "scheduled", "first_token", "finish", "cached_tokens", "preemptions"]
-    rows = [simulate(trace, "infercept", prof, arrivals, kind=k).turns[cols] for k in ("simpy", "vllm")]
+    rows = [simulate(trace, "infercept", prof, arrivals, scheduler=k).turns[cols] for k in ("simpy", "vllm")]
     assert rows[0].equals(rows[1])
     assert rows[0]["preemptions"].sum() > 0
 
@@ -307,7 +307,7 @@ def test_twin_under_random_configurations(c):
     rows = {}
     for kind in ("simpy", "vllm"):
         try:
-            res = _simulate(c, c["policy"], kind=kind)
+            res = _simulate(c, c["policy"], scheduler=kind)
         except InputError:
             assume(False)  # a context the pool or budget cannot hold: refused alike (tests/test_properties.py)
         rows[kind] = res.turns[["program_id", "turn", "scheduled", "first_token", "finish", "cached_tokens",
@@ -336,7 +336,7 @@ def test_twin_on_random_busy_runs(c):
     rows = []
     for kind in ("simpy", "vllm"):
         try:
-            res = simulate(c["trace"], c["policy"], prof, c["arrivals"], kind=kind, offload=c["offload"],
+            res = simulate(c["trace"], c["policy"], prof, c["arrivals"], scheduler=kind, offload=c["offload"],
                            replicas=c["replicas"], router=c["router"])
         except InputError:
             assume(False)  # a context the pool cannot hold
@@ -356,7 +356,7 @@ def test_async_twin_under_random_configurations(c):
     rows = []
     for kind in ("simpy", "vllm"):
         try:
-            res = _simulate(c, c["policy"], kind=kind, async_scheduling=True)
+            res = _simulate(c, c["policy"], scheduler=kind, async_scheduling=True)
         except InputError:
             assume(False)  # a context the pool or budget cannot hold: refused alike
         rows.append(res.turns[TWIN_COLUMNS])
@@ -373,7 +373,7 @@ def test_async_twin_on_random_busy_runs(c):
     rows = []
     for kind in ("simpy", "vllm"):
         try:
-            res = simulate(c["trace"], c["policy"], prof, c["arrivals"], kind=kind, offload=c["offload"],
+            res = simulate(c["trace"], c["policy"], prof, c["arrivals"], scheduler=kind, offload=c["offload"],
                            replicas=c["replicas"], router=c["router"], async_scheduling=True)
         except InputError:
             assume(False)  # a context the pool cannot hold
@@ -389,7 +389,7 @@ def test_async_scheduling_admits_a_call_that_arrives_mid_step_one_step_later():
     comes one A-decode step (c0 + c1 = 0.011 s) later. A's own times are the same."""
     trace = make_trace([[(100, 30, None, None)], [(50, 5, None, None)]])
     prof = linear_profile(c0=0.01, c1=0.001)
-    res = {a: simulate(trace, "vllm", prof, [0.0, 0.05], kind="vllm", async_scheduling=a).turns.set_index("program_id")
+    res = {a: simulate(trace, "vllm", prof, [0.0, 0.05], scheduler="vllm", async_scheduling=a).turns.set_index("program_id")
            for a in (False, True)}
     sync, asy = res[False], res[True]
     assert sync.loc["p000", "first_token"] == pytest.approx(0.11) == asy.loc["p000", "first_token"]
@@ -406,7 +406,7 @@ def test_async_scheduling_runs_every_call_to_the_end(policy):
     prof = linear_profile(c2=1e-7, blocks=150, seqs=16)
     trace = random_trace(np.random.default_rng(5), 30)
     arrivals = np.cumsum(np.random.default_rng(6).exponential(0.2, 30))
-    out = {a: simulate(trace, policy, prof, arrivals, kind="vllm", async_scheduling=a, offload="cpu:1MiB@0.004096")
+    out = {a: simulate(trace, policy, prof, arrivals, scheduler="vllm", async_scheduling=a, offload="cpu:1MiB@0.004096")
            for a in (False, True)}
     turns = out[True].turns.sort_values(["program_id", "turn"]).reset_index(drop=True)
     want = trace.sort_values(["program_id", "turn"]).reset_index(drop=True)
@@ -429,7 +429,7 @@ def test_tied_preemption_victims_go_in_vllms_order():
     trace = make_trace([[(i, o, t, d if k < len(p) - 1 else None) for k, (i, o, t, d) in enumerate(p)] for p in progs])
     prof = linear_profile(blocks=132, budget=64, seqs=4, c2=1e-6, c4=1e-5)
     cols = ["program_id", "turn", "scheduled", "first_token", "finish", "computed_prompt_tokens", "preemptions"]
-    rows = [simulate(trace, "continuum-static", prof, [0, 0, 0, 3, 3.5, 3.5], kind=k).turns[cols] for k in ("simpy", "vllm")]
+    rows = [simulate(trace, "continuum-static", prof, [0, 0, 0, 3, 3.5, 3.5], scheduler=k).turns[cols] for k in ("simpy", "vllm")]
     assert rows[0].equals(rows[1])
     assert rows[0]["preemptions"].sum() == 1
 
@@ -487,7 +487,7 @@ def test_async_empty_pass_waits_for_the_step_in_flight(monkeypatch):
     rows = []
     for kind in ("simpy", "vllm"):
         events.clear()
-        rows.append(simulate(trace, "continuum", prof, arrivals, kind=kind, async_scheduling=True).turns[TWIN_COLUMNS])
+        rows.append(simulate(trace, "continuum", prof, arrivals, scheduler=kind, async_scheduling=True).turns[TWIN_COLUMNS])
         in_flight, waiting_for_step, found = 0, False, 0
         for e in events:
             if e[0] == "A":
@@ -515,7 +515,7 @@ def test_async_a_preempted_calls_order_key_is_asked_at_once():
     trace = random_trace(rng, n, max_turns=int(rng.integers(2, 8)))
     arrivals = np.cumsum(rng.exponential(0.3, n))
     prof = linear_profile(c2=1e-7, blocks=int(rng.integers(80, 300)), seqs=16)
-    rows = [simulate(trace, "autellix", prof, arrivals, kind=k, async_scheduling=True).turns[TWIN_COLUMNS]
+    rows = [simulate(trace, "autellix", prof, arrivals, scheduler=k, async_scheduling=True).turns[TWIN_COLUMNS]
             for k in ("simpy", "vllm")]
     assert rows[0].equals(rows[1])
     assert rows[0]["preemptions"].sum() > 0
@@ -543,7 +543,7 @@ def test_async_with_a_connector_never_preempts_a_call_a_step_in_flight_still_wri
     old = signal.signal(signal.SIGALRM, hang)
     signal.alarm(60)
     try:
-        rows = [simulate(trace, "static-ttl", prof, arrivals, kind=k, async_scheduling=True,
+        rows = [simulate(trace, "static-ttl", prof, arrivals, scheduler=k, async_scheduling=True,
                          offload="cpu:1MiB@0.004096").turns[TWIN_COLUMNS] for k in ("simpy", "vllm")]
     finally:
         signal.alarm(0)
@@ -570,7 +570,7 @@ def test_carry_over_modes_twin_identical_per_call(policy, carry, share):
     prof = linear_profile(c2=1e-7, blocks=150)
     rows = {}
     for engine in ("simpy", "vllm"):
-        rows[engine] = simulate(trace, policy, prof, arrivals, kind=engine).turns[TWIN_COLUMNS]
+        rows[engine] = simulate(trace, policy, prof, arrivals, scheduler=engine).turns[TWIN_COLUMNS]
     assert rows["simpy"].equals(rows["vllm"])
     assert rows["vllm"]["cached_tokens"].sum() > 0
 
@@ -592,7 +592,7 @@ def test_soft_retention_policies_twin_identical_per_call(policy, args):
         prof = linear_profile(c2=1e-7, blocks=blocks)
         rows, res = {}, {}
         for engine in ("simpy", "vllm"):
-            res[engine] = simulate(trace, make_policy(policy, **args), prof, arrivals, kind=engine)
+            res[engine] = simulate(trace, make_policy(policy, **args), prof, arrivals, scheduler=engine)
             rows[engine] = res[engine].turns[TWIN_COLUMNS]
         assert rows["simpy"].equals(rows["vllm"])
         assert res["simpy"].summary.get("retention") == res["vllm"].summary.get("retention")
@@ -620,7 +620,7 @@ def test_soft_retention_async_twin_identical_per_call(policy, args):
     prof = linear_profile(c2=1e-7, blocks=200, seqs=16)
     trace = random_trace(np.random.default_rng(5), 30)
     arrivals = np.cumsum(np.random.default_rng(6).exponential(0.2, 30))
-    res = {e: simulate(trace, make_policy(policy, **args), prof, arrivals, kind=e, async_scheduling=True)
+    res = {e: simulate(trace, make_policy(policy, **args), prof, arrivals, scheduler=e, async_scheduling=True)
            for e in ("simpy", "vllm")}
     assert res["simpy"].turns[TWIN_COLUMNS].equals(res["vllm"].turns[TWIN_COLUMNS])
     assert res["simpy"].summary["retention"] == res["vllm"].summary["retention"]
@@ -640,7 +640,7 @@ def test_admission_columns_twin_identical_under_random_configurations(c, async_s
     rows = []
     for kind in ("simpy", "vllm"):
         try:
-            res = _simulate(c, c["policy"], kind=kind, async_scheduling=async_scheduling)
+            res = _simulate(c, c["policy"], scheduler=kind, async_scheduling=async_scheduling)
         except InputError:
             assume(False)
         rows.append(res.turns[ADMISSION_COLUMNS].to_dict("records"))

@@ -1,7 +1,7 @@
 """A cluster of simulated vLLM replicas behind a router (or ThunderAgent's proxy).
 
 Why this shape:
-- Each replica is a full `Engine` (own scheduler, GPU block pool, offload tiers and
+- Each replica is a full `SimpyReplica` (own scheduler, GPU block pool, offload tiers and
   its own copy of the policy, as N vLLM servers each run the scheduler plugin); they
   share one SimPy clock. With one replica the cluster is a pass-through and the run
   is identical to a bare engine's.
@@ -13,17 +13,17 @@ Why this shape:
   the pin can never be hit, so it is released there (reason 'moved'; ours — a sticky
   router never does this); when a program ends, any pin it still holds on any
   replica is released ('last'), so nothing outlives a program. Such releases wait
-  for the end of the other replica's step in flight (Engine.release_pin_later).
+  for the end of the other replica's step in flight (SimpyReplica.release_pin_later).
 - Own clocks: alone, or behind a router that reads only queue lengths and used blocks
   (`Router.reads_load_only`: session, round_robin, least_loaded, cache_aware), a
   replica's decode stretch is planned up to the calls known to reach it (its programs'
   tool returns; alone, the first arrivals) and its pin expiries, not to every other
   replica's step. A call that reaches it mid-stretch anyway (routed there) cuts the
-  stretch at the end of the step it landed in (Engine.submit), where step-by-step would
+  stretch at the end of the step it landed in (SimpyReplica.submit), where step-by-step would
   see it, as does a pin released from outside (a program moved or ended,
-  Engine.release_pin_later). Mid-stretch the queues do not change (a stretch ends at
+  SimpyReplica.release_pin_later). Mid-stretch the queues do not change (a stretch ends at
   a call's finish; arrivals wait for the step's end) and used blocks are answered as
-  step-by-step would (Engine.used_blocks), so the router decides as step-by-step; the
+  step-by-step would (SimpyReplica.used_blocks), so the router decides as step-by-step; the
   results are those of step-by-step. The prefix router reads the prefix cache, which a
   stretch fills only at its end: it and the proxy keep one clock for all.
 - Prefill/decode disaggregation (`disagg`, sim/cluster/disagg.py): the first x engines are
@@ -51,9 +51,9 @@ from agentsim.errors import InputError
 class Cluster:
     def __init__(self, env, cfg, profile, policy, replicas: int = 1, router: Router | None = None,
                  tiers: tuple[TierSpec, ...] = (), fast_forward: bool = True, on_finish=None,
-                 disagg: Disagg | None = None, *, engine_cls: type[Replica]) -> None:
+                 disagg: Disagg | None = None, *, replica_cls: type[Replica]) -> None:
         """`router`: a fresh Router (sim.run.config.build_run makes it; None = round robin).
-        `engine_cls`: the replica class (sim.simpy_replica.engine.Engine, or for --engine vllm
+        `replica_cls`: the replica class (sim.simpy_replica.engine.SimpyReplica, or for --scheduler vllm
         sim.vllm_replica.engine.VllmReplica); the cluster imports neither engine."""
         if not isinstance(replicas, int) or replicas < 1:
             raise InputError(f"--replicas must be an integer >= 1 (got {replicas!r})")
@@ -66,7 +66,7 @@ class Cluster:
         self.router = make_router(None) if router is None else router
 
         def engine(i, p, done):
-            return engine_cls(env, cfg, profile, p, on_finish=done, fast_forward=fast_forward,
+            return replica_cls(env, cfg, profile, p, on_finish=done, fast_forward=fast_forward,
                           tiers=build_tiers(tiers, profile, cfg.block_size) if tiers else None, index=i)
 
         # prefill replicas first (none without disaggregation), then the decode replicas,
@@ -94,7 +94,7 @@ class Cluster:
         if self.controller is not None:
             self.env.process(self._rounds())
         if self.own_clocks:
-            # Only a call reaching a replica ends its stretch (Engine.submit cuts it). Those
+            # Only a call reaching a replica ends its stretch (SimpyReplica.submit cuts it). Those
             # known in advance bound the stretch as it is planned, so that fewer step
             # times are computed for nothing: its programs' tool returns, and alone, the
             # programs' first arrivals (several replicas: where one goes is known only
@@ -104,7 +104,7 @@ class Cluster:
             self._returns: list[list[float]] = [[] for _ in self.engines]  # per replica: tool returns due
             for e in self.engines:
                 e.horizon = lambda i=e.index: self._horizon(i)
-                e.read_horizon = lambda: math.inf  # reads are answered as step-by-step would (Engine.used_blocks)
+                e.read_horizon = lambda: math.inf  # reads are answered as step-by-step would (SimpyReplica.used_blocks)
 
     def _horizon(self, i: int) -> float:
         """The next call known to reach replica i: a tool return of one of its programs,
@@ -118,7 +118,7 @@ class Cluster:
 
     def state(self, but: int | None = None) -> str:
         """Every replica (but replica `but`) on one line, with the calls the proxy holds
-        back and those between a prefill and a decode replica (Engine.state)."""
+        back and those between a prefill and a decode replica (SimpyReplica.state)."""
         parts = [e.state() for e in self.engines if e.index != but]
         if self.held:
             parts.append(f"held by the proxy: {', '.join(sorted(self.held))}")

@@ -29,7 +29,7 @@ from traces.validation import Model, validated
 
 _GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
            "cluster": "memory tiers and clusters"}
-_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "mode": "open|closed", "kind": "simpy|vllm", "trace": "NAME|PATH", "profile": "NAME|PATH"}
+_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "mode": "open|closed", "scheduler": "simpy|vllm", "trace": "NAME|PATH", "profile": "NAME|PATH"}
 
 
 def register(sub) -> None:
@@ -220,7 +220,7 @@ def format_summary(s: dict) -> str:
 PRESSURE_PEAK = 0.9
 
 
-def pressure_note(peak: float, blocks, where: str = "", flag: str = "--num-blocks N") -> str | None:
+def pressure_note(peak: float, blocks, where: str = "", flag: str = "--num-gpu-blocks N") -> str | None:
     """One line when the KV pool was never under pressure (peak use below PRESSURE_PEAK)."""
     if peak >= PRESSURE_PEAK:
         return None

@@ -126,7 +126,7 @@ def sweep_pressure_note(table, points: list[dict]) -> str | None:
     pool = str(blocks[0]) if len(blocks) == 1 else f"{blocks[0]}-{blocks[-1]}"
     if len(low) == len(t):
         return pressure_note(float(low["peak_kv_usage"].max()), pool, f" in every one of the {len(t)} points",
-                             flag="--axis num_blocks=N")
+                             flag="--axis num_gpu_blocks=N")
     return (f"note: in {len(low)} of {len(t)} points the KV pool was never under pressure (peak below "
             f"{PRESSURE_PEAK:.0%} of {pool} blocks), so retention policies cannot differ at those points")
 

@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--programs", type=int, default=None, help="the trace's first N programs")
     p.add_argument("--jps", type=float, required=True, help="load: programs per second (Poisson arrivals)")
     p.add_argument("--profile", default=None, help="hardware profile (bundled name or JSON path)")
-    p.add_argument("--num-blocks", type=int, default=None, help="KV pool in blocks (at most the profile's)")
+    p.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool in blocks (at most the profile's)")
     p.add_argument("--replicas", type=int, default=None, help="replicas (default 1)")
     p.add_argument("--router", default=None, help="router across replicas (default round_robin)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=V",
@@ -70,7 +70,7 @@ def question(args) -> Question:
     for text in args.param:
         apply_param(spaces, text)
     fixed = fixed_axes({"trace": args.trace, "programs": args.programs, "jps": args.jps, "profile": args.profile,
-                        "num_blocks": args.num_blocks, "replicas": args.replicas, "router": args.router}, args.set)
+                        "num_gpu_blocks": args.num_gpu_blocks, "replicas": args.replicas, "router": args.router}, args.set)
     return Question(fixed, spaces, objectives, slo, parse_seeds(args.seeds, "--seeds"),
                     parse_seeds(args.holdout_seeds, "--holdout-seeds", empty=True), args.trials, args.batch,
                     args.seed, early_stop=not args.no_early_stop)

@@ -17,7 +17,7 @@ class EngineConfig:
     max_model_len: int = 131072
     # vLLM 0.32's scheduler_reserve_full_isl (default on): a waiting call is admitted
     # only when blocks for its whole prompt are free, not just for its first chunk.
-    reserve_full_prompt: bool = True
+    scheduler_reserve_full_isl: bool = True
     # the replica's KV cache model: "vllm" (vLLM's block pool) or "radix" (SGLang's radix tree)
     cache: str = "vllm"
     # vLLM's asynchronous scheduling (the next step scheduled while one runs; sim/simpy_replica/engine.py _loop_async)
@@ -28,4 +28,20 @@ class EngineConfig:
         return {"block_size": self.block_size, "num_gpu_blocks": self.num_gpu_blocks,
                 "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len, "enable_chunked_prefill": self.enable_chunked_prefill,
-                "scheduler_reserve_full_isl": self.reserve_full_prompt}
+                "scheduler_reserve_full_isl": self.scheduler_reserve_full_isl}
+
+
+# The engine limits are spelled as vLLM spells them, and the replica's scheduler is named
+# `scheduler`; a file, axis or flag with the names used before is told the new name.
+RENAMED_FIELDS = {"num_blocks": "num_gpu_blocks", "chunked_prefill": "enable_chunked_prefill",
+                  "reserve_full_prompt": "scheduler_reserve_full_isl", "kind": "scheduler"}  # engine.<old> -> engine.<new>
+RENAMED_FLAGS = {"--num-blocks": "--num-gpu-blocks", "--chunked-prefill": "--enable-chunked-prefill",
+                 "--no-chunked-prefill": "--no-enable-chunked-prefill",
+                 "--reserve-full-prompt": "--scheduler-reserve-full-isl",
+                 "--no-reserve-full-prompt": "--no-scheduler-reserve-full-isl", "--engine": "--scheduler"}
+
+
+def renamed_flag(arg: str) -> str | None:
+    """The message for a command-line flag of an old name (`--num-blocks`, `--num-blocks=N`), else None."""
+    flag = arg.split("=", 1)[0]
+    return f"{flag} is now {RENAMED_FLAGS[flag]}; rename the flag" if flag in RENAMED_FLAGS else None

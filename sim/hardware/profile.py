@@ -330,7 +330,7 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         name=name, model=raw["model"], step=step, engine=EngineConfig(
             num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
             max_num_seqs=e.max_num_seqs, enable_chunked_prefill=e.enable_chunked_prefill,
-            max_model_len=e.max_model_len, reserve_full_prompt=e.scheduler_reserve_full_isl),
+            max_model_len=e.max_model_len, scheduler_reserve_full_isl=e.scheduler_reserve_full_isl),
         pcie_bandwidth=None if pcie.bandwidth_GBps is None else pcie.bandwidth_GBps * 1e9,
         pcie_latency=pcie.latency_s or 0.0,
         kv_bytes_per_block=int(kv), raw=raw,

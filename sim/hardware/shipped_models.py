@@ -1,5 +1,5 @@
 """The tiny models shipped in sim/hardware/models (HF config.json, no weights: vLLM loads them with
-dummy weights): what the CPU engine runs by default, what `--engine vllm` builds its
+dummy weights): what the CPU engine runs by default, what `--scheduler vllm` builds its
 scheduler's config from, and the bundled profile each one was calibrated into."""
 from __future__ import annotations
 

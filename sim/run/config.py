@@ -5,7 +5,7 @@ Why: a run used to be assembled five ways (`sim run`, sweep points through an ar
 shim, validation, benchmarks, tests), each re-checking a different subset of the
 limits. Now every caller fills in a `SimConfig` — `sim run` from its flags and an
 optional `--config FILE`, a sweep point from its axes (an axis is a leaf field name:
-`num_blocks`, `router`; any other axis is a parameter of the point's policy) — and calls
+`num_gpu_blocks`, `router`; any other axis is a parameter of the point's policy) — and calls
 `build_run`, then `execute`. Each field carries its help text; the `sim run` flags take
 theirs from here.
 
@@ -32,7 +32,7 @@ from sim.kv.tiers import TierSpec, build_tiers, parse_offload
 from sim.cluster.disagg import DEFAULT_LINK, Disagg, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, check_replicas, make_disagg
 from sim.hardware.profile import DEFAULT_PROFILE, Profile, load_profile
 from sim.cluster.router import Router, make_router, router_args, router_names
-from sim.hardware.engine_config import EngineConfig
+from sim.hardware.engine_config import RENAMED_FIELDS, EngineConfig, renamed_flag
 from sim.run.simulate import arrivals_for, engine_config, execute  # noqa: F401 - execute: runs are built and run here
 from sim.run.metrics import METRICS_AT
 from sim.run.workload import closed_loop_arrivals
@@ -61,11 +61,11 @@ def OneOf(names: tuple[str, ...], what: str):  # noqa: N802 - a type, used as on
 
 CACHES = ("vllm", "radix")  # KV cache models of a replica (sim/kv/block_pool.py, sim/kv/radix_cache.py)
 WORKLOAD_MODES = ("open", "closed")  # arrivals, or N programs in flight (sim/run/workload.py)
-FLAG_NAMES = {"mode": "workload", "kind": "engine"}  # leaf -> `sim run` flag where they differ (`--workload closed`)
-ENGINES = ("simpy", "vllm")  # a replica's scheduling: the SimPy model, or vLLM's own Scheduler (sim/vllm_replica/engine.py)
+FLAG_NAMES = {"mode": "workload"}  # leaf -> `sim run` flag where they differ (`--workload closed`)
+SCHEDULERS = ("simpy", "vllm")  # a replica's scheduler: the SimPy model, or vLLM's own Scheduler (sim/vllm_replica/engine.py)
 WorkloadMode = OneOf(WORKLOAD_MODES, "workload mode")
 MetricsView = OneOf(METRICS_AT, "view")
-EngineKind = OneOf(ENGINES, "engine")
+SchedulerKind = OneOf(SCHEDULERS, "scheduler")
 CacheModel = OneOf(CACHES, "cache model")
 
 
@@ -97,13 +97,13 @@ class PolicyConfig(_Section):
 
 class EngineLimits(_Section):
     profile: str | None = Field(None, description=f"hardware profile JSON or bundled name (default {DEFAULT_PROFILE})")
-    num_blocks: Count | None = Field(None, description="GPU KV blocks (at most the profile's)")
+    num_gpu_blocks: Count | None = Field(None, description="GPU KV blocks (at most the profile's)")
     block_size: Count | None = Field(None, description="tokens per KV block (must equal the profile's)")
     max_num_batched_tokens: Count | None = Field(None, description="token budget of one engine step")
     max_num_seqs: Count | None = Field(None, description="calls running at once")
     max_model_len: Count | None = Field(None, description="longest context (at most the profile's)")
-    chunked_prefill: JSONBool | None = Field(None, description="split long prompts over steps (off: admit only whole prompts)")
-    reserve_full_prompt: JSONBool | None = Field(
+    enable_chunked_prefill: JSONBool | None = Field(None, description="split long prompts over steps (off: admit only whole prompts)")
+    scheduler_reserve_full_isl: JSONBool | None = Field(
         None, description="admit a waiting call only when blocks for its whole prompt are free, not just its first chunk (vLLM's scheduler_reserve_full_isl)")
     fast_forward: JSONBool = Field(True, description="run decode-only stretches in one event (same results; off: step by step)")
     async_scheduling: JSONBool = Field(
@@ -114,7 +114,7 @@ class EngineLimits(_Section):
                               "arrival at the engine, or as a benchmark client does: plus the API server's time per "
                               "request (HTTP, tokenizing, streaming) from the profile's `server` section, added after "
                               "the run (the steps do not change); client or engine")
-    kind: EngineKind = Field(
+    scheduler: SchedulerKind = Field(
         "simpy", description="the replica's scheduler: simpy (the simulator's model of vLLM, fast) or vllm (the installed "
                              "vLLM 0.32's own Scheduler and KV cache manager, no model, same step times; docs/validation.md)")
 
@@ -208,8 +208,13 @@ def from_flat(values: dict[str, object], policy_args: dict | None = None, base: 
 
 def parse_config(data: object, where: str, style: str = "field") -> SimConfig:
     """`data` checked against SimConfig; one InputError line naming `where` and the field:
-    as a dotted field ('engine.num_blocks'), a flag ('--num-blocks', style "flag") or a
-    sweep axis ('num_blocks', style "axis")."""
+    as a dotted field ('engine.num_gpu_blocks'), a flag ('--num-gpu-blocks', style "flag") or a
+    sweep axis ('num_gpu_blocks', style "axis")."""
+    engine = data.get("engine") if isinstance(data, dict) else None
+    for old in RENAMED_FIELDS.keys() & (engine.keys() if isinstance(engine, dict) else set()):
+        new = RENAMED_FIELDS[old]
+        shown = (old, new) if style == "axis" else (f"engine.{old}", f"engine.{new}")
+        raise InputError(f"{where}: {'axis' if style == 'axis' else 'field'} '{shown[0]}' is now '{shown[1]}'; rename it")
     try:
         return SimConfig.model_validate(data)
     except ValidationError as e:
@@ -270,8 +275,8 @@ def check_limits(profile: Profile, e: EngineLimits) -> None:
     if e.block_size is not None and e.block_size != pe.block_size:
         raise InputError(f"--block-size {e.block_size} contradicts profile {profile.name!r} (measured with block_size {pe.block_size}); "
                          f"recalibrate with that block size or drop the flag")
-    if e.num_blocks is not None and e.num_blocks > pe.num_gpu_blocks:
-        raise InputError(f"--num-blocks {e.num_blocks} exceeds the {pe.num_gpu_blocks} KV blocks profile {profile.name!r} "
+    if e.num_gpu_blocks is not None and e.num_gpu_blocks > pe.num_gpu_blocks:
+        raise InputError(f"--num-gpu-blocks {e.num_gpu_blocks} exceeds the {pe.num_gpu_blocks} KV blocks profile {profile.name!r} "
                          f"allocated; give at most that many")
     if e.max_model_len is not None and e.max_model_len > pe.max_model_len:
         raise InputError(f"--max-model-len {e.max_model_len} exceeds the max_model_len {pe.max_model_len} of profile {profile.name!r}")
@@ -284,7 +289,7 @@ def check_run_memory(rows: int, turn_repeat: int, replicas: int, blocks: int) ->
     check_memory(calls * CALL_BYTES, f"{calls:,} calls ({rows:,} trace rows x --turn-repeat {turn_repeat})",
                  "give fewer --programs or a smaller --turn-repeat")
     check_memory(replicas * (blocks * BLOCK_BYTES + REPLICA_BYTES), f"--replicas {replicas} of {blocks:,} KV blocks each",
-                 "give fewer --replicas or --num-blocks")
+                 "give fewer --replicas or --num-gpu-blocks")
 
 
 @functools.lru_cache(maxsize=8)
@@ -324,8 +329,8 @@ class Run:
     disagg: Disagg | None = None
 
     @property
-    def engine_kind(self) -> str:
-        return self.config.engine.kind
+    def scheduler(self) -> str:
+        return self.config.engine.scheduler
 
     @property
     def replicas(self) -> int:
@@ -368,9 +373,9 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     if disagg is not None:
         check_replicas(disagg.spec, (disagg.prefill, disagg.decode), c.replicas)
     check_workload(w)
-    cfg = engine_config(profile, num_gpu_blocks=e.num_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
+    cfg = engine_config(profile, num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size, max_num_batched_tokens=e.max_num_batched_tokens,
                         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
-                        enable_chunked_prefill=e.chunked_prefill, reserve_full_prompt=e.reserve_full_prompt, cache=c.cache,
+                        enable_chunked_prefill=e.enable_chunked_prefill, scheduler_reserve_full_isl=e.scheduler_reserve_full_isl, cache=c.cache,
                         async_scheduling=e.async_scheduling)
     base = _trace(w.trace, w.programs, 1) if trace is None else _cut(columns(trace), w.programs, 1)
     check_run_memory(len(base["program_id"]), w.turn_repeat, c.replicas if disagg is None else disagg.prefill + disagg.decode,
@@ -378,7 +383,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     trace = _trace(w.trace, w.programs, w.turn_repeat) if trace is None else _cut(columns(trace), w.programs, w.turn_repeat)
     if tiers:
         build_tiers(tiers, profile, cfg.block_size)  # sizes against the profile's chunk; each replica builds its own
-    if e.kind == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs
+    if e.scheduler == "vllm":  # what vLLM's scheduler cannot run this way, or no vLLM: one line, before anything runs
         from sim.vllm_replica.engine import check_supported
 
         check_supported(cfg)
@@ -392,10 +397,10 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
         "workload": w.model_copy(update={"trace": _resolved_path(w.trace)}),
         "policy": PolicyConfig(name=policy.name, args=args),
         "engine": e.model_copy(update={
-            "profile": _resolved_path(e.profile) if e.profile else profile.name, "num_blocks": cfg.num_gpu_blocks,
+            "profile": _resolved_path(e.profile) if e.profile else profile.name, "num_gpu_blocks": cfg.num_gpu_blocks,
             "block_size": cfg.block_size, "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_num_seqs": cfg.max_num_seqs, "max_model_len": cfg.max_model_len,
-            "chunked_prefill": cfg.enable_chunked_prefill, "reserve_full_prompt": cfg.reserve_full_prompt}),
+            "enable_chunked_prefill": cfg.enable_chunked_prefill, "scheduler_reserve_full_isl": cfg.scheduler_reserve_full_isl}),
         "cluster": c.model_copy(update={"router": router.name, "router_args": router_args(router.name, c.router_args),
                                         **({} if disagg is None else {
             "disagg": disagg.spec, "disagg_link": disagg.link.name, "replicas": disagg.prefill + disagg.decode})}),

@@ -81,7 +81,7 @@ class BuiltRun(Protocol):
     tiers: tuple[TierSpec, ...]
     router: Router
     disagg: Disagg | None
-    engine_kind: str  # "simpy" or "vllm" (EngineLimits.kind)
+    scheduler: str  # "simpy" or "vllm" (EngineLimits.scheduler)
     replicas: int
     fast_forward: bool
     metrics_at: str  # "engine" or "client" (sim/run/metrics.client_view)
@@ -90,17 +90,17 @@ class BuiltRun(Protocol):
 def execute(run: BuiltRun, progress=None, watch=None) -> Result:
     """Replay the run's trace on its replicas (each its own engine, pool, offload tiers and
     copy of the policy; the policy itself serves replica 0) behind its router, or x prefill
-    + y decode replicas (sim/cluster/disagg.py); engine kind "vllm": each replica's scheduling is the
+    + y decode replicas (sim/cluster/disagg.py); scheduler "vllm": each replica's scheduling is the
     installed vLLM's own Scheduler (sim/vllm_replica/engine.py), else the SimPy replica.
     `progress` (tqdm-like) counts finished programs; `watch` (sim.run.bound.Watcher) stops the
     run once its bound is known to fail, its summary then the watcher's (a run it does not
     stop is unchanged)."""
     trace, policy, profile, cfg = run.trace, run.policy, run.profile, run.cfg
-    engine = run.engine_kind
+    engine = run.scheduler
     if engine == "vllm":  # build_run checked that vLLM's scheduler can run it
-        from sim.vllm_replica.engine import VllmReplica as engine_cls
+        from sim.vllm_replica.engine import VllmReplica as replica_cls
     else:
-        from sim.simpy_replica.engine import Engine as engine_cls
+        from sim.simpy_replica.engine import SimpyReplica as replica_cls
     env = simpy.Environment()
     rec = Recorder()
     work = Workload(env, trace, run.arrivals, cfg.block_size, cfg.max_model_len, cfg.num_gpu_blocks,
@@ -116,7 +116,7 @@ def execute(run: BuiltRun, progress=None, watch=None) -> Result:
 
     cluster = Cluster(env, cfg, profile, policy, replicas=run.replicas, router=run.router,
                       tiers=run.tiers, fast_forward=run.fast_forward, on_finish=on_finish,
-                      disagg=run.disagg, engine_cls=engine_cls)
+                      disagg=run.disagg, replica_cls=replica_cls)
     work.start(cluster)
     cluster.start(work)
     if watch is not None:

@@ -65,7 +65,7 @@ class Submits(Protocol):
 class Workload:
     """Builds the program processes for one run and tells the engine's finishes back to them."""
 
-    def __init__(self, env, trace, arrivals: np.ndarray, block_size: int, max_model_len: int, num_blocks: int,
+    def __init__(self, env, trace, arrivals: np.ndarray, block_size: int, max_model_len: int, num_gpu_blocks: int,
                  whole_prompt_budget: int | None = None):
         self.env = env
         self.block_size = block_size
@@ -81,13 +81,13 @@ class Workload:
             groups.setdefault(r["program_id"], []).append(r)
         self._next: deque = deque()  # closed loop: programs that start when a running one finishes
         for (pid, rows), arr in zip(groups.items(), arrivals):
-            self._check_fits(pid, rows, max_model_len, num_blocks, whole_prompt_budget)
+            self._check_fits(pid, rows, max_model_len, num_gpu_blocks, whole_prompt_budget)
             if math.isnan(arr):
                 self._next.append((str(pid), rows))
                 arr = math.inf  # for the cluster: no known arrival (sim/cluster/cluster.py plans to known ones)
             self.programs.append((str(pid), rows, float(arr)))
 
-    def _check_fits(self, pid, rows, max_model_len: int, num_blocks: int, budget: int | None) -> None:
+    def _check_fits(self, pid, rows, max_model_len: int, num_gpu_blocks: int, budget: int | None) -> None:
         ctx = drop = 0
         for r in rows:
             ctx += int(r["new_input_tokens"]) + int(r["output_tokens"]) - drop
@@ -98,14 +98,14 @@ class Workload:
             if budget is not None and ctx - 1 > budget:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens cannot be prefilled whole within "
                                  f"max_num_batched_tokens {budget} (chunked prefill is off); raise --max-num-batched-tokens "
-                                 f"to at least {ctx - 1} or drop --no-chunked-prefill")
+                                 f"to at least {ctx - 1} or drop --no-enable-chunked-prefill")
             if ctx > max_model_len:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens exceeds max_model_len {max_model_len}; "
                                  f"use a profile/--max-model-len that fits or trim the trace")
             # KV for all but the last sampled token; vLLM keeps one block as its null block
-            if -(-(ctx - 1) // self.block_size) > num_blocks - 1:
+            if -(-(ctx - 1) // self.block_size) > num_gpu_blocks - 1:
                 raise InputError(f"trace program {pid!r} turn {r['turn']}: context {ctx} tokens needs more than the "
-                                 f"{num_blocks - 1} usable KV blocks ({num_blocks} minus vLLM's null block); raise --num-blocks")
+                                 f"{num_gpu_blocks - 1} usable KV blocks ({num_gpu_blocks} minus vLLM's null block); raise --num-gpu-blocks")
 
     def start(self, engine: Submits) -> None:
         """`engine`: anything with submit(call): a replica or a sim.cluster.cluster.Cluster."""

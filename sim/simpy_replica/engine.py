@@ -53,7 +53,7 @@ def _listed(items: list[str], most: int = 6) -> str:
     return ", ".join(items[:most]) + (f", ... ({len(items)} in all)" if len(items) > most else "") if items else "none"
 
 
-class Engine(Replica):
+class SimpyReplica(Replica):
     def __init__(self, env: simpy.Environment, cfg: EngineConfig, profile: Profile, policy: Policy,
                  on_finish=None, fast_forward: bool = True, tiers: list[Tier] | None = None, index: int = 0) -> None:
         self.env = env

@@ -54,7 +54,7 @@ class Scheduler(PolicyHost):
         self.preemptions = 0
         self.tier = NO_TIER  # KVOffload (sim/kv/tiers.py) when an offload tier is configured
         self.init_host(policy)
-        self.order_moved = False  # this step's victim ordering moved a running call (Engine._steady)
+        self.order_moved = False  # this step's victim ordering moved a running call (SimpyReplica._steady)
         self.preempted_now = False  # the last step preempted (it admitted nothing then)
         self._tier_hit = 0  # the offload tier's answer to the last admission's lookup (_admit)
         # vLLM's allocate_slots caches the full blocks of the tokens it schedules at once, so
@@ -300,7 +300,7 @@ class Scheduler(PolicyHost):
             return None, 0  # whole-prompt admission: wait for a step with room
         num_new = min(num_new, budget)
         evictable_hits = self.pool.evictable(hit)
-        if self.cfg.reserve_full_prompt:
+        if self.cfg.scheduler_reserve_full_isl:
             short = cdiv(call.num_tokens, bs) - len(hit) - (self.pool.num_free - evictable_hits)
             if short > 0:
                 return None, short

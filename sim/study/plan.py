@@ -136,7 +136,7 @@ class Question:
     slo: SLO
     seeds: tuple[int, ...] = (0,)
     programs: int | None = None
-    num_blocks: int | None = None      # a KV pool cut for every candidate (as the results tables do)
+    num_gpu_blocks: int | None = None      # a KV pool cut for every candidate (as the results tables do)
     max_replicas: int = 16
     early_stop: bool = True            # a point stops once its SLO is known to fail (sim/run/bound.py)
 
@@ -151,7 +151,7 @@ class Question:
         router = c.router if replicas > 1 else None
         base = {"trace": self.trace, "jps": self.jps, "policy": c.policy, "profile": c.profile,
                 "replicas": replicas, "router": router, "offload": c.offload,
-                "programs": self.programs, "num_blocks": self.num_blocks}
+                "programs": self.programs, "num_gpu_blocks": self.num_gpu_blocks}
         return [{**base, "seed": s} for s in self.seeds]
 
 
@@ -393,7 +393,7 @@ def markdown(q: Question, res: PlanResult, command: str | None = None) -> str:
 
     lines = [f"Plan: trace {q.trace}" + (f" (first {q.programs} programs)" if q.programs else "")
              + f", {q.jps:g} programs/s, SLO {q.slo}, seeds {','.join(map(str, q.seeds))}"
-             + (f", KV pool cut to {q.num_blocks} blocks" if q.num_blocks else "") + f", up to {q.max_replicas} replicas.", ""]
+             + (f", KV pool cut to {q.num_gpu_blocks} blocks" if q.num_gpu_blocks else "") + f", up to {q.max_replicas} replicas.", ""]
     if command:
         lines += ["    " + command, ""]
     b = res.best
@@ -489,7 +489,7 @@ def register(sub) -> None:
     p.add_argument("--max-replicas", type=int_flag(1, 4096), default=16)
     p.add_argument("--seeds", default="0", help="comma-separated arrival seeds; the metric is their mean")
     p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=None, help="the trace's first N programs")
-    p.add_argument("--num-blocks", type=int, default=None, help="cut every candidate's KV pool to N blocks")
+    p.add_argument("--num-gpu-blocks", type=int, default=None, help="cut every candidate's KV pool to N blocks")
     p.add_argument("--out", required=True, help="directory: results.parquet (resumable), plan.parquet, plan.md, plan.png")
     p.add_argument("--md", default=None, help="also write the plan's markdown here")
     p.add_argument("--workers", type=int_flag(1, 4096), default=1, help="points in flight per round (local processes)")
@@ -515,7 +515,7 @@ def run_plan(args) -> int:
     seeds = _ints(args.seeds, "--seeds")
     if not seeds or min(seeds) < 0:
         raise InputError(f"--seeds {args.seeds!r}: give seeds >= 0, e.g. --seeds 0,1,2")
-    q = Question(args.trace, args.jps, slo, tuple(seeds), args.programs, args.num_blocks, args.max_replicas,
+    q = Question(args.trace, args.jps, slo, tuple(seeds), args.programs, args.num_gpu_blocks, args.max_replicas,
                  early_stop=not args.no_early_stop)
     out = Path(args.out)
     cands, notes, profiles = candidates(args.gpu.split(","), args.model.split(","), _ints(args.tp, "--tp"),

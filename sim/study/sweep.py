@@ -5,7 +5,7 @@ agentsim.errors.SimulationError) is a row with its one-line `error` and no summa
 the sweep goes on; a rerun skips it as any finished point (the simulator is deterministic).
 
 A point is a flat dict of axes: the leaf fields of a run's config (RUN_AXES: `trace`,
-`jps`, `num_blocks`, `router`, ...; sim/run/config.py) plus the parameters of its policy
+`jps`, `num_gpu_blocks`, `router`, ...; sim/run/config.py) plus the parameters of its policy
 (e.g. `max_ttl` for continuum) and of its router (e.g. `cache_threshold` for cache_aware).
 `point_config` makes it a SimConfig and `build_run` a simulation, as for `sim run`. Each point has a stable key (a hash of its axes, defaults
 filled in), stored in the table. DIR/results.parquet is rewritten atomically after every
@@ -68,6 +68,7 @@ from policies.registry import POLICIES, policy_params
 from sim.run.bound import Bound, parse_bound
 from sim.run.config import Run, SimConfig, build_run as build_config_run, check_limits, execute, from_flat, leaves, parse_config
 from sim.hardware.profile import DEFAULT_PROFILE, Profile, load_profile
+from sim.hardware.engine_config import RENAMED_FIELDS
 from sim.cluster.router import router_names, router_params
 from agentsim.errors import InputError, SimulationError
 from agentsim.resources import SWEEP_POINT_BYTES, check_memory
@@ -207,6 +208,8 @@ def expand_grid(spec: dict | list[dict]) -> list[dict]:
         routs = [_coerce("router", r, str, None) for r in axes.get("router", [None])]
         params = {k for p in pols for k in policy_params(p)} | {k for r in routs for k in router_params(r)}
         for k in axes:
+            if k in RENAMED_FIELDS:
+                raise InputError(f"axis {k!r} is now {RENAMED_FIELDS[k]!r}; rename it")
             if k not in RUN_AXES and k not in params:
                 raise InputError(f"unknown axis {k!r}; known axes: {', '.join(RUN_AXES)}; parameters of "
                                  f"{', '.join(pols + [r for r in routs if r])}: {', '.join(sorted(params)) or 'none'}")

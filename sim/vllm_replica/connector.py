@@ -1,5 +1,5 @@
 """The simulator's KV connector for vLLM's scheduler: how a replica that runs vLLM's own
-scheduler (`--engine vllm`, sim/vllm_replica/engine.py) admits KV it did not compute, through the
+scheduler (`--scheduler vllm`, sim/vllm_replica/engine.py) admits KV it did not compute, through the
 interface vLLM admits external KV with. At a request's admission the scheduler asks
 `get_num_new_matched_tokens` how many tokens past its own prefix-cache hit the connector
 brings, allocates blocks for them, counts them computed, and tells the connector

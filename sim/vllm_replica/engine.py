@@ -1,4 +1,4 @@
-"""`--engine vllm`: each replica's scheduling is the installed vLLM's own v1 Scheduler and
+"""`--scheduler vllm`: each replica's scheduling is the installed vLLM's own v1 Scheduler and
 KV cache manager, driven without a model, on the simulated clock.
 
 Why: the SimPy replica (sim/simpy_replica/engine.py, sim/simpy_replica/scheduler.py) re-implements vLLM's scheduling
@@ -82,14 +82,14 @@ def vllm_available() -> str | None:
 
 
 def check_supported(cfg) -> None:
-    """One InputError line for what `--engine vllm` cannot run here (checked before vLLM
+    """One InputError line for what `--scheduler vllm` cannot run here (checked before vLLM
     is imported, which takes seconds)."""
     if getattr(cfg, "cache", "vllm") != "vllm":
-        raise InputError("--engine vllm cannot run --cache radix (SGLang's radix cache is not vLLM's); use --engine simpy")
+        raise InputError("--scheduler vllm cannot run --cache radix (SGLang's radix cache is not vLLM's); use --scheduler simpy")
     why = vllm_available()
     if why is not None:
-        raise InputError(f"--engine vllm needs vLLM 0.32 installed (`make engine`; on a GPU machine pip install "
-                         f"'vllm==0.32.*'), and it cannot be imported here ({why}); or use --engine simpy")
+        raise InputError(f"--scheduler vllm needs vLLM 0.32 installed (`make engine`; on a GPU machine pip install "
+                         f"'vllm==0.32.*'), and it cannot be imported here ({why}); or use --scheduler simpy")
 
 
 def run_tokens(cid, n: int) -> list[int]:
@@ -160,7 +160,7 @@ def _vllm_config(block_size: int, num_blocks: int, budget: int, seqs: int, chunk
     try:
         config = args.create_engine_config()
     except (ValueError, TypeError) as err:
-        raise InputError(f"--engine vllm: vLLM refused the engine limits: {' '.join(str(err).split())[:300]}") from None
+        raise InputError(f"--scheduler vllm: vLLM refused the engine limits: {' '.join(str(err).split())[:300]}") from None
     config.cache_config.num_gpu_blocks = num_blocks
     config.scheduler_config.scheduler_reserve_full_isl = reserve_full
     config.scheduler_config.async_scheduling = async_scheduling  # off: one step in flight (either engine follows the flag)
@@ -180,7 +180,7 @@ def build_scheduler(cfg, policy: Policy, profile: Profile, clock, connector: boo
     from sim.vllm_replica.scheduler import AsyncPolicyScheduler, PolicyScheduler
 
     config = _vllm_config(cfg.block_size, cfg.num_gpu_blocks, cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.reserve_full_prompt), connector,
+                          bool(cfg.enable_chunked_prefill), cfg.max_model_len, bool(cfg.scheduler_reserve_full_isl), connector,
                           cfg.async_scheduling)
     spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[],
@@ -225,7 +225,7 @@ class _SchedView:
     @property
     def waiting(self) -> list:
         core = self.r.core
-        return list(core.waiting) + list(core.kv_holding_waiting)  # not calls still to be added (as Engine)
+        return list(core.waiting) + list(core.kv_holding_waiting)  # not calls still to be added (as SimpyReplica)
 
     @property
     def running(self) -> list:
@@ -275,7 +275,7 @@ class _Len:
 
 class VllmReplica(Replica):
     """One replica whose scheduling is vLLM's own (see the module's docstring); the
-    interface sim/cluster/cluster.py and sim/run/simulate.py use of sim.simpy_replica.engine.Engine."""
+    interface sim/cluster/cluster.py and sim/run/simulate.py use of sim.simpy_replica.engine.SimpyReplica."""
 
     def __init__(self, env, cfg, profile: Profile, policy: Policy, on_finish=None, fast_forward: bool = True,
                  tiers=None, index: int = 0) -> None:
@@ -344,7 +344,7 @@ class VllmReplica(Replica):
         return prog
 
     def submit(self, call: Call) -> None:
-        """vLLM's engine core takes requests between steps (as Engine.submit)."""
+        """vLLM's engine core takes requests between steps (as SimpyReplica.submit)."""
         call.replica = self.index
         if self._in_step:
             self.arrived_mid_step.append(call)
@@ -372,7 +372,7 @@ class VllmReplica(Replica):
             self._wakeup.succeed()
 
     def release_pin_later(self, program_id: str, reason: str) -> None:
-        """As Engine.release_pin_later: mid-step it waits for the step's end."""
+        """As SimpyReplica.release_pin_later: mid-step it waits for the step's end."""
         if program_id not in self.core.pins:
             return
         if self._in_step:
@@ -391,7 +391,7 @@ class VllmReplica(Replica):
         depth = 2 if self.cfg.async_scheduling else 1
         in_flight: deque = deque()  # batches scheduled and not yet applied, oldest first
         empty_behind = None  # async: an empty output queued behind the step in flight (applied after it)
-        spin_t, spins = -1.0, 0  # a watchdog, as Engine's: passes at one simulated instant
+        spin_t, spins = -1.0, 0  # a watchdog, as SimpyReplica's: passes at one simulated instant
         while True:
             if env.now != spin_t:
                 spin_t, spins = env.now, 0
