@@ -59,7 +59,9 @@ them by `vllm_version`, V1 engine only):
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
 own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
 encoder profiling, KV connectors, pipeline parallelism, expandable-segments allocator
-effects, allocator fragmentation.
+effects, allocator fragmentation; graph modes other than FULL_AND_PIECEWISE (backends that
+fall back to PIECEWISE); per-capture graph bytes off H100s (measured there only) and
+distributed-init bytes at TP8 (TP4's taken).
 """
 from __future__ import annotations
 
