@@ -19,7 +19,7 @@ MEMORY_ENV = "AGENTSIM_MEMORY_BYTES"
 # measured marginal costs): a generated trace row (numpy draws, the DataFrame, its
 # validation: 0.5-0.55 KiB at 40,000 programs), a resampled row (whole sessions copied and
 # concatenated), a simulated call (its Call, its record, the turns table: 7.7 KiB between
-# 100 and 500 SWE-bench programs), a replica's KV block (1.04 MB for 27,296 blocks) and one
+# 100 and 500 SWE-bench programs), a replica's KV block (1.04 MB for 27,387 blocks) and one
 # replica's fixed part, a sweep point (its canonical dict, its results row).
 TRACE_ROW_BYTES = 1024
 RESAMPLED_ROW_BYTES = 2048

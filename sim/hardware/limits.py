@@ -58,7 +58,7 @@ def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_mem
         raise InputError("max_model_len unknown: give max_model_len or the model's max_position_embeddings")
     from sim.hardware.kv_pool import kv_pool  # the one arithmetic: sim/hardware/kv_pool.py (every term and its source)
     pool = kv_pool(gpu_mem_bytes, model, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
-                   max_num_batched_tokens=budget, max_num_seqs=seqs, block_size=block_size)
+                   max_num_batched_tokens=budget, max_num_seqs=seqs, block_size=block_size, gpu=gpu_name)
     weights, act, kv_mem, blocks = pool.weights_bytes, pool.activation_bytes, pool.available_bytes, pool.blocks
     if blocks * block_size < max_len:
         raise InputError(f"the model does not fit: {gpu_mem_bytes / GiB:.1f} GiB x {gpu_memory_utilization} per GPU "

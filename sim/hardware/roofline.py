@@ -355,7 +355,7 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
     d_seqs = d_seqs if max_num_seqs is None else max_num_seqs
     pool = kv_pool(mem, model, tp=n if layout == "tp" else 1, ep=n if layout == "ep" else 1,
                    gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=d_tokens, max_num_seqs=d_seqs,
-                   enforce_eager=enforce_eager, block_size=block_size)
+                   enforce_eager=enforce_eager, block_size=block_size, gpu=gname)
     act, kv_mem, blocks = pool.activation_bytes, pool.available_bytes, pool.blocks
     fits = blocks * block_size  # one sequence's room: one rank's pool
     if fits < block_size:
