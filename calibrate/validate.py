@@ -180,7 +180,8 @@ def clock_probes(llm, vocab: int, budget: int, seed: int) -> list[dict]:
 # preemptions change order), while the real engine's repeats spread as much. So
 # a repeat is simulated on CLOCKS clocks spread evenly over the probes' bracket, at
 # least +-CLOCK_BAND around its middle, and the band's mean is its simulated figure, as
-# the mean over repeats is the real one (docs/validation.md).
+# the mean over repeats is the real one (docs/validation.md, "One clock is one draw"; the
+# choice: CHANGELOG.md, "How the clock band was chosen").
 
 
 def one_core() -> int:
@@ -208,7 +209,7 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
         import torch  # loaded by vLLM already
 
         # the engine's OpenMP threads: one on CPU (one_core). Two on one core ran the
-        # replays 4x slower in a CI run (docs/validation.md); the report keeps the count.
+        # replays 4x slower in a CI run (CHANGELOG.md, "One thread in CI"); the report keeps the count.
         info = {"limits": read_limits(llm), "cpu_core": core, "threads": torch.get_num_threads()}
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         if profile_ref is None:

@@ -35,7 +35,7 @@ def clock_scale(rows: list[dict], profile: Profile) -> float:
 
 def probe_ratios(rows: list[dict], profile: Profile) -> dict[str, float]:
     """Each clock probe's measured over predicted time, by probe: what a scale is made of
-    (docs/validation.md, "Prefill steps slower in replays than in probes")."""
+    (CHANGELOG.md, "Prefill steps slower in replays than in probes")."""
     return {f"{r['kind']} {r['new']}+{r['prefix']} x{r['batch']}": round(r["seconds"] / _predicted(r, profile), 4)
             for r in rows}
 

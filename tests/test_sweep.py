@@ -140,7 +140,7 @@ def environ_kept():
     environment before spawning a worker and never restores it (nanny.py, its
     pre-spawn-environ): every later subprocess of the test run, the validation matrix's vLLM
     engines included, inherited it (their replays ran 1.5x slower than alone; why is not
-    understood, docs/validation.md)."""
+    understood; CHANGELOG.md, "One thread in CI")."""
     saved = dict(os.environ)
     yield
     os.environ.clear()

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.engine
 POLICIES = ["vllm", "continuum-static", "continuum"]
-# Mean-JCT bound per policy. 15% holds with bf16 tiny-llama (docs/validation.md). With
+# Mean-JCT bound per policy. 15% holds with bf16 tiny-llama (CHANGELOG.md, "The repeats rule"). With
 # float32 micro-llama on an AVX2-only CPU the simulator was 6-35% too fast (2026-11-24,
 # three runs) while the calibration kept each probe's fastest repeat; with the median
 # (calibrate/probes.py repeat_time) one matrix gave -9 / +1 / +1% (vllm / continuum-static /
@@ -39,7 +39,7 @@ MAX_JCT_ERROR = 0.15 if cpu_has_native_bf16() else 0.40
 # the test failed twice: distributed's Nanny had left OMP_NUM_THREADS=1 in the process
 # (tests/test_sweep.py now restores it), and with that removed the replay engine ran two
 # OpenMP threads on the one core it is pinned to (one_core), 4x slower (not understood;
-# docs/validation.md): the engines' thread counts are now in the report and checked. Alone,
+# CHANGELOG.md, "One thread in CI"): the engines' thread counts are now in the report and checked. Alone,
 # and from a shell, the same matrix ran at the calibration's speed.
 @pytest.mark.flaky(reruns=2)
 def test_real_engine_and_simulator_rank_policies_alike(tmp_path, engine_log):
