@@ -1,4 +1,4 @@
-"""Issue 16, item 6: results pages are written by the benchmark scripts, not by hand.
+"""Results pages are written by the benchmark scripts, not by hand.
 
 `benchmarks/policy_table.py --write-docs` replaces its table in docs/results.md between
 `<!-- policy_table: FLAGS -->` and `<!-- end policy_table -->`; here on a tiny run (5

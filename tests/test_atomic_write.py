@@ -1,3 +1,4 @@
+"""Files are written atomically (agentsim/files.py atomic_write): a failed write keeps the old file and leaves no temporary."""
 import os
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Issue 16, item 8 (newcomer friction): what a new user trips on, each pinned by a test.
+"""What a new user trips on, each pinned by a test.
 
 Plots' subtitles are tested in tests/test_plot.py, the top-12 TTL list and `sim run`'s
 pressure note in tests/test_sim_run.py; here: `sim sweep`'s pressure note, units of the
