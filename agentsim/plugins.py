@@ -28,6 +28,12 @@ POLICY_GROUP = "agentsim.policies"
 ROUTER_GROUP = "agentsim.routers"
 
 
+def declared(group: str) -> list[str]:
+    """The names the installed packages declare in `group`, without importing them (for help
+    texts: a broken plugin must not break `--help`)."""
+    return sorted({ep.name for ep in entry_points(group=group)})
+
+
 def load_group(group: str, register: Callable[[type], type], base: type) -> list[str]:
     """Import every entry point of `group`; register each class it names (a subclass of
     `base`). One line naming the plugin when one cannot be imported or names something else.

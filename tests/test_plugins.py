@@ -70,6 +70,17 @@ def test_an_installed_policy_and_router_run_by_name(tmp_path):
     assert [r["calls"] for r in s["per_replica"]][1] == 0  # the plugin's router sent nothing to replica 1
 
 
+def test_help_lists_the_installed_plugins_names(tmp_path):
+    """`sim run --help` names what installed packages declare, without importing them: a
+    broken plugin leaves --help working."""
+    plug = _dist(tmp_path / "site", ENTRY_POINTS + "broken = agentplug_missing:Nothing\n")
+    r = _sim(["run", "--help"], plug, tmp_path)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0, r.stderr
+    assert "installed plugins: long-pin" in text and "installed plugins: broken, first-replica" in text
+    assert "installed plugins" not in " ".join(_sim(["run", "--help"], None, tmp_path).stdout.split())
+
+
 def test_without_the_package_the_names_are_unknown(tmp_path):
     r = _sim([*RUN, "--policy", "long-pin"], None, tmp_path)
     assert r.returncode == 2 and "long-pin" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -19,6 +19,8 @@ from tqdm import tqdm
 
 from policies.base import PolicyError
 from policies.registry import POLICIES
+from agentsim.plugins import POLICY_GROUP, ROUTER_GROUP, declared
+from sim.cluster.router import router_names
 from sim.run.bound import parse_bound
 from sim.run.config import FLAG_NAMES, SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
 from sim.run.metrics import write_results
@@ -41,8 +43,11 @@ def register(sub) -> None:
     groups = {sec: p if title is None else p.add_argument_group(title) for sec, title in _GROUPS.items()}
     for name, (sec, _, kind, _default, help_) in leaves().items():
         flag = "--" + FLAG_NAMES.get(name, name).replace("_", "-")
-        if name == "policy":
-            help_ = f"one of: {', '.join(sorted(POLICIES))} (default vllm)"
+        if name in ("policy", "router"):  # the bundled names, then those installed packages declare
+            bundled, group = (sorted(POLICIES), POLICY_GROUP) if name == "policy" else (router_names(), ROUTER_GROUP)
+            extra = [n for n in declared(group) if n not in bundled]
+            help_ = (f"one of: {', '.join(bundled)}" + (f"; installed plugins: {', '.join(extra)}" if extra else "")
+                     + (" (default vllm)" if name == "policy" else " (default round_robin)"))
         if kind is bool:
             groups[sec].add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
