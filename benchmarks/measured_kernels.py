@@ -2,7 +2,9 @@
 
 Derive (needs the optional extra, `pip install aiconfigurator-core==0.12.0`):
 
-    python benchmarks/measured_kernels.py --derive [--out sim/hardware/specs/measured_kernels.json]
+    python benchmarks/measured_kernels.py --derive [--out sim/hardware/specs/measured_kernels.json] [--gpus G,..] [--models M,..]
+
+(--gpus/--models: only those are derived, replacing their entries in an existing --out file.)
 
 For every GPU of sim/hardware/specs/gpus.json with an `aiconfigurator_system` whose database has
 vLLM kernels, every zoo model aiconfigurator ships a config of (sim/hardware/check.py
@@ -282,8 +284,33 @@ def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
                 print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in h.items()),
                       file=sys.stderr, flush=True)
         data["gpus"][g] = entry
+    if (only_gpus or only_models) and out_path.is_file():
+        data = _merged(json.loads(out_path.read_text()), data, list(gpus), list(models), only_models)
     out_path.write_text(json.dumps(data, indent=1) + "\n")
     return data
+
+
+def _merged(old: dict, new: dict, gpu_order: list[str], model_order: list[str], only_models) -> dict:
+    """The existing file with the GPUs (and, given only_models, just those models) derived anew
+    in place of theirs: what a full --derive writes for them, the rest kept."""
+    def model_of(key: str) -> str:
+        return key.split(" tp ")[0]
+
+    out = {**old, **{k: v for k, v in new.items() if k != "gpus"}, "gpus": {}}
+    for g in gpu_order:
+        if g not in new["gpus"]:
+            if g in old["gpus"]:
+                out["gpus"][g] = old["gpus"][g]
+            continue
+        was, now = old["gpus"].get(g), new["gpus"][g]
+        if was is None or not only_models:
+            out["gpus"][g] = now
+            continue
+        fitted = {**{m: v for m, v in was["models"].items() if m not in only_models}, **now["models"]}
+        missing = {**{k: v for k, v in was["missing"].items() if model_of(k) not in only_models}, **now["missing"]}
+        out["gpus"][g] = {**now, "models": {m: fitted[m] for m in model_order if m in fitted},
+                          "missing": {k: missing[k] for m in model_order for k in missing if model_of(k) == m}}
+    return out
 
 
 # ---- tables from the shipped file ---------------------------------------------------------------
@@ -369,8 +396,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(mk.DATA_FILE))
     ap.add_argument("--collectives-only", action="store_true",
                     help="derive only the collectives, into the existing file (needs the extra)")
-    ap.add_argument("--gpus", default=None, help="derive: only these GPUs (comma-separated)")
-    ap.add_argument("--models", default=None, help="derive: only these models (comma-separated)")
+    ap.add_argument("--gpus", default=None, help="derive: only these GPUs (comma-separated), in place of theirs in --out")
+    ap.add_argument("--models", default=None, help="derive: only these models (comma-separated), in place of theirs in --out")
     ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
