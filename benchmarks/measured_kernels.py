@@ -361,11 +361,16 @@ MISSES = ("Why: the measured kernels are not monotone in the batch, which the st
           "follow. Block-scaled FP8 GEMMs: on Blackwell (B200, GB200, B300, GB300) 1-2 rows take about 1.5x as long as "
           "4, so decode B=1-16 and mixed miss on the FP8 models; on Hopper 24-48 rows take up to 2x as long as 64 "
           "(Qwen3-32B-FP8's output projection, all layers: 11.2 ms at 48 rows, 5.6 ms at 64), so decode B=17-64 misses. "
+          "Per-tensor FP8 GEMMs (Llama-3.1-70B-FP8): on Blackwell 1 row takes about 2x as long as 2 (B200, the tp 2 QKV "
+          "projection: 30.2 us at 1 row, 14.4 at 2) and some row counts about 2x their neighbours (its output projection "
+          "at 9, 14-16, 48 and 96 rows), so decode B=1-16 misses; on Hopper 257-512 rows take about 1.9x as long as 256 "
+          "(H100, the tp 2 QKV projection: 60.9 us at 257 rows, 32.0 at 256), so mixed steps of about 320 tokens are up "
+          "to 27% dearer than the model. "
           "vLLM's all-reduce on 8 GPUs is slower for 24-64 tokens than for 128 (B200 Qwen3-32B: 26 us per call at 32 "
           "tokens, 18 us at 128), so tp 8 decode B=17-64 misses; on L40S at tp 8 the PCIe all-reduce is most of the "
           "step and bends with size. Not investigated: Qwen3-30B-A3B decode of 2-16 sequences (10-16%), its FP8 "
           "decode B=65-256 on GB200 and GB300 (11-23%) and at tp 8 on RTX PRO 6000 (12%), and GB200 prefill of the "
-          "32B and 70B models at tp 1 (11%).")
+          "32B and 70B models at tp 1 (11%), Llama-3.1-70B-FP8 decode B=17-64 on H200 at tp 1-2 (12%).")
 
 
 def collectives_table(data: dict | None = None) -> str:
