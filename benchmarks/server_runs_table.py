@@ -193,40 +193,65 @@ def _profile(gpu: str, model: str, tp: int, measured: bool, spec: dict | None = 
         Path(f.name).unlink()
 
 
-def explain(data: dict, runs: list[dict]) -> str:
-    """What can be measured of each deployment's miss: the KV pool the simulator derives (and
-    the workload's sequences it holds), and a decode step of 4 sequences as the FP8 roofline,
-    the bf16 roofline and, where aiconfigurator's database has the bf16 model at this GPU and
-    tp, measured kernels price it, beside the real TPOT at concurrency 4."""
-    lines = ["Why (measured beside the table, nothing fitted):"]
-    seen = set()
+def decode_ctx(run: dict) -> float:
+    """The mean context of a decode step over a request's life: mean input + half the mean output
+    (the client's uniform draw in [ratio x L, L] has mean (1 + ratio) / 2 x L)."""
+    w = run["workload"]
+    mean = lambda L: L * (1 + (w.get("length_spread") or {}).get("low_ratio", 1.0)) / 2  # noqa: E731
+    return mean(w["input_tokens"]) + mean(w["output_tokens"]) / 2
+
+
+def explain(data: dict, runs: list[dict], rows: list[dict], view: str = "client") -> str:
+    """What can be measured of each run's miss, nothing fitted: the KV pool the simulator derives;
+    the sequences in decode on average, by Little's law on a closed loop (c x (E2E - TTFT) / E2E),
+    real and simulated; and a decode step of that many real sequences at the mean decode
+    context, priced by the profile the table used (measured kernels where the file has them)
+    and by the roofline, beside the real TPOT."""
+    lines = ["Why (measured beside the table, nothing fitted): the KV pool each deployment gets, and per run the "
+             "sequences in decode (Little's law: concurrency x (E2E - TTFT) / E2E) and a decode step of the real "
+             "number of them at the mean decode context (input + output / 2), as the table's profile and the "
+             "roofline price it, beside the real TPOT:", ""]
+    seen = {}
     for r in runs:
         key = (r["gpu"], r["tp"], r["model"])
         if key in seen:
             continue
-        seen.add(key)
-        spec = model_spec(data, r["model"])
         e = r["engine"]
         eng = dict(gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
                    max_num_batched_tokens=e.get("max_num_batched_tokens"), max_num_seqs=e.get("max_num_seqs"))
-        prof, _ = _profile(r["gpu"], r["model"], r["tp"], False, spec, **eng)
-        tokens = prof.engine.num_gpu_blocks * prof.block_size
-        text = f"- {r['gpu']} x{r['tp']}: KV pool {tokens:,} tokens (at most {tokens // 9216} of the 8k1k requests' 9,216)"
-        if spec is not None and "base" in data["models"][r["model"]]:
-            base = data["models"][r["model"]]["base"]
-            ctx = 1536.0
-            step = lambda p: p.step_time(4, 4, 4 * ctx, 4 * ctx) * 1e3  # noqa: E731
-            parts = [f"FP8 roofline {step(prof):.1f} ms"]
-            roof16, _ = _profile(r["gpu"], base, r["tp"], False)
-            parts.append(f"bf16 roofline {step(roof16):.1f}")
-            meas, src = _profile(r["gpu"], base, r["tp"], True)
-            if src.startswith("measured"):
-                parts.append(f"bf16 measured kernels {step(meas):.1f}")
-            real = [x["measured"]["tpot_ms"]["mean"] for x in runs if (x["gpu"], x["tp"], x["model"]) == key
-                    and x["workload"]["concurrency"] == 4 and x["workload"].get("label") == "1k1k"]
-            text += (f"; a decode step of 4 sequences at {ctx:,.0f} tokens: {', '.join(parts)} ms"
-                     + (f"; real TPOT at concurrency 4 (1k1k) {real[0]:.1f} ms" if real else ""))
-        lines.append(text)
+        spec = model_spec(data, r["model"])
+        meas, src = _profile(r["gpu"], r["model"], r["tp"], True, spec, **eng)
+        roof, _ = _profile(r["gpu"], r["model"], r["tp"], False, spec, **eng)
+        seen[key] = (meas, roof, src.startswith("measured"))
+        tokens = meas.engine.num_gpu_blocks * meas.block_size
+        lines.append(f"- {r['gpu']} x{r['tp']}: KV pool {tokens:,} tokens"
+                     + "".join(f"; {tokens / decode_ctx(x):.0f} {x['workload']['label']} requests at their mean decode context"
+                               for x in {x["workload"].get("label"): x for x in runs if (x["gpu"], x["tp"], x["model"]) == key}
+                               .values()))
+    lines += ["", "| GPU x tp | workload | concurrency | in decode: real / sim | real TPOT (ms) | sim TPOT | "
+              "decode step of the real number: table's profile / roofline (ms) |", "|---|---|---:|---|---:|---:|---|"]
+    by = {(x["run"], x["metric"].split(" ")[0]): x for x in rows if x["view"] == view}
+    bound = []
+    for r in runs:
+        t, p, e = (by.get((r["id"], m)) for m in ("ttft", "tpot", "e2el"))
+        if t is None:
+            continue
+        c = r["workload"]["concurrency"]
+        real_n = c * (e["real_ms"] - t["real_ms"]) / e["real_ms"]
+        sim_n = c * (e["sim_ms"] - t["sim_ms"]) / e["sim_ms"]
+        meas, roof, is_meas = seen[(r["gpu"], r["tp"], r["model"])]
+        b, ctx = max(1, round(real_n)), decode_ctx(r)
+        step = lambda prof: prof.step_time(b, b, b * ctx, b * ctx) * 1e3  # noqa: E731
+        lines.append(f"| {r['gpu']} x{r['tp']} | {r['model']} {r['workload'].get('label', '')} | {c} | {real_n:.1f} / {sim_n:.1f} | "
+                     f"{p['real_ms']:.2f} | {p['sim_ms']:.2f} | {step(meas):.2f}{'' if is_meas else ' (roofline)'} / "
+                     f"{step(roof):.2f} |")
+        pool = meas.engine.num_gpu_blocks * meas.block_size
+        if real_n * ctx > 1.05 * pool:
+            bound.append(f"{r['gpu']} x{r['tp']} {r['workload'].get('label', '')} at concurrency {c}: the real server kept "
+                         f"{real_n:.0f} sequences in decode, about {real_n * ctx:,.0f} tokens of KV at their mean context, "
+                         f"{real_n * ctx / pool:.2f}x the {pool:,} tokens of the pool derived here, where {sim_n:.0f} run")
+    if bound:
+        lines += ["", "KV-pool bound: " + "; ".join(bound) + "."]
     return "\n".join(lines)
 
 
@@ -261,7 +286,7 @@ def main(argv=None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    why = "" if args.no_explain else explain(data, runs)
+    why = "" if args.no_explain else explain(data, runs, rows)
     table = render(rows)
     unknown = sorted({u for r in rows for u in r["unknown"]})
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "

@@ -199,10 +199,12 @@ def test_aiconfigurator_not_installed_names_the_extra(tmp_path, capsys, monkeypa
 class _FakeEngine:
     """Stands in for aiconfigurator's EngineHandle: ms from the arguments, calls recorded."""
     calls = []
+    modes = {}
 
     @classmethod
-    def compile(cls, hf_id, system, backend, backend_version=None, tp_size=1, moe_tp_size=None):
+    def compile(cls, hf_id, system, backend, backend_version=None, tp_size=1, moe_tp_size=None, **modes):
         cls.calls.append(("compile", hf_id, system, backend, backend_version, tp_size, moe_tp_size))
+        cls.modes = modes
         return cls()
 
     def predict_prefill_latency(self, bs, isl, prefix):
@@ -235,6 +237,8 @@ def test_aiconfigurator_points_map_the_steps_onto_its_engine(monkeypatch):
                                  ("mixed", 100, 4, 150, 2, 50), ("mixed", 100, 4, 2000, 2, 0)]
     assert [p.seconds["median_s"] for p in out] == pytest.approx([2e-3, 2.8e-3, (3.0 + 1.04 + 0.1 * 2 + 0.08) / 1e3])  # chunk attention x ceil(150 / 100)
     assert [p.point() for p in out] == [p.point() for p in pts[:3]]
+    # the KV cache and attention as the profile keeps them (bf16), not aiconfigurator's FP8 default of an FP8 checkpoint
+    assert _FakeEngine.modes == {"kvcache_quant_mode": "bfloat16", "fmha_quant_mode": "bfloat16"}
 
 
 def test_aiconfigurator_is_asked_for_the_profiles_tensor_parallel_size(monkeypatch):

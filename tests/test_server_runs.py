@@ -44,7 +44,8 @@ def test_quick_run_prints_the_table_with_its_columns(tmp_path):
     d = json.loads(DATA.read_text())
     first = d["runs"][:2]
     assert {r["run"] for r in rows} == {r["id"] for r in first}
-    assert {r["view"] for r in rows} == {"engine", "client"} and {r["profile"] for r in rows} <= {"measured", "roofline"}
+    # the first runs are the FP8 Llama-3.1-70B on 2 H100s: priced from measured kernels
+    assert {r["view"] for r in rows} == {"engine", "client"} and {r["profile"] for r in rows} == {"measured"}
     for r in rows:
         assert r["sim_ms"] > 0 and np.isfinite(r["error_pct"])
         assert r["error_pct"] == pytest.approx((r["sim_ms"] - r["real_ms"]) / r["real_ms"] * 100)  # unscaled
@@ -85,15 +86,26 @@ def test_write_docs_is_the_full_table_only(tmp_path):
 
 
 def test_the_explain_lines_price_the_deployment_as_the_table_does():
+    """The KV pool of the profile the table builds; Little's law on the rows' means; the decode
+    step of the real number in decode, priced by the table's (measured) profile."""
     d = srt.load_data(DATA)
     run = d["runs"][0]
-    text = srt.explain(d, [run])
-    prof, _ = srt._profile(run["gpu"], run["model"], run["tp"], False, srt.model_spec(d, run["model"]),
-                           gpu_memory_utilization=run["engine"]["gpu_memory_utilization"],
-                           max_num_batched_tokens=run["engine"]["max_num_batched_tokens"],
-                           max_num_seqs=run["engine"]["max_num_seqs"])
+    e = run["engine"]
+    eng = dict(gpu_memory_utilization=e["gpu_memory_utilization"], max_num_batched_tokens=e["max_num_batched_tokens"],
+               max_num_seqs=e["max_num_seqs"])
+    prof, src = srt._profile(run["gpu"], run["model"], run["tp"], True, **eng)
+    assert src.startswith("measured-kernels")
+    real = {"ttft": 100.0, "tpot": 10.0, "e2el": 400.0}
+    rows = [{"run": run["id"], "view": "client", "metric": m, "real_ms": v, "sim_ms": v / 2} for m, v in real.items()]
+    text = srt.explain(d, [run], rows)
     assert f"KV pool {prof.engine.num_gpu_blocks * prof.block_size:,} tokens" in text
-    assert f"{run['gpu']} x{run['tp']}" in text and "FP8 roofline" in text and "bf16 roofline" in text
+    c = run["workload"]["concurrency"]
+    n = c * (400 - 100) / 400
+    b, ctx = round(n), srt.decode_ctx(run)
+    row = next(x for x in text.splitlines() if x.startswith(f"| {run['gpu']} x{run['tp']} |"))
+    assert f"| {n:.1f} / {n:.1f} | 10.00 | 5.00 | {prof.step_time(b, b, b * ctx, b * ctx) * 1e3:.2f} / " in row
+    # the client drew lengths uniformly in [0.8 L, L]: the mean decode context is 0.9 x input + 0.45 x output
+    assert ctx == pytest.approx(0.9 * run["workload"]["input_tokens"] + 0.45 * run["workload"]["output_tokens"])
 
 
 def test_roofline_takes_a_model_shape_outside_the_zoo():

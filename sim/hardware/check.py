@@ -293,8 +293,9 @@ def _aic():
 
 def aic_model(model: dict, utils) -> str:
     """The Hugging Face id of a model config aiconfigurator ships (so nothing is fetched)
-    with the profile model's shape and weights: a bf16 checkpoint, or for FP8 weights
-    (dtype_bytes 1) an FP8 one."""
+    with the profile model's shape and weights: the profile's own checkpoint (its name)
+    where aiconfigurator ships it, else a bf16 checkpoint, or for FP8 weights (dtype_bytes 1)
+    a block-FP8 one (quantization_config quant_method fp8)."""
     from aiconfigurator_core.sdk import common
 
     want = model_shape(model)
@@ -302,18 +303,37 @@ def aic_model(model: dict, utils) -> str:
     names = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
              "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size",
              "vocab_size": "vocab_size"}
-    for hf_id in sorted(common.DefaultHFModels):
-        path = utils._get_model_config_path() / f"{hf_id.replace('/', '--')}_config.json"
-        if not path.is_file() or (path.parent / f"{hf_id.replace('/', '--')}_hf_quant_config.json").exists():
-            continue  # quantized checkpoints are not the bf16 model
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+
+    def shape_of(cfg: dict) -> dict:
         shape = {ours: cfg[theirs] for theirs, ours in names.items() if isinstance(cfg.get(theirs), int)}
         if "head_dim" not in shape and shape.get("num_attention_heads"):
             shape["head_dim"] = cfg.get("hidden_size", 0) // shape["num_attention_heads"]
-        if not _same_shape(want, shape) and (cfg.get("quantization_config") or {}).get("quant_method") == quant:
+        return shape
+
+    def config(hf_id: str) -> tuple[dict | None, dict | None]:
+        """(config.json, hf_quant_config.json's quantization section) as aiconfigurator ships them."""
+        path = utils._get_model_config_path() / f"{hf_id.replace('/', '--')}_config.json"
+        qpath = path.parent / f"{hf_id.replace('/', '--')}_hf_quant_config.json"
+        try:
+            cfg = json.loads(path.read_text()) if path.is_file() else None
+            hq = json.loads(qpath.read_text()).get("quantization") if qpath.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            return None, None
+        return cfg, hq
+
+    own = str(model.get("name", ""))
+    match = {h.lower(): h for h in common.DefaultHFModels}.get(own.lower())
+    if match:
+        cfg, hq = config(match)
+        # a ModelOpt checkpoint (hf_quant_config.json) states its weights' format there
+        fmt = str((hq or {}).get("quant_algo", "")).lower() or ((cfg or {}).get("quantization_config") or {}).get("quant_method")
+        if cfg and not _same_shape(want, shape_of(cfg)) and (fmt or None) == quant:
+            return match
+    for hf_id in sorted(common.DefaultHFModels):
+        cfg, hq = config(hf_id)
+        if cfg is None or hq is not None:
+            continue  # a ModelOpt checkpoint stands only for itself (its name), above
+        if not _same_shape(want, shape_of(cfg)) and (cfg.get("quantization_config") or {}).get("quant_method") == quant:
             return hf_id
     raise InputError(f"aiconfigurator {AIC_VERSION} ships no {quant or 'bf16'} model config of the profile's shape "
                      f"({model.get('name')!r}: {_shape_text(want) or 'no shape'}); no reference for it")
@@ -354,7 +374,11 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     log.setLevel(logging.ERROR)  # its database warns of fallback rows for ops this model does not use
     try:
         version = perf_database.get_latest_database_version(system, AIC_BACKEND)
-        h = engine.EngineHandle.compile(hf_id, system, AIC_BACKEND, backend_version=version, tp_size=tp, moe_tp_size=tp)
+        # the KV cache and attention in bf16, as the profile keeps them (vLLM's kv-cache-dtype auto);
+        # aiconfigurator's default for an FP8 checkpoint is an FP8 KV cache. The GEMMs' mode is
+        # the checkpoint's (fp8_block for block-FP8, fp8_static for ModelOpt's per-tensor FP8).
+        h = engine.EngineHandle.compile(hf_id, system, AIC_BACKEND, backend_version=version, tp_size=tp, moe_tp_size=tp,
+                                        kvcache_quant_mode="bfloat16", fmha_quant_mode="bfloat16")
         out = []
         for p in pts:
             if p.kind == "prefill":
