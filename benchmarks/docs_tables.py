@@ -13,7 +13,7 @@ other byte of the page is kept, and the page is replaced atomically.
 Run as a script, it redoes every marked table of docs/ by its marker's command, or with
 --check says which tables that command no longer gives (exit 1), the pages untouched:
 
-    python benchmarks/docs_tables.py [--check] [--only SCRIPT[,SCRIPT]]
+    python benchmarks/docs_tables.py [--check] [--only SCRIPT[,SCRIPT]] [--match TEXT]
 
 Not redone: sim_speed and tune_speed (wall-clock timings) and clock_sensitivity (a real vLLM engine);
 a table whose input file is missing (e.g. /tmp/real300.parquet, built as
@@ -156,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Redo the docs' marked tables by their commands (--check: compare only).")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is not what its command gives")
     ap.add_argument("--only", default=None, metavar="SCRIPT[,SCRIPT]", help="only these scripts' tables")
+    ap.add_argument("--match", default=None, metavar="TEXT",
+                    help="only tables whose marker's flags contain TEXT (e.g. spec: for the measured-workload tables)")
     a = ap.parse_args(argv)
-    return redo(a.check, set(a.only.split(",")) if a.only else None)
+    select = (lambda b: a.match in b.key) if a.match else None
+    return redo(a.check, set(a.only.split(",")) if a.only else None, docs=DOCS, select=select)
 
 
 if __name__ == "__main__":

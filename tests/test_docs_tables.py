@@ -219,3 +219,16 @@ def test_every_marked_table_is_keyed_by_the_flags_that_redo_it():
     assert len(blocks) > 10
     for b in blocks:
         assert b.key.startswith("--"), (b.page.name, b.line, b.key)
+
+
+def test_match_redoes_only_the_tables_whose_flags_contain_it(tmp_path, monkeypatch, capsys):
+    """`docs_tables.py --match TEXT`: only markers whose flags contain TEXT are redone."""
+    keys = [f"--trace swebench --programs {n} --num-gpu-blocks 2000 --concurrency 2 --policies vllm --profile llama3.1-8b-h100"
+            for n in (5, 6)]
+    (tmp_path / "results.md").write_text("".join(f"<!-- closed_loop_table: {k} -->\n\nold\n\n<!-- end closed_loop_table -->\n\n"
+                                                 for k in keys))
+    monkeypatch.setattr(docs_tables, "DOCS", tmp_path)
+    assert docs_tables.main(["--match", "--programs 6"]) == 0
+    bodies = {b.key: b.body for b in docs_tables.marked_blocks(tmp_path)}
+    assert bodies[keys[0]] == "old" and bodies[keys[1]] != "old"
+    assert "--programs 5" not in capsys.readouterr().out
