@@ -151,6 +151,9 @@ class Between(Model):
     # positions (TOOL_PRIOR pseudo-calls at the pooled shares per row); a later call draws b
     # with weight tool_mix(b) x lift[a][b], so tool_mix stays the mix at each position
     tool_lift: dict[str, dict[str, JSONFloat]] | None = None
+    # the tool factor's residual: lag-1 correlation ar1 after a change of tool, this after a
+    # repeat (a program's next test run is as slow as its last); None: ar1 for both
+    tool_ar1_same: JSONFloat | None = Field(default=None, gt=-1, lt=1)
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -181,6 +184,7 @@ class Between(Model):
             return None
         f = [j - 1 for j in keep[1:]]
         return Between(programs=self.programs, names=[self.names[j] for j in keep], tool_lift=self.tool_lift,
+                       tool_ar1_same=None if name == "tool" else self.tool_ar1_same,
                        mean=[self.mean[j] for j in f], sd=[self.sd[j] for j in f], resid_sd=[self.resid_sd[j] for j in f],
                        ar1=[self.ar1[j] for j in f], corr=[[self.corr[a][b] for b in keep] for a in keep])
 
@@ -302,27 +306,40 @@ def _inflation(phi: float, n: np.ndarray) -> np.ndarray:
     return (1 + phi) / (1 - phi) - 2 * phi * (1 - phi ** n) / (n * (1 - phi) ** 2)
 
 
-def _one_factor(prog: np.ndarray, z: np.ndarray, programs: int):
-    """Offsets of one factor by the method of moments: (program means of z, their program-level
-    mean and debiased sd, resid_sd, ar1). ar1 and the call-weighted offset variance Vw solve
-    pooled lag-1 correlation = Vw + (1 - Vw) ar1 and E[sum n_i m_i^2] / N = Vw + (1 - Vw) mean
-    inflation; the residual keeps calls' z at variance 1."""
+def _one_factor(prog: np.ndarray, z: np.ndarray, programs: int, rep: np.ndarray | None = None):
+    """One factor by the method of moments: (which programs have calls, their mean z, the
+    offsets' program-level mean and debiased sd, resid_sd, ar1, ar1 after a repeated tool).
+    ar1 and the call-weighted offset variance Vw solve: pooled lag-1 correlation of z within
+    programs = Vw + (1 - Vw) ar1, and sum n_i m_i^2 / N = Vw + (1 - Vw) x mean inflation
+    (_inflation); the residual keeps calls' z at variance 1. With rep (call i's tool is call
+    i-1's), pairs that repeat a tool and pairs that change it get an ar1 each."""
     n = np.bincount(prog, minlength=programs).astype(float)
     has = n > 0
     m = np.bincount(prog, z, minlength=programs)[has] / n[has]
     nn = n[has]
     same = prog[1:] == prog[:-1]
-    ac = float(np.corrcoef(z[:-1][same], z[1:][same])[0, 1]) if same.sum() >= 10 else 0.0
-    ac = 0.0 if not np.isfinite(ac) else ac
+
+    def lag1(sel):
+        if sel.sum() < 10:
+            return 0.0
+        r = float(np.corrcoef(z[:-1][sel], z[1:][sel])[0, 1])
+        return r if np.isfinite(r) else 0.0
+
+    groups = [same] if rep is None else [same & ~rep[1:], same & rep[1:]]
+    acs = [lag1(g) for g in groups]
+    share = np.array([g.sum() for g in groups], dtype=float)
+    share = share / share.sum() if share.sum() > 0 else np.full(len(groups), 1 / len(groups))
     big_s = float((nn * m ** 2).sum() / nn.sum())
-    phi, vw = 0.0, 0.0
+    phis, vw = [0.0] * len(groups), 0.0
     for _ in range(50):
-        c = float(_inflation(phi, nn).sum() / nn.sum())
+        c = float(_inflation(float(share @ np.asarray(phis)), nn).sum() / nn.sum())
         vw = float(np.clip((big_s - c) / (1 - c), 0.0, 0.95)) if c < 1 else 0.0
-        phi = float(np.clip((ac - vw) / (1 - vw), -0.9, 0.95))
+        phis = [float(np.clip((ac - vw) / (1 - vw), -0.9, 0.95)) for ac in acs]
     se2 = 1 - vw
+    phi = float(share @ np.asarray(phis))
     var_b = float(np.var(m, ddof=1) - np.mean(se2 * _inflation(phi, nn) / nn)) if len(m) > 1 else 0.0
-    return has, m, float(m.mean()), float(np.sqrt(max(var_b, 0.0))), float(np.sqrt(se2)), phi
+    return (has, m, float(m.mean()), float(np.sqrt(max(var_b, 0.0))), float(np.sqrt(se2)), phis[0],
+            phis[1] if rep is not None else None)
 
 
 def _psd_corr(c: np.ndarray) -> np.ndarray:
@@ -353,7 +370,7 @@ def tool_lift(prog: np.ndarray, names: np.ndarray) -> dict[str, dict[str, float]
     return {a: {b: round(float(lift[i, j]), 4) for j, b in enumerate(tools)} for i, a in enumerate(tools)}
 
 
-def fit_between(n_turns: np.ndarray, seqs: dict[str, tuple[np.ndarray, np.ndarray]], lift=None,
+def fit_between(n_turns: np.ndarray, seqs: dict[str, tuple], lift=None,
                 seed: int = 0) -> Between | None:
     """Between-program factors from per-call normal scores: seqs[factor] = (program index,
     z) in call order within each program; n_turns per program; lift: tool_lift. None
@@ -363,10 +380,13 @@ def fit_between(n_turns: np.ndarray, seqs: dict[str, tuple[np.ndarray, np.ndarra
         return None
     zt = normal_scores(n_turns, rng=np.random.default_rng(seed))
     names, stats, cols = ["turns"], [], [zt]
+    tool_same = None
     for f in FACTORS:
         if f not in seqs or len(seqs[f][1]) < 2 * BETWEEN_MIN:
             continue
-        has, m, mu, sd, rsd, phi = _one_factor(*seqs[f], P)
+        has, m, mu, sd, rsd, phi, phi_same = _one_factor(seqs[f][0], seqs[f][1], P, *seqs[f][2:])
+        if f == "tool":
+            tool_same = phi_same
         full = np.full(P, np.nan)
         full[has] = m
         names.append(f)
@@ -387,7 +407,8 @@ def fit_between(n_turns: np.ndarray, seqs: dict[str, tuple[np.ndarray, np.ndarra
     r4 = lambda v: round(float(v), 4)  # noqa: E731
     return Between(programs=P, names=names, mean=[r4(st[0]) for st in stats], sd=[r4(st[1]) for st in stats],
                    resid_sd=[r4(st[2]) for st in stats], ar1=[r4(st[3]) for st in stats],
-                   corr=[[r4(v) for v in row] for row in corr], tool_lift=lift)
+                   corr=[[r4(v) for v in row] for row in corr], tool_lift=lift,
+                   tool_ar1_same=None if tool_same is None else r4(tool_same))
 
 
 def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None = None,
@@ -430,7 +451,8 @@ def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None
     edges = np.asarray([b.below for b in new_bins[:-1]], dtype=float)
     rng = np.random.default_rng(0)  # ties in the normal scores: the fit is deterministic
     seqs = {"output": (prog[~last], normal_scores(out[~last], rng=rng)),
-            "tool": (prog[has_tool], normal_scores(dur[has_tool], names[has_tool].astype(str), rng=rng)),
+            "tool": (prog[has_tool], normal_scores(dur[has_tool], names[has_tool].astype(str), rng=rng),
+                     np.r_[False, (names[has_tool][1:] == names[has_tool][:-1]) & (prog[has_tool][1:] == prog[has_tool][:-1])]),
             "new_input": (prog[later], normal_scores(new[later], np.searchsorted(edges, before[later], side="right"), rng=rng))}
     return WorkloadSpec(
         name=name, provenance=Provenance.model_validate(provenance), programs=len(starts),
@@ -654,6 +676,7 @@ class _Factors:
         std = zt[:, None] * r[None, :] + rng.standard_normal((P, k)) @ root.T
         self.b = np.asarray(b.mean) + std * np.asarray(b.sd)
         self.rsd, self.phi = np.asarray(b.resid_sd), np.asarray(b.ar1)
+        self.same_phi = b.tool_ar1_same
         self.e = rng.standard_normal((P, k))
         self.rng, self.col = rng, {f: i for i, f in enumerate(b.names[1:])}
         self.prev = np.full(P, -1)
@@ -673,6 +696,13 @@ class _Factors:
                 u = self.rng.random(int(seq.sum()))
                 ti = ti.copy()
                 ti[seq] = np.minimum((u[:, None] >= cum).sum(1), len(w) - 1)
+        i = self.col.get("tool")
+        if i is not None and self.same_phi is not None:  # the tool residual moves here, by whether the tool repeats
+            prev = self.prev[act]
+            phi = np.where(ti == prev, self.same_phi, self.phi[i])
+            step = prev >= 0
+            e = self.e[act, i]
+            self.e[act, i] = np.where(step, phi * e + np.sqrt(1 - phi ** 2) * self.rng.standard_normal(len(act)), e)
         self.prev[act[~last]] = ti[~last]
         return ti
 
@@ -686,7 +716,12 @@ class _Factors:
 
     def step(self, act: np.ndarray) -> None:
         """The next call's residuals of the programs still running."""
-        self.e[act] = self.phi * self.e[act] + np.sqrt(1 - self.phi ** 2) * self.rng.standard_normal((len(act), len(self.phi)))
+        e = self.e[act]
+        new = self.phi * e + np.sqrt(1 - self.phi ** 2) * self.rng.standard_normal((len(act), len(self.phi)))
+        i = self.col.get("tool")
+        if i is not None and self.same_phi is not None:
+            new[:, i] = e[:, i]  # moved by tools()
+        self.e[act] = new
 
 
 # --- distances -----------------------------------------------------------------------------
