@@ -31,7 +31,8 @@ empirical quantile function (no tail).
   correlations (with one another and with the program's turns) and the residual
   autocorrelation estimated by moments from the logs' normal scores, and calls' z keep
   variance 1, so every marginal above is unchanged. `tool_lift` makes the next tool depend
-  on the previous one. A version-1 spec, or one fitted on fewer than BETWEEN_MIN programs,
+  on the previous one; tool time's residual has its own lag-1 correlation after a repeated
+  tool (`tool_ar1_same`: a program's next test run is about as slow as its last). A version-1 spec, or one fitted on fewer than BETWEEN_MIN programs,
   has none: every program is drawn alike, and programs differ less than logged sessions do.
 
 Generation (`generate_from_spec`) draws programs turn by turn from
