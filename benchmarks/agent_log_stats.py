@@ -348,6 +348,8 @@ def mini_swe_spec(folder: Path):
     spec.tools = {k: (fit.fit_dist(lognormal_dist(rng, m["pip_mean"], m["sigma_pip"])) if k == "pip" else
                       fit.fit_dist(lognormal_dist(rng, m["sed_mean"], m["sigma_sed"])) if k == "sed" else other)
                   for k in spec.tools}
+    # the logged intervals hold LLM time, so how a program's tool times differ is not measured either
+    spec.between = spec.between.without("tool") if spec.between is not None else None
     return spec
 
 

@@ -16,7 +16,8 @@ trace's mean JCT is its mean over the arrival seeds; a side's is the mean over i
 and the 95% interval of the difference is Welch's t over those per-trace means (both sides'
 sampling noise; none with one trace a side). Passes when the policies rank the same by mean
 JCT and every mean JCT is within 10% of the held-out one. The fit half's own sessions,
-resampled alike, show how far the two halves differ without any fit. Prints a Markdown
+resampled alike, show how far the two halves differ without any fit; the generated traces
+against them, how far the fit is from what it was fitted on. Prints a Markdown
 table; --write-docs puts it into docs/traces.md between `<!-- trace_fit_holdout: FLAGS -->`
 and its end marker.
 """
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> str:
     split = {p: jct[("fit", p)] / jct[("held", p)] - 1 for p in pols}
     ci = {p: interval(per[("gen", p)], per[("held", p)]) for p in pols}
     ci_split = {p: interval(per[("fit", p)], per[("held", p)]) for p in pols}
+    own = {p: (jct[("gen", p)] / jct[("fit", p)] - 1, interval(per[("gen", p)], per[("fit", p)])) for p in pols}
     shuf = ({p: (jct[("shuf", p)], jct[("shuf", p)] / jct[("held", p)] - 1, interval(per[("shuf", p)], per[("held", p)]))
              for p in pols} if a.shuffled else None)
     ok = rank["gen"] == rank["held"] and all(abs(e) <= TOLERANCE for e in err.values())
@@ -205,7 +207,9 @@ def main(argv: list[str] | None = None) -> str:
     lines += ["", f"Ranking (best first): generated {' < '.join(rank['gen'])}; held-out {' < '.join(rank['held'])}. "
                   f"{'PASS' if ok else 'FAIL'}: ranking {'equal' if rank['gen'] == rank['held'] else 'differs'}, "
                   f"largest mean-JCT difference {max(abs(e) for e in err.values()):.1%} (bound {TOLERANCE:.0%}); "
-                  f"between the halves' own sessions {max(abs(e) for e in split.values()):.1%}."]
+                  f"between the halves' own sessions {max(abs(e) for e in split.values()):.1%}. Generated against "
+                  f"the fit half it was fitted on (resampled): "
+                  + "; ".join(f"{p} {own[p][0]:+.1%} ({_ci(own[p][1])})" for p in pols) + "."]
     names = {"gen": "generated", "held": "held-out resampled", "fit": "fit half resampled", "shuf": "held-out, shuffled"}
     lines += ["", "Table: the traces compared (means over their seeds)", "",
               "| | " + " | ".join(label for _, label in STATS) + " |", "|---|" + "---|" * len(STATS)]

@@ -87,7 +87,7 @@ def test_generated_contexts_stay_within_the_specs_max_context():
 @pytest.mark.parametrize("name", ["claude-code", "codex", "mini-swe-agent"])
 def test_shipped_specs_load_generate_and_carry_provenance(name, tmp_path):
     s = fit.read_spec(name)
-    assert s.version == 1 and s.name == name
+    assert s.version == 2 and s.name == name
     src = s.provenance.sources[0]
     assert src.licence and src.url and s.provenance.derived
     out = tmp_path / "t.parquet"
@@ -124,7 +124,7 @@ def test_cli_fit_then_gen_from_the_file(tmp_path, capsys):
     assert cli(["trace", "fit", str(ROOT / "traces" / "data" / "bfcl.parquet"), "--name", "b", "-o", str(spec)]) == 0
     assert "spec 'b' from 500 programs" in capsys.readouterr().out
     data = json.loads(spec.read_text())
-    assert data["version"] == 1 and data["provenance"]["counts"]["programs"] == 500
+    assert data["version"] == 2 and data["provenance"]["counts"]["programs"] == 500 and data["between"]["programs"] == 500
     assert set(data["tools"]) == {"web_search", "fetch_url", "archival_memory_search", "core_memory_append", "calculate"}
     out = tmp_path / "g.parquet"
     assert cli(["trace", "gen", "--spec", str(spec), "--programs", "30", "-o", str(out)]) == 0
@@ -164,12 +164,12 @@ def test_bad_specs_refused_with_one_line(tmp_path, capsys):
     out = str(tmp_path / "t.parquet")
     (tmp_path / "junk.json").write_text("{")
     good = json.loads((fit.SPECS_DIR / "codex.json").read_text())
-    (tmp_path / "v2.json").write_text(json.dumps({**good, "version": 2}))
+    (tmp_path / "v3.json").write_text(json.dumps({**good, "version": 3}))
     bad = {**good, "turns": {**good["turns"], "n": 0}}
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     cases = [
         (["--spec", str(tmp_path / "junk.json")], r"not readable JSON"),
-        (["--spec", str(tmp_path / "v2.json")], r"version 2 is not 1"),
+        (["--spec", str(tmp_path / "v3.json")], r"version 3 is not one of 1, 2"),
         (["--spec", str(tmp_path / "bad.json")], r"field 'turns\.n' is 0"),
         (["--spec", "no-such-agent"], r"--spec 'no-such-agent': no such file or shipped spec; .*claude-code"),
         (["swebench", "--spec", "codex"], r"not both or neither"),

@@ -1,7 +1,7 @@
 """Workload specs fitted from agent logs: `sim trace fit LOGS... -o workload.json`, and
 `sim trace gen --spec workload.json|NAME` samples one into a trace.
 
-A spec (`WorkloadSpec`, JSON, `version` 1) holds one agent's marginals, each a
+A spec (`WorkloadSpec`, JSON, `version` 2; version 1 still loads) holds one agent's marginals, each a
 `Dist`: an empirical quantile function on a probability grid up to `p_top` (0.95 when a
 tail is fitted) and, beyond it, a generalized Pareto fitted by maximum likelihood
 (scipy) to the exceedances over the `p_top` quantile; draws are capped at `cap` (twice the
@@ -25,13 +25,21 @@ empirical quantile function (no tail).
   in the spec and null in the trace.
 - `provenance`: sources (repo, commit, licence), what was derived, counts.
 
+- `between` (version 2; optional): how programs differ (class Between). Each call's
+  output, tool time and new input is drawn at a quantile Phi(z), z = the program's offset
+  plus an AR(1) residual along its calls; the offsets are normal with the spread, the
+  correlations (with one another and with the program's turns) and the residual
+  autocorrelation estimated by moments from the logs' normal scores, and calls' z keep
+  variance 1, so every marginal above is unchanged. `tool_lift` makes the next tool depend
+  on the previous one; tool time's residual has its own lag-1 correlation after a repeated
+  tool (`tool_ar1_same`: a program's next test run is about as slow as its last). A version-1 spec, or one fitted on fewer than BETWEEN_MIN programs,
+  has none: every program is drawn alike, and programs differ less than logged sessions do.
+
 Generation (`generate_from_spec`) draws programs turn by turn from
 numpy.random.default_rng(seed), as traces/generate.py does: the same spec and seed give
-the same trace. Turns per program are stratified (one draw per 1/N quantile slice). The tool after a turn is independent of the previous ones (no tool
-sequences), and a turn's new input depends on its context only; every call is drawn
-alike, so programs differ less from one another than logged sessions do (a session's
-output per call and tool times are its own: benchmarks/trace_fit_holdout.py). A later
-turn's output, then its new input, are clipped so that the context stays within
+the same trace. Turns per program are stratified (one draw per 1/N quantile slice). The
+factors draw from their own stream, so the rest of a seed's draws are as without them.
+A later turn's output, then its new input, are clipped so that the context stays within
 `max_context` (plus one output token per turn a program spends at it).
 """
 from __future__ import annotations
@@ -42,14 +50,15 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentsim.errors import InputError
 from agentsim.resources import TRACE_ROW_BYTES, check_memory
 from agentsim.files import atomic_write, check_output
 from traces.validation import JSONFloat, JSONInt, Model, validated
 
-VERSION = 1
+VERSION = 2  # 2: `between` (per-program factors); version 1 files still load, with no factors
+VERSIONS = (1, 2)
 SPECS_DIR = Path(__file__).parent / "data" / "specs"
 UNKNOWN_TOOL = "(unknown)"
 P_TOP = 0.95  # the empirical part of a Dist with a tail
@@ -121,8 +130,68 @@ class Provenance(Model):
     notes: str = ""
 
 
+FACTORS = ("output", "tool", "new_input")  # the marginals a program's own offset moves
+
+
+class Between(Model):
+    """How programs differ from one another (fit_between). A call's normal score z (the
+    normal quantile of its rank in its marginal) is its program's offset b plus a residual
+    e: z = b + resid_sd * e, e an AR(1) series along the program's calls (unit variance,
+    lag-1 correlation ar1). The offsets and the program's turns score (the normal quantile
+    of its turns' rank) are jointly normal: per factor a program-level mean and sd, and
+    corr over `names` (\"turns\" first, then the factors). resid_sd is set so that calls' z
+    keep variance 1, so each marginal stays the fitted one."""
+    programs: JSONInt = Field(ge=2)  # programs the factors were estimated on
+    names: list[Literal["turns", "output", "tool", "new_input"]]
+    mean: list[JSONFloat]  # per factor (names[1:])
+    sd: list[JSONFloat]
+    resid_sd: list[JSONFloat]
+    ar1: list[JSONFloat]
+    corr: list[list[JSONFloat]]
+    # tool sequences: lift[a][b] = P(next tool b | this tool a) / (b's share), pooled over
+    # positions (TOOL_PRIOR pseudo-calls at the pooled shares per row); a later call draws b
+    # with weight tool_mix(b) x lift[a][b], so tool_mix stays the mix at each position
+    tool_lift: dict[str, dict[str, JSONFloat]] | None = None
+    # the tool factor's residual: lag-1 correlation ar1 after a change of tool, this after a
+    # repeat (a program's next test run is as slow as its last); None: ar1 for both
+    tool_ar1_same: JSONFloat | None = Field(default=None, gt=-1, lt=1)
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        k = len(self.names) - 1
+        if self.names[:1] != ["turns"] or len(set(self.names)) != len(self.names) or k < 1:
+            raise ValueError("names must be 'turns' then distinct factors (output, tool, new_input)")
+        if not all(len(v) == k for v in (self.mean, self.sd, self.resid_sd, self.ar1)):
+            raise ValueError(f"mean, sd, resid_sd and ar1 need one value per factor ({k})")
+        c = np.asarray(self.corr, dtype=float)
+        if c.shape != (k + 1, k + 1) or not np.allclose(c, c.T, atol=1e-6) or not np.allclose(np.diag(c), 1):
+            raise ValueError(f"corr must be a symmetric {k + 1}x{k + 1} correlation matrix")
+        if np.linalg.eigvalsh(c).min() < -1e-6:
+            raise ValueError("corr is not positive semi-definite")
+        if any(v < 0 for v in self.sd + self.resid_sd) or any(not -1 < v < 1 for v in self.ar1):
+            raise ValueError("sd and resid_sd must be >= 0 and ar1 within (-1, 1)")
+        return self
+
+    def factor(self, name: str) -> int | None:
+        return self.names.index(name) - 1 if name in self.names else None
+
+    def without(self, name: str) -> "Between | None":
+        """These factors less one (a marginal the spec does not take from the logs)."""
+        i = self.factor(name)
+        if i is None:
+            return self
+        keep = [j for j in range(len(self.names)) if j != i + 1]
+        if len(keep) < 2:
+            return None
+        f = [j - 1 for j in keep[1:]]
+        return Between(programs=self.programs, names=[self.names[j] for j in keep], tool_lift=self.tool_lift,
+                       tool_ar1_same=None if name == "tool" else self.tool_ar1_same,
+                       mean=[self.mean[j] for j in f], sd=[self.sd[j] for j in f], resid_sd=[self.resid_sd[j] for j in f],
+                       ar1=[self.ar1[j] for j in f], corr=[[self.corr[a][b] for b in keep] for a in keep])
+
+
 class WorkloadSpec(Model):
-    version: Literal[1] = VERSION
+    version: Literal[1, 2] = VERSION
     name: str
     provenance: Provenance
     programs: JSONInt = Field(ge=1)  # programs the spec was fitted on
@@ -137,6 +206,18 @@ class WorkloadSpec(Model):
     max_context: JSONInt = Field(ge=1)
     tool_mix: list[ToolMix]
     tools: dict[str, Dist]
+    between: Between | None = None  # None: every program drawn alike (version 1, or too few programs)
+
+    @model_validator(mode="after")
+    def _between_needs_v2(self):
+        if self.between is not None and self.version < 2:
+            raise ValueError("between needs version 2")
+        lift = self.between.tool_lift if self.between is not None else None
+        if lift and not (set(lift) | {b for row in lift.values() for b in row}) <= set(self.tools):
+            raise ValueError("between.tool_lift names a tool that tools does not")
+        if lift and any(not v > 0 for row in lift.values() for v in row.values()):
+            raise ValueError("between.tool_lift values must be > 0")
+        return self
 
 
 # --- fitting -------------------------------------------------------------------------------
@@ -202,6 +283,135 @@ def _shared_prefix(cols) -> int:
     return 0
 
 
+def normal_scores(values, groups=None, rng=None) -> np.ndarray:
+    """Each value's normal quantile of its mid-rank within its group, ties broken at random
+    (so a marginal with many equal values still gives scores of variance about 1)."""
+    x = np.asarray(values, dtype=float)
+    g = np.zeros(len(x), dtype=np.int64) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    rng = rng if rng is not None else np.random.default_rng(0)
+    order = np.lexsort((rng.random(len(x)), x, g))
+    size = np.bincount(g)
+    start = np.r_[0, np.cumsum(size)[:-1]]
+    rank = np.empty(len(x))
+    rank[order] = np.arange(len(x)) - start[g[order]]
+    from scipy.special import ndtri
+
+    return ndtri((rank + 0.5) / size[g])
+
+
+def _inflation(phi: float, n: np.ndarray) -> np.ndarray:
+    """n x the variance of the mean of n unit-variance AR(1) values with lag-1 correlation phi."""
+    n = np.asarray(n, dtype=float)
+    if abs(phi) < 1e-9:
+        return np.ones_like(n)
+    return (1 + phi) / (1 - phi) - 2 * phi * (1 - phi ** n) / (n * (1 - phi) ** 2)
+
+
+def _one_factor(prog: np.ndarray, z: np.ndarray, programs: int, rep: np.ndarray | None = None):
+    """One factor by the method of moments: (which programs have calls, their mean z, the
+    offsets' program-level mean and debiased sd, resid_sd, ar1, ar1 after a repeated tool).
+    ar1 and the call-weighted offset variance Vw solve: pooled lag-1 correlation of z within
+    programs = Vw + (1 - Vw) ar1, and sum n_i m_i^2 / N = Vw + (1 - Vw) x mean inflation
+    (_inflation); the residual keeps calls' z at variance 1. With rep (call i's tool is call
+    i-1's), pairs that repeat a tool and pairs that change it get an ar1 each."""
+    n = np.bincount(prog, minlength=programs).astype(float)
+    has = n > 0
+    m = np.bincount(prog, z, minlength=programs)[has] / n[has]
+    nn = n[has]
+    same = prog[1:] == prog[:-1]
+
+    def lag1(sel):
+        if sel.sum() < 10:
+            return 0.0
+        r = float(np.corrcoef(z[:-1][sel], z[1:][sel])[0, 1])
+        return r if np.isfinite(r) else 0.0
+
+    groups = [same] if rep is None else [same & ~rep[1:], same & rep[1:]]
+    acs = [lag1(g) for g in groups]
+    share = np.array([g.sum() for g in groups], dtype=float)
+    share = share / share.sum() if share.sum() > 0 else np.full(len(groups), 1 / len(groups))
+    big_s = float((nn * m ** 2).sum() / nn.sum())
+    phis, vw = [0.0] * len(groups), 0.0
+    for _ in range(50):
+        c = float(_inflation(float(share @ np.asarray(phis)), nn).sum() / nn.sum())
+        vw = float(np.clip((big_s - c) / (1 - c), 0.0, 0.95)) if c < 1 else 0.0
+        phis = [float(np.clip((ac - vw) / (1 - vw), -0.9, 0.95)) for ac in acs]
+    se2 = 1 - vw
+    phi = float(share @ np.asarray(phis))
+    var_b = float(np.var(m, ddof=1) - np.mean(se2 * _inflation(phi, nn) / nn)) if len(m) > 1 else 0.0
+    return (has, m, float(m.mean()), float(np.sqrt(max(var_b, 0.0))), float(np.sqrt(se2)), phis[0],
+            phis[1] if rep is not None else None)
+
+
+def _psd_corr(c: np.ndarray) -> np.ndarray:
+    c = np.clip(np.nan_to_num((c + c.T) / 2), -1, 1)
+    w, v = np.linalg.eigh(c)
+    c = (v * np.maximum(w, 1e-3)) @ v.T
+    d = np.sqrt(np.diag(c))
+    return c / np.outer(d, d)
+
+
+BETWEEN_MIN = 10  # programs needed to estimate how they differ
+
+
+TOOL_PRIOR = 10.0  # pseudo-calls per row of tool_lift, at the pooled shares (rare tools stay near 1)
+
+
+def tool_lift(prog: np.ndarray, names: np.ndarray) -> dict[str, dict[str, float]] | None:
+    """lift[a][b] of a tool sequence (programs' tool calls in order): (pairs a->b + prior x w_b)
+    / ((pairs from a + prior) x w_b), w the pooled tool shares."""
+    same = prog[1:] == prog[:-1]
+    if same.sum() < 10:
+        return None
+    tools, idx = np.unique(names, return_inverse=True)
+    w = np.bincount(idx, minlength=len(tools)) / len(idx)
+    pairs = np.zeros((len(tools), len(tools)))
+    np.add.at(pairs, (idx[:-1][same], idx[1:][same]), 1)
+    lift = (pairs + TOOL_PRIOR * w[None, :]) / ((pairs.sum(1, keepdims=True) + TOOL_PRIOR) * w[None, :])
+    return {a: {b: round(float(lift[i, j]), 4) for j, b in enumerate(tools)} for i, a in enumerate(tools)}
+
+
+def fit_between(n_turns: np.ndarray, seqs: dict[str, tuple], lift=None,
+                seed: int = 0) -> Between | None:
+    """Between-program factors from per-call normal scores: seqs[factor] = (program index,
+    z) in call order within each program; n_turns per program; lift: tool_lift. None
+    with < BETWEEN_MIN programs."""
+    P = len(n_turns)
+    if P < BETWEEN_MIN:
+        return None
+    zt = normal_scores(n_turns, rng=np.random.default_rng(seed))
+    names, stats, cols = ["turns"], [], [zt]
+    tool_same = None
+    for f in FACTORS:
+        if f not in seqs or len(seqs[f][1]) < 2 * BETWEEN_MIN:
+            continue
+        has, m, mu, sd, rsd, phi, phi_same = _one_factor(seqs[f][0], seqs[f][1], P, *seqs[f][2:])
+        if f == "tool":
+            tool_same = phi_same
+        full = np.full(P, np.nan)
+        full[has] = m
+        names.append(f)
+        stats.append((mu, sd, rsd, phi))
+        cols.append(full)
+    if len(names) < 2:
+        return None
+    x = np.column_stack(cols)
+    ok = np.isfinite(x).all(axis=1)
+    cov = np.cov(x[ok].T) if ok.sum() > 2 else np.eye(len(names))
+    var = np.r_[np.var(zt, ddof=1), [st[1] ** 2 for st in stats]]
+    corr = np.eye(len(names))
+    for i in range(len(names)):
+        for j in range(i):
+            if var[i] > 0 and var[j] > 0:
+                corr[i, j] = corr[j, i] = cov[i, j] / np.sqrt(var[i] * var[j])
+    corr = _psd_corr(corr)
+    r4 = lambda v: round(float(v), 4)  # noqa: E731
+    return Between(programs=P, names=names, mean=[r4(st[0]) for st in stats], sd=[r4(st[1]) for st in stats],
+                   resid_sd=[r4(st[2]) for st in stats], ar1=[r4(st[3]) for st in stats],
+                   corr=[[r4(v) for v in row] for row in corr], tool_lift=lift,
+                   tool_ar1_same=None if tool_same is None else r4(tool_same))
+
+
 def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None = None,
                 max_context: int | None = None) -> WorkloadSpec:
     """A spec from a checked trace (traces.schema.Columns) and its provenance dict;
@@ -238,15 +448,22 @@ def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None
     if mix[0].from_turn != 0:
         mix[0] = ToolMix(from_turn=0, weights=mix[0].weights)
     final_ctx = np.bincount(prog, total)
+    new_bins = _context_bins(before[later], new[later]) if later.any() else [ContextBin(below=None, dist=fit_dist([0]))]
+    edges = np.asarray([b.below for b in new_bins[:-1]], dtype=float)
+    rng = np.random.default_rng(0)  # ties in the normal scores: the fit is deterministic
+    seqs = {"output": (prog[~last], normal_scores(out[~last], rng=rng)),
+            "tool": (prog[has_tool], normal_scores(dur[has_tool], names[has_tool].astype(str), rng=rng),
+                     np.r_[False, (names[has_tool][1:] == names[has_tool][:-1]) & (prog[has_tool][1:] == prog[has_tool][:-1])]),
+            "new_input": (prog[later], normal_scores(new[later], np.searchsorted(edges, before[later], side="right"), rng=rng))}
     return WorkloadSpec(
         name=name, provenance=Provenance.model_validate(provenance), programs=len(starts),
         turns=fit_dist(n_turns), max_turns=int(n_turns.max()), shared_prefix_tokens=shared,
         first_input=fit_dist(np.maximum(new[first] - shared, 1)),
-        new_input=_context_bins(before[later], new[later]) if later.any() else [
-            ContextBin(below=None, dist=fit_dist([0]))],
+        new_input=new_bins,
         output=fit_dist(out[~last]) if (~last).any() else fit_dist(out[last]),
         last_output=fit_dist(out[last]), reasoning_share=reasoning_share,
         max_context=int(final_ctx.max()) if max_context is None else int(max_context), tool_mix=mix, tools=tools,
+        between=fit_between(n_turns, seqs, tool_lift(prog[has_tool], names[has_tool].astype(str))),
     )
 
 
@@ -273,7 +490,7 @@ def _provenance_from_meta(fmt, metas, programs, calls, tool_calls) -> dict:
                             "files": f"{len(files)} file(s), format {m.get('format', fmt)}" if files else None})
     return {"sources": sources,
             "derived": "sim trace fit: empirical quantiles (1% grid) with a generalized-Pareto tail beyond p95, "
-                       "per marginal (traces/fit.py)",
+                       "per marginal; between-program factors and tool sequences by moments (traces/fit.py)",
             "counts": {"programs": programs, "calls": calls, "tool_calls": tool_calls}}
 
 
@@ -344,8 +561,9 @@ def read_spec(name_or_path: str) -> WorkloadSpec:
         data = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise InputError(f"--spec {str(p)!r} is not readable JSON ({type(e).__name__}); give a file written by `sim trace fit`") from None
-    if isinstance(data, dict) and data.get("version") != VERSION:
-        raise InputError(f"--spec {str(p)!r}: version {data.get('version')!r} is not {VERSION}; refit it with `sim trace fit`")
+    if isinstance(data, dict) and data.get("version") not in VERSIONS:
+        raise InputError(f"--spec {str(p)!r}: version {data.get('version')!r} is not one of "
+                         f"{', '.join(map(str, VERSIONS))}; refit it with `sim trace fit`")
     return validated(WorkloadSpec, data, f"--spec {str(p)!r}", "give a file written by `sim trace fit`")
 
 
@@ -376,6 +594,7 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
     rows_new, rows_out, rows_tool, rows_dur = ([] for _ in range(4))
     edges = [b.below for b in spec.new_input[:-1]]
     mixes = sorted(spec.tool_mix, key=lambda m: m.from_turn)
+    fac = _Factors(spec.between, u, seed, tool_names) if spec.between is not None else None
     for t in range(int(n.max())):
         act = np.flatnonzero(n > t)
         k = len(act)
@@ -384,6 +603,8 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
         else:
             b = np.searchsorted(np.asarray(edges, dtype=float), ctx[act], side="right") if edges else np.zeros(k, int)
             u = rng.random(k)
+            if fac is not None:
+                u = fac.u("new_input", act, u)
             new = np.empty(k)
             for j, cb in enumerate(spec.new_input):
                 sel = b == j
@@ -391,6 +612,8 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
             new = np.maximum(np.rint(new), 0)
         last = n[act] == t + 1
         u = rng.random(k)
+        if fac is not None:  # a program's last output stays its own marginal, drawn alike
+            u = np.where(last, u, fac.u("output", act, u))
         out = np.where(last, spec.last_output.ppf(u), spec.output.ppf(u))
         out = np.maximum(np.rint(out), 1)
         if t > 0:  # keep the context within the logged max: the output too, else a program at the
@@ -401,7 +624,11 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
         w = np.array([mix.weights.get(x, 0.0) for x in tool_names])
         w = w / w.sum()
         ti = rng.choice(len(tool_names), size=k, p=w)
+        if fac is not None:
+            ti = fac.tools(act, ti, last, w)
         u = rng.random(k)
+        if fac is not None:
+            u = fac.u("tool", act, u)
         dur = np.empty(k)
         for j, name in enumerate(tool_names):
             sel = ti == j
@@ -410,6 +637,8 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
         tl[last] = None
         dur[last] = np.nan
         ctx[act] += new + out
+        if fac is not None:
+            fac.step(act)
         rows_new.append((act, new)), rows_out.append(out), rows_tool.append(tl), rows_dur.append(dur)
     prog = np.concatenate([a for a, _ in rows_new])
     turn = np.concatenate([np.full(len(a), t) for t, (a, _) in enumerate(rows_new)])
@@ -429,6 +658,71 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
             "synthetic": True, "source": f"sampled from workload spec {spec.name!r} (traces/fit.py)",
             "shared_prefix_tokens": shared, "provenance": spec.provenance.model_dump(mode="json")}
     return validate(df), meta
+
+
+class _Factors:
+    """Per-program offsets and AR(1) residuals of a spec's `between`, drawn from their own
+    stream (default_rng([seed, 1])) so that everything else a seed draws stays as without them."""
+
+    def __init__(self, b: Between, u_turns: np.ndarray, seed: int, tool_names: list[str]):
+        from scipy.special import ndtri
+
+        rng = np.random.default_rng([seed, 1])
+        P, k = len(u_turns), len(b.names) - 1
+        c = np.asarray(b.corr, dtype=float)
+        r, cbb = c[0, 1:], c[1:, 1:]
+        w, v = np.linalg.eigh(cbb - np.outer(r, r))
+        root = v * np.sqrt(np.maximum(w, 0))
+        zt = ndtri(np.clip(u_turns, 1e-12, 1 - 1e-12))
+        std = zt[:, None] * r[None, :] + rng.standard_normal((P, k)) @ root.T
+        self.b = np.asarray(b.mean) + std * np.asarray(b.sd)
+        self.rsd, self.phi = np.asarray(b.resid_sd), np.asarray(b.ar1)
+        self.same_phi = b.tool_ar1_same
+        self.e = rng.standard_normal((P, k))
+        self.rng, self.col = rng, {f: i for i, f in enumerate(b.names[1:])}
+        self.prev = np.full(P, -1)
+        self.lift = None
+        if b.tool_lift:
+            names = tool_names
+            self.lift = np.array([[b.tool_lift.get(a, {}).get(c, 1.0) for c in names] for a in names])
+
+    def tools(self, act: np.ndarray, ti: np.ndarray, last: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """The drawn tools; a program past its first tool draws from w x lift[its previous tool]."""
+        if self.lift is not None:
+            prev = self.prev[act]
+            seq = prev >= 0
+            if seq.any():
+                rows = w[None, :] * self.lift[prev[seq]]
+                cum = np.cumsum(rows / rows.sum(1, keepdims=True), axis=1)
+                u = self.rng.random(int(seq.sum()))
+                ti = ti.copy()
+                ti[seq] = np.minimum((u[:, None] >= cum).sum(1), len(w) - 1)
+        i = self.col.get("tool")
+        if i is not None and self.same_phi is not None:  # the tool residual moves here, by whether the tool repeats
+            prev = self.prev[act]
+            phi = np.where(ti == prev, self.same_phi, self.phi[i])
+            step = prev >= 0
+            e = self.e[act, i]
+            self.e[act, i] = np.where(step, phi * e + np.sqrt(1 - phi ** 2) * self.rng.standard_normal(len(act)), e)
+        self.prev[act[~last]] = ti[~last]
+        return ti
+
+    def u(self, factor: str, act: np.ndarray, u: np.ndarray) -> np.ndarray:
+        from scipy.special import ndtr
+
+        i = self.col.get(factor)
+        if i is None:
+            return u
+        return ndtr(self.b[act, i] + self.rsd[i] * self.e[act, i])
+
+    def step(self, act: np.ndarray) -> None:
+        """The next call's residuals of the programs still running."""
+        e = self.e[act]
+        new = self.phi * e + np.sqrt(1 - self.phi ** 2) * self.rng.standard_normal((len(act), len(self.phi)))
+        i = self.col.get("tool")
+        if i is not None and self.same_phi is not None:
+            new[:, i] = e[:, i]  # moved by tools()
+        self.e[act] = new
 
 
 # --- distances -----------------------------------------------------------------------------
