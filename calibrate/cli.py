@@ -84,12 +84,7 @@ def register(sub) -> None:
     v.add_argument("--max-model-len", type=int, default=4096, help="max context of the engine (default 4096)")
     v.add_argument("--model", default=None, help="model dir (default: the shipped tiny Llama config)")
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="engine device (default cpu)")
-    v.set_defaults(func=_validate)
-    _VALIDATE_DEFAULTS.update({k: d for k, d in vars(v.parse_args([])).items() if k != "func"})
-
-
-_VALIDATE_DEFAULTS: dict = {}
-_SERVER_RUN_FLAGS = ("server_run", "json", "profile")  # the rest of `sim validate`'s flags run a real engine
+    v.set_defaults(func=_validate)  # with --server-run, the flags that drive an engine are refused (agentsim/requires.py)
 
 
 def _summary(profile: dict) -> str:
@@ -222,11 +217,6 @@ def _server_run(args) -> int:
     from calibrate.server_run import render, validate_server_run
     from agentsim.files import atomic_write
 
-    given = [k for k, d in _VALIDATE_DEFAULTS.items() if k not in _SERVER_RUN_FLAGS and getattr(args, k, d) != d]
-    if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise InputError(f"{flags} does not apply with --server-run (the requests, arrivals and token counts are the "
-                         "result's; only --profile and --json do); drop it")
     rep = validate_server_run(args.server_run, args.profile)
     print(render(rep["rows"], f"{rep['requests']} requests of {rep['model_id']} ({rep['failed_left_out']} failed, left out) "
                               f"over {rep['span_s']:.1f} s, replayed on profile {rep['profile']}; error = (sim - real) / "

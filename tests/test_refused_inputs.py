@@ -239,7 +239,7 @@ def _requires_argv(rule, args, tmp_path):
     if rule.command == "trace carry":
         return ["trace", "carry", "swebench", *args, "-o", out]
     if rule.command == "validate":
-        return ["validate", *args, "--out", str(tmp_path / "v")]
+        return ["validate", *args]
     raise AssertionError(f"no command line for {rule.command!r}: add one here")
 
 
@@ -252,13 +252,13 @@ def _all_rules():
 @pytest.mark.parametrize("rule", _all_rules(), ids=lambda r: f"{r.command}:{r.flag}")
 def test_every_dependent_flag_is_refused_without_its_condition_and_accepted_with_it(rule, tmp_path, capsys):
     from agentsim import requires
-    from agentsim.cli import build_parser, command_key
+    from agentsim.cli import command_key, parse
     from sim.commands.run import config_from_args
 
     err = _cli(_requires_argv(rule, rule.without, tmp_path), capsys)
     assert err == f"error: {rule.line()}\n"
     argv = _requires_argv(rule, rule.with_, tmp_path)
-    args = build_parser(argv[0]).parse_args(argv)
+    args = parse(argv)
     view = config_from_args(args) if rule.command == "run" else args
     assert rule.given(view) and rule.holds(view)
     requires.check(command_key(args), view)  # no row of the command refuses it
@@ -282,6 +282,21 @@ def test_a_dependent_field_in_a_config_file_or_a_sweep_point_is_refused_too(tmp_
     assert "--disagg-link applies only with --disagg xPyD" in _cli(["run", "--config", str(cfg)], capsys)
     with pytest.raises(InputError, match="--disagg-local-prefill applies only with --disagg xPyD"):
         build_run({"programs": 2, "disagg_local_prefill": 5})
+    # given at its default value is given all the same: in the file, and on the command line over a file
+    cfg.write_text(json.dumps({"workload": {"programs": 2}, "cluster": {"disagg_link": "rdma-ndr"}}))
+    assert "--disagg-link applies only with --disagg xPyD" in _cli(["run", "--config", str(cfg)], capsys)
+    cfg.write_text(json.dumps({"workload": {"programs": 2}}))
+    assert "--disagg-prefill-queue applies only with" in _cli(["run", "--config", str(cfg), "--disagg-prefill-queue", "3"], capsys)
+    with pytest.raises(InputError, match="--router applies only with --replicas 2 or more"):
+        build_run({"programs": 2, "router": "session"})  # a sweep point's router axis on one replica
+
+
+def test_given_means_on_the_command_line_even_at_the_default_value():
+    from agentsim.cli import given_dests
+
+    assert given_dests(["validate", "--server-run", "r.json", "--jps", "2.0"]) == {"server_run", "jps"}
+    assert given_dests(["validate", "--server-run", "r.json"]) == {"server_run"}
+    assert given_dests(["trace", "resample", "s.parquet", "--seed", "0", "-o", "o.parquet"]) == {"sources", "seed", "output"}
 
 
 # --- resources before work: a huge count refused at once, naming the size and the limit ---

@@ -157,7 +157,12 @@ class SimConfig(_Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+        """Every field but those whose condition fails (agentsim/requires.py: a flag given
+        without its condition is refused, so a rerun of this file must not give them)."""
+        data = self.model_dump(mode="json")
+        for sec, field in requires.inapplicable(self):
+            data[sec].pop(field, None)
+        return json.dumps(data, indent=2) + "\n"
 
 
 SECTIONS = {"workload": WorkloadConfig, "policy": PolicyConfig, "engine": EngineLimits, "cluster": ClusterConfig}
