@@ -193,10 +193,31 @@ def _server_run_rules() -> list[Requires]:
     return out
 
 
+def _calibrate_rules() -> list[Requires]:
+    """`sim calibrate --refit` and `--from-probes` start no engine: the flags that shape one
+    apply only without them (--gpu-memory-utilization sizes --from-probes' KV pool too)."""
+    from agentsim.cli import subparser
+
+    out = [Requires("calibrate", "--refit", "no --from-probes", lambda v: v.refit is not None, lambda v: v.from_probes is None,
+                    ("--from-probes", "x.json", "--refit", "p.json"), ("--refit", "p.json"),
+                    "--from-probes makes the profile from its kernel timings; drop --refit or --from-probes")]
+    for a in subparser("calibrate")._actions:
+        if not a.option_strings or a.dest in ("help", "out", "from_probes", "refit"):
+            continue
+        flag, value = a.option_strings[-1], () if a.nargs == 0 else (str(a.choices[-1]) if a.choices else "3",)
+        both = a.dest != "gpu_memory_utilization"
+        out.append(Requires(
+            "calibrate", flag, "an engine run (not --refit" + (" or --from-probes)" if both else ")"), given_flag(a.dest),
+            (lambda v: v.refit is None and v.from_probes is None) if both else (lambda v: v.refit is None),
+            ("--refit", "p.json", flag, *value), (flag, *value),
+            f"--refit{' and --from-probes start' if both else ' starts'} no engine; drop {flag}"))
+    return out
+
+
 def rules(command: str) -> list[Requires]:
     """The rows of one command (its key as agentsim.cli.OUTPUTS writes it)."""
     return ((_server_run_rules() if command == "validate" else []) + [r for r in RULES if r.command == command]
-            + (_param_rules() if command == "run" else []))
+            + (_param_rules() if command == "run" else []) + (_calibrate_rules() if command == "calibrate" else []))
 
 
 def inapplicable(config) -> list[tuple[str, str]]:
