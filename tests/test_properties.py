@@ -3,9 +3,12 @@ so that calls on different replicas end at one instant) x every policy x pool si
 (30-200 blocks, and 5-50 with short calls),
 token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off, both
 KV cache models (vLLM's block pool, SGLang's radix tree), prefill/decode
-disaggregation (1P1D, 2P1D, 1P2D); and random wrong values in profiles and anywhere
-in importer records. `make test` runs a
+disaggregation (1P1D, 2P1D, 1P2D), client retention hints (kv_priority, kv_ttl_s), carry
+modes (rerendered, reasoning-dropped, mixed by row) and programs drawn from the shipped
+measured workload specs (scaled to the small pools); and random wrong values in profiles
+and anywhere in importer records. `make test` runs a
 bounded number of examples; `make fuzz` sets AGENTSIM_FUZZ_EXAMPLES=10000."""
+import functools
 import json
 import os
 
@@ -37,9 +40,55 @@ def _programs(max_input: int, max_output: int):
 programs = _programs(300, 40)
 
 
+@functools.lru_cache(maxsize=None)
+def _spec(name: str):
+    from traces.fit import read_spec
+
+    return read_spec(name)
+
+
 @st.composite
-def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3)):
-    progs = draw(programs)
+def spec_programs(draw, max_input: int, max_output: int):
+    """1-6 programs drawn from a shipped measured workload spec (traces/data/specs), their
+    first 6 turns, tokens scaled down to the strategy's range (the spec's shape, not its
+    size: its contexts reach 128k tokens) and tool times capped at 3 s."""
+    from traces.fit import generate_from_spec, shipped
+
+    df, _ = generate_from_spec(_spec(draw(st.sampled_from(shipped()))), draw(st.integers(1, 6)), draw(st.integers(0, 2**32 - 1)))
+    df = df[df["turn"] < 6]
+    f_in = min(1.0, max_input / max(1, int(df["new_input_tokens"].max())))
+    f_out = min(1.0, max_output / max(1, int(df["output_tokens"].max())))
+    return [[(max(1, round(r.new_input_tokens * f_in)), max(1, round(r.output_tokens * f_out)),
+              None if pd.isna(r.tool) else str(r.tool), 0.0 if np.isnan(r.tool_duration_s) else min(3.0, float(r.tool_duration_s)))
+             for r in g.itertuples()] for _, g in df.groupby("program_id", sort=False)]
+
+
+def _carry_and_hints(draw, trace, cache: str):
+    """A carry mode (or none, or one per row) and client retention hints (soft retention
+    needs vLLM's block pool: none with the radix cache) laid on a drawn trace."""
+    from traces.schema import CARRY_MODES, validate
+    from traces.transform import carry_over
+
+    n = len(trace)
+    carry = draw(st.sampled_from([None, "rerendered", "reasoning-dropped", "mixed"]))
+    if carry is not None:
+        share = None if carry == "rerendered" else draw(st.sampled_from([0.0, 0.4, 1.0]))
+        trace = carry_over(trace, "reasoning-dropped" if carry == "mixed" else carry, share)
+        if carry == "mixed":
+            trace["carry"] = np.array(draw(st.lists(st.sampled_from(CARRY_MODES), min_size=n, max_size=n)), dtype=object)
+    hints = draw(st.sampled_from([None, None, "priority", "ttl", "both"])) if cache == "vllm" else None
+    if hints in ("priority", "both"):
+        trace["kv_priority"] = [np.nan if v is None else float(v) for v in
+                                draw(st.lists(st.none() | st.integers(0, 100), min_size=n, max_size=n))]
+    if hints in ("ttl", "both"):
+        trace["kv_ttl_s"] = [np.nan if v is None else v for v in
+                             draw(st.lists(st.none() | st.floats(0, 3, allow_nan=False), min_size=n, max_size=n))]
+    return validate(trace)
+
+
+@st.composite
+def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3), scale=(300, 40)):
+    progs = draw(spec_programs(*scale) if draw(st.integers(0, 3)) == 3 else programs)  # a quarter from a measured spec
     # copies of programs: identical calls on two replicas end their steps at one instant,
     # the ties whose order stretches once changed (sim.replica.clock.step_end)
     for i, j in draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=2)):
@@ -48,6 +97,8 @@ def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.in
     trace = make_trace([[(i, o, None if t == len(p) - 1 else tool, None if t == len(p) - 1 else d)
                          for t, (i, o, tool, d) in enumerate(p)] for p in progs],
                        shared_prefix=draw(st.sampled_from([0, 16, 32])) if min(p[0][0] for p in progs) >= 32 else 0)
+    cache = draw(st.sampled_from(["vllm", "radix"]))
+    trace = _carry_and_hints(draw, trace, cache)
     return dict(
         trace=trace, arrivals=np.sort(np.asarray(draw(st.lists(st.floats(0, 5, allow_nan=False) | st.sampled_from([0.0, 1.0]),
                                                                min_size=len(progs), max_size=len(progs))))),
@@ -55,7 +106,7 @@ def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.in
         budget=draw(st.sampled_from([16, 64, 256, 8192])), seqs=draw(st.integers(1, 16)),
         chunked=draw(st.booleans()), replicas=draw(replicas), router=draw(st.sampled_from(router_names())),
         offload=draw(st.sampled_from([None, "cpu:1MiB@0.05", "cpu:1MiB@0.05,ssd:2MiB@0.01"])),
-        cache=draw(st.sampled_from(["vllm", "radix"])),
+        cache=cache,
         disagg=draw(st.sampled_from([None, None, "1P1D", "2P1D", "1P2D"])), local_prefill=draw(st.sampled_from([0, 64, 1000])),
         slow_link=draw(st.booleans()),
     )
@@ -81,7 +132,7 @@ def test_invariants_under_random_configurations(c):
 # Where issue 36's hangs and deadlock were found: pools of 5-50 blocks, short calls (so
 # that most programs fit such a pool), 1-4 replicas. A run whose clock freezes is stopped
 # by the engine's progress watchdog within a second (a SimulationError), never a hang.
-tiny = configs(programs=_programs(40, 12), blocks=st.integers(5, 50), replicas=st.integers(1, 4))
+tiny = configs(programs=_programs(40, 12), blocks=st.integers(5, 50), replicas=st.integers(1, 4), scale=(40, 12))
 
 
 @SETTINGS
