@@ -207,7 +207,8 @@ def _calibrate_rules() -> list[Requires]:
         flag, value = a.option_strings[-1], () if a.nargs == 0 else (str(a.choices[-1]) if a.choices else "3",)
         both = a.dest != "gpu_memory_utilization"
         out.append(Requires(
-            "calibrate", flag, "an engine run (not --refit" + (" or --from-probes)" if both else ")"), given_flag(a.dest),
+            "calibrate", flag, "an engine run (not --refit or --from-probes)" if both else "an engine run or --from-probes (not --refit)",
+            given_flag(a.dest),
             (lambda v: v.refit is None and v.from_probes is None) if both else (lambda v: v.refit is None),
             ("--refit", "p.json", flag, *value), (flag, *value),
             f"--refit{' and --from-probes start' if both else ' starts'} no engine; drop {flag}"))
