@@ -43,11 +43,16 @@ def simulate(trace, policy, profile, arrivals, *, disagg=None, progress=None, wa
 
     if isinstance(disagg, str):  # a spec such as "1P1D": a config leaf like the others
         fields, disagg = {**fields, "disagg": disagg}, None
-    if fields.get("router") is not None and not _routed(fields, disagg):
-        fields.pop("router")  # a config refuses a router with nothing to route (agentsim/requires.py); it would do nothing
+    # a config refuses a router with nothing to route (agentsim/requires.py), where it would do
+    # nothing; a Disagg of the test's own is not in the config, so its router is laid on the run
+    router = fields.pop("router", None) if disagg is not None or not _routed(fields, disagg) else None
     run = build_run(parse_config(from_flat(fields), "test"), trace=trace, profile=profile,
                     arrivals=np.asarray(arrivals, float), policy=make_policy(policy) if isinstance(policy, str) else policy)
-    return execute(run if disagg is None else replace(run, disagg=disagg), progress, watch)
+    if disagg is not None:
+        from sim.cluster.router import make_router
+
+        run = replace(run, disagg=disagg, **({} if router is None else {"router": make_router(router)}))
+    return execute(run, progress, watch)
 
 
 def _routed(fields: dict, disagg) -> bool:

@@ -40,27 +40,34 @@ def _programs(max_input: int, max_output: int):
 programs = _programs(300, 40)
 
 
-@functools.lru_cache(maxsize=None)
-def _spec(name: str):
-    from traces.fit import read_spec
+SPEC_POOL = 64  # programs drawn once per shipped spec; an example picks some of them
 
-    return read_spec(name)
+
+@functools.lru_cache(maxsize=None)
+def _spec_pool(name: str) -> list[list[tuple[int, int, str | None, float]]]:
+    """SPEC_POOL programs of a shipped measured workload spec (traces/data/specs), their first
+    6 turns as (new input, output, tool, tool time): drawn once per process (a spec's
+    generator prices every turn, about 0.2 s a call)."""
+    from traces.fit import generate_from_spec, read_spec
+
+    df, _ = generate_from_spec(read_spec(name), SPEC_POOL, seed=0)
+    df = df[df["turn"] < 6]
+    return [[(int(r.new_input_tokens), int(r.output_tokens), None if pd.isna(r.tool) else str(r.tool),
+              0.0 if np.isnan(r.tool_duration_s) else float(r.tool_duration_s)) for r in g.itertuples()]
+            for _, g in df.groupby("program_id", sort=False)]
 
 
 @st.composite
-def spec_programs(draw, max_input: int, max_output: int):
-    """1-6 programs drawn from a shipped measured workload spec (traces/data/specs), their
-    first 6 turns, tokens scaled down to the strategy's range (the spec's shape, not its
-    size: its contexts reach 128k tokens) and tool times capped at 3 s."""
-    from traces.fit import generate_from_spec, shipped
+def spec_programs(draw, max_input: int, max_output: int, n: int):
+    """n programs of a shipped measured spec, tokens scaled down to the strategy's range (the
+    spec's shape, not its size: its contexts reach 128k tokens), tool times capped at 3 s."""
+    from traces.fit import shipped
 
-    df, _ = generate_from_spec(_spec(draw(st.sampled_from(shipped()))), draw(st.integers(1, 6)), draw(st.integers(0, 2**32 - 1)))
-    df = df[df["turn"] < 6]
-    f_in = min(1.0, max_input / max(1, int(df["new_input_tokens"].max())))
-    f_out = min(1.0, max_output / max(1, int(df["output_tokens"].max())))
-    return [[(max(1, round(r.new_input_tokens * f_in)), max(1, round(r.output_tokens * f_out)),
-              None if pd.isna(r.tool) else str(r.tool), 0.0 if np.isnan(r.tool_duration_s) else min(3.0, float(r.tool_duration_s)))
-             for r in g.itertuples()] for _, g in df.groupby("program_id", sort=False)]
+    pool = _spec_pool(draw(st.sampled_from(shipped())))
+    progs = [pool[i] for i in draw(st.lists(st.integers(0, len(pool) - 1), min_size=n, max_size=n))]
+    f_in = min(1.0, max_input / max(i for p in progs for i, _, _, _ in p))
+    f_out = min(1.0, max_output / max(o for p in progs for _, o, _, _ in p))
+    return [[(max(1, round(i * f_in)), max(1, round(o * f_out)), tool, min(3.0, d)) for i, o, tool, d in p] for p in progs]
 
 
 def _carry_and_hints(draw, trace, cache: str):
@@ -88,28 +95,32 @@ def _carry_and_hints(draw, trace, cache: str):
 
 @st.composite
 def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3), scale=(300, 40)):
-    progs = draw(spec_programs(*scale) if draw(st.integers(0, 3)) == 3 else programs)  # a quarter from a measured spec
+    progs = draw(programs)
     # copies of programs: identical calls on two replicas end their steps at one instant,
     # the ties whose order stretches once changed (sim.replica.clock.step_end)
     for i, j in draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=2)):
         if max(i, j) < len(progs):
             progs[j] = progs[i]
-    trace = make_trace([[(i, o, None if t == len(p) - 1 else tool, None if t == len(p) - 1 else d)
-                         for t, (i, o, tool, d) in enumerate(p)] for p in progs],
-                       shared_prefix=draw(st.sampled_from([0, 16, 32])) if min(p[0][0] for p in progs) >= 32 else 0)
-    cache = draw(st.sampled_from(["vllm", "radix"]))
-    trace = _carry_and_hints(draw, trace, cache)
-    return dict(
-        trace=trace, arrivals=np.sort(np.asarray(draw(st.lists(st.floats(0, 5, allow_nan=False) | st.sampled_from([0.0, 1.0]),
-                                                               min_size=len(progs), max_size=len(progs))))),
+    shared = draw(st.sampled_from([0, 16, 32])) if min(p[0][0] for p in progs) >= 32 else 0
+    c = dict(
+        arrivals=np.sort(np.asarray(draw(st.lists(st.floats(0, 5, allow_nan=False) | st.sampled_from([0.0, 1.0]),
+                                                  min_size=len(progs), max_size=len(progs))))),
         policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(blocks),
         budget=draw(st.sampled_from([16, 64, 256, 8192])), seqs=draw(st.integers(1, 16)),
         chunked=draw(st.booleans()), replicas=draw(replicas), router=draw(st.sampled_from(router_names())),
         offload=draw(st.sampled_from([None, "cpu:1MiB@0.05", "cpu:1MiB@0.05,ssd:2MiB@0.01"])),
-        cache=cache,
+        cache=draw(st.sampled_from(["vllm", "radix"])),
         disagg=draw(st.sampled_from([None, None, "1P1D", "2P1D", "1P2D"])), local_prefill=draw(st.sampled_from([0, 64, 1000])),
         slow_link=draw(st.booleans()),
     )
+    # drawn last, so that the configurations above are those drawn before these joined:
+    # a quarter of the runs replay as many programs of a measured spec instead
+    if draw(st.integers(0, 3)) == 3:
+        progs = draw(spec_programs(*scale, n=len(progs)))
+        shared = shared if min(p[0][0] for p in progs) >= 32 else 0
+    trace = make_trace([[(i, o, None if t == len(p) - 1 else tool, None if t == len(p) - 1 else d)
+                         for t, (i, o, tool, d) in enumerate(p)] for p in progs], shared_prefix=shared)
+    return {"trace": _carry_and_hints(draw, trace, c["cache"]), **c}
 
 
 def _simulate(c, policy, ff=True, kind="simpy", **fields):
