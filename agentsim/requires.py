@@ -64,7 +64,7 @@ def _routed(c) -> bool:
 
     try:
         split = parse_disagg(c.cluster.disagg)
-    except Exception:  # noqa: BLE001 - InputError, named by make_disagg
+    except InputError:  # named by make_disagg
         return True
     return (split[1] if split else c.cluster.replicas) > 1
 
