@@ -26,4 +26,5 @@ def int_flag(low: int, high: int):
         return v
 
     parse.__name__ = "whole number"
+    parse.bounds = (low, high)  # read by the test that walks every whole-number flag
     return parse

@@ -70,6 +70,38 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def subparser(key: str) -> argparse.ArgumentParser:
+    """The parser of one command by its key ("validate", "trace gen")."""
+    parser = build_parser(key.split()[0])
+    for word in key.split():
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+    return parser
+
+
+def given_dests(argv: list[str]) -> frozenset[str]:
+    """The dests the command line gives, whatever their values: the same parse with every
+    default suppressed, so that a flag at its default value still counts (agentsim.requires)."""
+    parser = build_parser(argv[0] if argv else None)
+    stack, subcommands = [parser], set()
+    while stack:
+        p = stack.pop()
+        p._defaults.clear()  # set_defaults (func=...) are not flags
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                stack.extend(a.choices.values())
+                subcommands.add(a.dest)
+            elif a.dest != "help":
+                a.default = argparse.SUPPRESS
+    return frozenset(vars(parser.parse_args(argv))) - subcommands
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line, with `given_dests` (argparse's SystemExit on bad input)."""
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    args.given_dests = given_dests(argv)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -77,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             if (msg := renamed_flag(a)) is not None:
                 raise InputError(msg)
         try:
-            args = build_parser(argv[0] if argv else None).parse_args(argv)
+            args = parse(argv)
         except SystemExit as e:  # argparse's own refusal (one line: _Parser.error), or --help
             return int(e.code or 0)
         if command_key(args) != "run":  # a run's rows read its config, --config file included (build_run)

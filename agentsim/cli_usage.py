@@ -4,7 +4,8 @@
     python -m agentsim.cli_usage --check    # exit 1 naming the stale ones (tests/test_docs.py)
 
 A block is an indented line `usage: sim CMD ...` and its more-indented continuation
-lines; CMD (one or two words) names the subcommand.
+lines; CMD (one or two words) names the subcommand. The table between `<!-- requires -->`
+and `<!-- end requires -->` is agentsim/requires.py's: the flags that apply only with another.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 CLI_MD = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 WIDTH = 100
 _BLOCK = re.compile(r"^(    )usage: sim ((?:[a-z-]+ ?){1,2}).*\n(?:^\1 +\S.*\n)*", re.MULTILINE)
+_REQUIRES = re.compile(r"(?<=<!-- requires -->\n).*?(?=<!-- end requires -->)", re.DOTALL)
 
 
 def usage(words: list[str]) -> str:
@@ -30,11 +32,31 @@ def usage(words: list[str]) -> str:
     return parser.format_usage().strip()
 
 
+def requires_table() -> str:
+    """agentsim/requires.py's rows as a table: the flags of one command with one condition on a row."""
+    from agentsim.requires import RULES, rules
+
+    groups: dict[tuple[str, str], list[str]] = {}
+    for command in dict.fromkeys([*(r.command for r in RULES), "validate", "calibrate"]):
+        for r in rules(command):
+            flag, _, param = r.flag.partition(" ")
+            if param:  # a policy's or router's parameter: one row for all
+                flag, cond = f"{flag} K=V", f"a {r.condition.split()[0]} that has K"
+            else:
+                cond = r.condition
+            flags = groups.setdefault((command, cond), [])
+            if f"`{flag}`" not in flags:
+                flags.append(f"`{flag}`")
+    lines = ["| command | flags | apply only with |", "|---|---|---|"]
+    lines += [f"| `sim {cmd}` | {', '.join(flags)} | {cond} |" for (cmd, cond), flags in groups.items()]
+    return "\n".join(lines) + "\n"
+
+
 def render(text: str) -> str:
     def one(m: re.Match) -> str:
         body = usage(m.group(2).split())
         return "".join(f"    {line}\n" for line in body.splitlines())
-    return _BLOCK.sub(one, text)
+    return _REQUIRES.sub(lambda _: requires_table(), _BLOCK.sub(one, text))
 
 
 def main(argv: list[str]) -> int:

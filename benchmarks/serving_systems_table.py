@@ -68,8 +68,8 @@ SYSTEMS: dict[str, tuple[str, dict]] = {
     "contextserve": ("contextserve", {"replicas": 2, "router": "session"}),
     "sglang": ("vllm", {"replicas": 2, "router": "cache_aware", "cache": "radix"}),
     "sglang+continuum": ("continuum", {"replicas": 2, "router": "cache_aware", "cache": "radix"}),
-    "1p1d": ("vllm", {"disagg": "1P1D", "router": "session"}),
-    "1p1d+continuum": ("continuum", {"disagg": "1P1D", "router": "session"}),
+    "1p1d": ("vllm", {"disagg": "1P1D"}),  # one decode replica: nothing to route
+    "1p1d+continuum": ("continuum", {"disagg": "1P1D"}),
     # diagnostics, not in the default rows: SGLang's two parts one at a time
     "radix+session": ("vllm", {"replicas": 2, "router": "session", "cache": "radix"}),
     "vllm+cache_aware": ("vllm", {"replicas": 2, "router": "cache_aware"}),

@@ -24,11 +24,11 @@ def register(sub) -> None:
                         "without native bf16; "
                         "weights are never loaded, load_format=dummy)")
     p.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write (atomically)")
-    p.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks (vLLM num_gpu_blocks_override)")
-    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block (engine default if unset)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step")
-    p.add_argument("--max-model-len", type=int, default=None, help="max context (default: the model's; 8192 for the tiny one)")
+    p.add_argument("--num-gpu-blocks", type=int_flag(1, COUNT_MAX), default=None, help="KV blocks (vLLM num_gpu_blocks_override)")
+    p.add_argument("--block-size", type=int_flag(1, COUNT_MAX), default=None, help="tokens per KV block (engine default if unset)")
+    p.add_argument("--max-num-batched-tokens", type=int_flag(1, COUNT_MAX), default=None, help="token budget per step")
+    p.add_argument("--max-num-seqs", type=int_flag(1, COUNT_MAX), default=None, help="sequences per step")
+    p.add_argument("--max-model-len", type=int_flag(1, COUNT_MAX), default=None, help="max context (default: the model's; 8192 for the tiny one)")
     p.add_argument("--quick", action="store_true", help="fewer probes (about half the time; used by the engine tests)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="engine device (default: cuda if present)")
     p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of the random prompt token ids")
@@ -74,22 +74,17 @@ def register(sub) -> None:
     v.add_argument("--jps", type=float, default=2.0, help="program arrivals per second, seeded Poisson (default 2.0)")
     v.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of arrivals and prompt token ids")
     v.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=16, help="first N programs of the trace (default 16)")
-    v.add_argument("--max-turns", type=int, default=5, help="turns kept per program (default 5)")
-    v.add_argument("--max-context", type=int, default=3000,
+    v.add_argument("--max-turns", type=int_flag(1, COUNT_MAX), default=5, help="turns kept per program (default 5)")
+    v.add_argument("--max-context", type=int_flag(1, COUNT_MAX), default=3000,
                    help="scale each program's new input so its final context fits (default 3000 tokens)")
-    v.add_argument("--max-output", type=int, default=24, help="cap on output tokens per call (default 24)")
+    v.add_argument("--max-output", type=int_flag(1, COUNT_MAX), default=24, help="cap on output tokens per call (default 24)")
     v.add_argument("--max-tool-s", type=float, default=2.0, help="cap on tool time, s (default 2.0)")
-    v.add_argument("--num-gpu-blocks", type=int, default=48,
+    v.add_argument("--num-gpu-blocks", type=int_flag(1, COUNT_MAX), default=48,
                    help="KV blocks of the engine: small, so that memory pressure is real (default 48)")
-    v.add_argument("--max-model-len", type=int, default=4096, help="max context of the engine (default 4096)")
+    v.add_argument("--max-model-len", type=int_flag(1, COUNT_MAX), default=4096, help="max context of the engine (default 4096)")
     v.add_argument("--model", default=None, help="model dir (default: the shipped tiny Llama config)")
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="engine device (default cpu)")
-    v.set_defaults(func=_validate)
-    _VALIDATE_DEFAULTS.update({k: d for k, d in vars(v.parse_args([])).items() if k != "func"})
-
-
-_VALIDATE_DEFAULTS: dict = {}
-_SERVER_RUN_FLAGS = ("server_run", "json", "profile")  # the rest of `sim validate`'s flags run a real engine
+    v.set_defaults(func=_validate)  # with --server-run, the flags that drive an engine are refused (agentsim/requires.py)
 
 
 def _summary(profile: dict) -> str:
@@ -222,11 +217,6 @@ def _server_run(args) -> int:
     from calibrate.server_run import render, validate_server_run
     from agentsim.files import atomic_write
 
-    given = [k for k, d in _VALIDATE_DEFAULTS.items() if k not in _SERVER_RUN_FLAGS and getattr(args, k, d) != d]
-    if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise InputError(f"{flags} does not apply with --server-run (the requests, arrivals and token counts are the "
-                         "result's; only --profile and --json do); drop it")
     rep = validate_server_run(args.server_run, args.profile)
     print(render(rep["rows"], f"{rep['requests']} requests of {rep['model_id']} ({rep['failed_left_out']} failed, left out) "
                               f"over {rep['span_s']:.1f} s, replayed on profile {rep['profile']}; error = (sim - real) / "

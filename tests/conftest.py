@@ -43,9 +43,26 @@ def simulate(trace, policy, profile, arrivals, *, disagg=None, progress=None, wa
 
     if isinstance(disagg, str):  # a spec such as "1P1D": a config leaf like the others
         fields, disagg = {**fields, "disagg": disagg}, None
+    # a config refuses a router with nothing to route (agentsim/requires.py), where it would do
+    # nothing; a Disagg of the test's own is not in the config, so its router is laid on the run
+    router = fields.pop("router", None) if disagg is not None or not _routed(fields, disagg) else None
     run = build_run(parse_config(from_flat(fields), "test"), trace=trace, profile=profile,
                     arrivals=np.asarray(arrivals, float), policy=make_policy(policy) if isinstance(policy, str) else policy)
-    return execute(run if disagg is None else replace(run, disagg=disagg), progress, watch)
+    if disagg is not None:
+        from sim.cluster.router import make_router
+
+        run = replace(run, disagg=disagg, **({} if router is None else {"router": make_router(router)}))
+    return execute(run, progress, watch)
+
+
+def _routed(fields: dict, disagg) -> bool:
+    """More than one replica serves calls (with disaggregation: decode replicas)."""
+    from sim.cluster.disagg import parse_disagg
+
+    if disagg is not None:
+        return disagg.decode > 1
+    split = parse_disagg(fields.get("disagg"))
+    return (split[1] if split else fields.get("replicas", 1)) > 1
 
 
 def make_trace(programs: list[list[tuple[int, int, str | None, float | None]]], shared_prefix: int | None = None) -> pd.DataFrame:

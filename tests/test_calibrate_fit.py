@@ -153,7 +153,7 @@ def test_limit_mismatch_names_the_flag():
 @pytest.mark.parametrize("argv, words", [
     (["calibrate", "--out", "profile.txt"], "must end in .json"),
     (["calibrate", "--out", "p.json", "--model", "/no/such/model"], "does not exist"),
-    (["calibrate", "--out", "p.json", "--num-gpu-blocks", "0"], "--num-gpu-blocks must be > 0"),
+    (["calibrate", "--out", "p.json", "--num-gpu-blocks", "0"], "argument --num-gpu-blocks: 0 is below 1"),
 ])
 def test_cli_bad_input_is_one_line(capsys, tmp_path, argv, words):
     argv = [a if a != "p.json" else str(tmp_path / a) for a in argv]

@@ -9,6 +9,7 @@ import pytest
 from conftest import linear_profile, make_trace, random_trace, simulate
 from sim.cli import main
 from sim.cluster.router import make_router
+from sim.run.config import SimConfig, build_run
 from agentsim.errors import InputError
 
 
@@ -163,8 +164,10 @@ def test_one_replica_is_the_plain_engine():
     tr, arr = trace_and_arrivals(3)
     p = linear_profile(blocks=150)
     plain = simulate(tr, "continuum", p, arr).summary
-    one = run(tr, arr, policy="continuum", replicas=1, router="prefix", blocks=150).summary
-    assert one == {**plain, "router": "prefix"}  # the router has nothing to choose
+    one = run(tr, arr, policy="continuum", replicas=1, router=None, blocks=150).summary
+    assert one == plain
+    with pytest.raises(InputError, match="--router applies only with --replicas 2 or more"):  # it would choose nothing
+        build_run(SimConfig.model_validate({"workload": {"programs": 2}, "cluster": {"router": "prefix"}}))
 
 
 @pytest.mark.parametrize("policy, offload", [("continuum", None), ("continuum-offload", "cpu:2MiB@0.0005")])
@@ -202,8 +205,8 @@ def test_bad_router_and_replicas():
     (["--offload", "cpu:abc"], "size 'abc' is not a size"),
     (["--router", "nope"], "is not a router"),
     (["--replicas", "0"], "'--replicas' is 0"),
-    (["--router", "cache_aware", "--router-arg", "threshold=0.5"], "router cache_aware has no parameter 'threshold'"),
-    (["--router", "cache_aware", "--router-arg", "balance_abs=1.5"], "balance_abs='1.5' is not a whole number"),
+    (["--replicas", "2", "--router", "cache_aware", "--router-arg", "threshold=0.5"], "router cache_aware has no parameter 'threshold'"),
+    (["--replicas", "2", "--router", "cache_aware", "--router-arg", "balance_abs=1.5"], "balance_abs='1.5' is not a whole number"),
     (["--router-arg", "cache_threshold"], "--router-arg 'cache_threshold' is not K=V"),
 ])
 def test_cli_bad_cluster_flags_are_one_line(argv, fragment, capsys):

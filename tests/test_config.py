@@ -54,7 +54,15 @@ def test_written_config_is_resolved(tmp_path, capsys):
     assert c["engine"]["profile"] == "llama3.1-8b-h100" and c["engine"]["num_gpu_blocks"] == 3000
     assert None not in [c["engine"][k] for k in ("block_size", "max_num_batched_tokens", "max_num_seqs",
                                                  "max_model_len", "enable_chunked_prefill", "scheduler_reserve_full_isl")]
-    assert c["cluster"]["router"] == "round_robin"
+    # what does not apply to this run (one replica, no --disagg, open loop) is left out, so
+    # that rerunning the file gives no flag without its condition (agentsim/requires.py)
+    assert not {"router", "router_args", "disagg_link", "disagg_local_prefill", "disagg_prefill_queue"} & set(c["cluster"])
+    assert "concurrency" not in c["workload"]
+    assert main(["run", "--config", str(tmp_path / "config.json"), "--no-progress", "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == c
+    assert main(["run", *SMALL, "--disagg", "1P2D", "--out", str(tmp_path / "pd")]) == 0
+    c = json.loads((tmp_path / "pd" / "config.json").read_text())["cluster"]
+    assert (c["router"], c["disagg_link"], c["disagg_local_prefill"]) == ("round_robin", "rdma-ndr", 1000)
     capsys.readouterr()
 
 

@@ -20,12 +20,13 @@ from sim.simpy_replica.scheduler import Scheduler
 
 REG = Path(__file__).parent / "fixtures" / "regressions"
 
-# trace -> the flags of its `sim run` (tests/fixtures/regressions/README.md)
+# trace -> the flags of its `sim run` (tests/fixtures/regressions/README.md; the one-replica cases were
+# found with a --router, which did nothing there and is now refused)
 CASES = {
     "case4413": "--policy continuum-static --num-gpu-blocks 43 --max-num-batched-tokens 8192 --max-num-seqs 16 --replicas 1 "
-                "--router cache_aware --offload cpu:256MiB,ssd:2GiB --jps 0.3 --seed 874",
+                "--offload cpu:256MiB,ssd:2GiB --jps 0.3 --seed 874",
     "case20682": "--policy oracle --num-gpu-blocks 9 --max-num-batched-tokens 8192 --max-num-seqs 2 --replicas 1 "
-                 "--router round_robin --offload cpu:1GiB --jps 0.3 --seed 702",
+                 "--offload cpu:1GiB --jps 0.3 --seed 702",
     "case21621": "--policy continuum-static --num-gpu-blocks 10 --max-num-batched-tokens 8192 --max-num-seqs 256 --replicas 2 "
                  "--router prefix --offload cpu:256MiB,ssd:2GiB --jps 2.0 --seed 908",
     "case21972": "--policy infercept --num-gpu-blocks 240 --max-num-batched-tokens 16 --max-num-seqs 256 --replicas 3 "

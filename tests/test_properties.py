@@ -3,9 +3,12 @@ so that calls on different replicas end at one instant) x every policy x pool si
 (30-200 blocks, and 5-50 with short calls),
 token budgets, chunked prefill on/off, 1-3 replicas, every router, offload on/off, both
 KV cache models (vLLM's block pool, SGLang's radix tree), prefill/decode
-disaggregation (1P1D, 2P1D, 1P2D); and random wrong values in profiles and anywhere
-in importer records. `make test` runs a
+disaggregation (1P1D, 2P1D, 1P2D), client retention hints (kv_priority, kv_ttl_s), carry
+modes (rerendered, reasoning-dropped, mixed by row) and programs drawn from the shipped
+measured workload specs (scaled to the small pools); and random wrong values in profiles
+and anywhere in importer records. `make test` runs a
 bounded number of examples; `make fuzz` sets AGENTSIM_FUZZ_EXAMPLES=10000."""
+import functools
 import json
 import os
 
@@ -37,20 +40,71 @@ def _programs(max_input: int, max_output: int):
 programs = _programs(300, 40)
 
 
+SPEC_POOL = 64  # programs drawn once per shipped spec; an example picks some of them
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_pool(name: str) -> list[list[tuple[int, int, str | None, float]]]:
+    """SPEC_POOL programs of a shipped measured workload spec (traces/data/specs), their first
+    6 turns as (new input, output, tool, tool time): drawn once per process (a spec's
+    generator prices every turn, about 0.2 s a call)."""
+    from traces.fit import generate_from_spec, read_spec
+
+    df, _ = generate_from_spec(read_spec(name), SPEC_POOL, seed=0)
+    df = df[df["turn"] < 6]
+    return [[(int(r.new_input_tokens), int(r.output_tokens), None if pd.isna(r.tool) else str(r.tool),
+              0.0 if np.isnan(r.tool_duration_s) else float(r.tool_duration_s)) for r in g.itertuples()]
+            for _, g in df.groupby("program_id", sort=False)]
+
+
 @st.composite
-def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3)):
+def spec_programs(draw, max_input: int, max_output: int, n: int):
+    """n programs of a shipped measured spec, tokens scaled down to the strategy's range (the
+    spec's shape, not its size: its contexts reach 128k tokens), tool times capped at 3 s."""
+    from traces.fit import shipped
+
+    pool = _spec_pool(draw(st.sampled_from(shipped())))
+    progs = [pool[i] for i in draw(st.lists(st.integers(0, len(pool) - 1), min_size=n, max_size=n))]
+    f_in = min(1.0, max_input / max(i for p in progs for i, _, _, _ in p))
+    f_out = min(1.0, max_output / max(o for p in progs for _, o, _, _ in p))
+    return [[(max(1, round(i * f_in)), max(1, round(o * f_out)), tool, min(3.0, d)) for i, o, tool, d in p] for p in progs]
+
+
+def _carry_and_hints(draw, trace, cache: str):
+    """A carry mode (or none, or one per row) and client retention hints (soft retention
+    needs vLLM's block pool: none with the radix cache) laid on a drawn trace."""
+    from traces.schema import CARRY_MODES, validate
+    from traces.transform import carry_over
+
+    n = len(trace)
+    carry = draw(st.sampled_from([None, "rerendered", "reasoning-dropped", "mixed"]))
+    if carry is not None:
+        share = None if carry == "rerendered" else draw(st.sampled_from([0.0, 0.4, 1.0]))
+        trace = carry_over(trace, "reasoning-dropped" if carry == "mixed" else carry, share)
+        if carry == "mixed":
+            trace["carry"] = np.array(draw(st.lists(st.sampled_from(CARRY_MODES), min_size=n, max_size=n)), dtype=object)
+    hints = draw(st.sampled_from([None, None, "priority", "ttl", "both"])) if cache == "vllm" else None
+    if hints in ("priority", "both"):
+        trace["kv_priority"] = [np.nan if v is None else float(v) for v in
+                                draw(st.lists(st.none() | st.integers(0, 100), min_size=n, max_size=n))]
+    if hints in ("ttl", "both"):
+        trace["kv_ttl_s"] = [np.nan if v is None else v for v in
+                             draw(st.lists(st.none() | st.floats(0, 3, allow_nan=False), min_size=n, max_size=n))]
+    return validate(trace)
+
+
+@st.composite
+def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.integers(1, 3), scale=(300, 40)):
     progs = draw(programs)
     # copies of programs: identical calls on two replicas end their steps at one instant,
     # the ties whose order stretches once changed (sim.replica.clock.step_end)
     for i, j in draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=2)):
         if max(i, j) < len(progs):
             progs[j] = progs[i]
-    trace = make_trace([[(i, o, None if t == len(p) - 1 else tool, None if t == len(p) - 1 else d)
-                         for t, (i, o, tool, d) in enumerate(p)] for p in progs],
-                       shared_prefix=draw(st.sampled_from([0, 16, 32])) if min(p[0][0] for p in progs) >= 32 else 0)
-    return dict(
-        trace=trace, arrivals=np.sort(np.asarray(draw(st.lists(st.floats(0, 5, allow_nan=False) | st.sampled_from([0.0, 1.0]),
-                                                               min_size=len(progs), max_size=len(progs))))),
+    shared = draw(st.sampled_from([0, 16, 32])) if min(p[0][0] for p in progs) >= 32 else 0
+    c = dict(
+        arrivals=np.sort(np.asarray(draw(st.lists(st.floats(0, 5, allow_nan=False) | st.sampled_from([0.0, 1.0]),
+                                                  min_size=len(progs), max_size=len(progs))))),
         policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(blocks),
         budget=draw(st.sampled_from([16, 64, 256, 8192])), seqs=draw(st.integers(1, 16)),
         chunked=draw(st.booleans()), replicas=draw(replicas), router=draw(st.sampled_from(router_names())),
@@ -59,6 +113,14 @@ def configs(draw, programs=programs, blocks=st.integers(30, 200), replicas=st.in
         disagg=draw(st.sampled_from([None, None, "1P1D", "2P1D", "1P2D"])), local_prefill=draw(st.sampled_from([0, 64, 1000])),
         slow_link=draw(st.booleans()),
     )
+    # drawn last, so that the configurations above are those drawn before these joined:
+    # a quarter of the runs replay as many programs of a measured spec instead
+    if draw(st.integers(0, 3)) == 3:
+        progs = draw(spec_programs(*scale, n=len(progs)))
+        shared = shared if min(p[0][0] for p in progs) >= 32 else 0
+    trace = make_trace([[(i, o, None if t == len(p) - 1 else tool, None if t == len(p) - 1 else d)
+                         for t, (i, o, tool, d) in enumerate(p)] for p in progs], shared_prefix=shared)
+    return {"trace": _carry_and_hints(draw, trace, c["cache"]), **c}
 
 
 def _simulate(c, policy, ff=True, scheduler="simpy", **fields):
@@ -81,7 +143,7 @@ def test_invariants_under_random_configurations(c):
 # Where issue 36's hangs and deadlock were found: pools of 5-50 blocks, short calls (so
 # that most programs fit such a pool), 1-4 replicas. A run whose clock freezes is stopped
 # by the engine's progress watchdog within a second (a SimulationError), never a hang.
-tiny = configs(programs=_programs(40, 12), blocks=st.integers(5, 50), replicas=st.integers(1, 4))
+tiny = configs(programs=_programs(40, 12), blocks=st.integers(5, 50), replicas=st.integers(1, 4), scale=(40, 12))
 
 
 @SETTINGS

@@ -239,26 +239,28 @@ def _requires_argv(rule, args, tmp_path):
     if rule.command == "trace carry":
         return ["trace", "carry", "swebench", *args, "-o", out]
     if rule.command == "validate":
-        return ["validate", *args, "--out", str(tmp_path / "v")]
+        return ["validate", *args]
+    if rule.command == "calibrate":
+        return ["calibrate", *args, "--out", str(tmp_path / "p.json")]
     raise AssertionError(f"no command line for {rule.command!r}: add one here")
 
 
 def _all_rules():
     from agentsim.requires import RULES, rules
 
-    return [r for c in dict.fromkeys(r.command for r in RULES) for r in rules(c)]
+    return [r for c in dict.fromkeys([*(r.command for r in RULES), "calibrate"]) for r in rules(c)]
 
 
 @pytest.mark.parametrize("rule", _all_rules(), ids=lambda r: f"{r.command}:{r.flag}")
 def test_every_dependent_flag_is_refused_without_its_condition_and_accepted_with_it(rule, tmp_path, capsys):
     from agentsim import requires
-    from agentsim.cli import build_parser, command_key
+    from agentsim.cli import command_key, parse
     from sim.commands.run import config_from_args
 
     err = _cli(_requires_argv(rule, rule.without, tmp_path), capsys)
     assert err == f"error: {rule.line()}\n"
     argv = _requires_argv(rule, rule.with_, tmp_path)
-    args = build_parser(argv[0]).parse_args(argv)
+    args = parse(argv)
     view = config_from_args(args) if rule.command == "run" else args
     assert rule.given(view) and rule.holds(view)
     requires.check(command_key(args), view)  # no row of the command refuses it
@@ -282,6 +284,21 @@ def test_a_dependent_field_in_a_config_file_or_a_sweep_point_is_refused_too(tmp_
     assert "--disagg-link applies only with --disagg xPyD" in _cli(["run", "--config", str(cfg)], capsys)
     with pytest.raises(InputError, match="--disagg-local-prefill applies only with --disagg xPyD"):
         build_run({"programs": 2, "disagg_local_prefill": 5})
+    # given at its default value is given all the same: in the file, and on the command line over a file
+    cfg.write_text(json.dumps({"workload": {"programs": 2}, "cluster": {"disagg_link": "rdma-ndr"}}))
+    assert "--disagg-link applies only with --disagg xPyD" in _cli(["run", "--config", str(cfg)], capsys)
+    cfg.write_text(json.dumps({"workload": {"programs": 2}}))
+    assert "--disagg-prefill-queue applies only with" in _cli(["run", "--config", str(cfg), "--disagg-prefill-queue", "3"], capsys)
+    with pytest.raises(InputError, match="--router applies only with --replicas 2 or more"):
+        build_run({"programs": 2, "router": "session"})  # a sweep point's router axis on one replica
+
+
+def test_given_means_on_the_command_line_even_at_the_default_value():
+    from agentsim.cli import given_dests
+
+    assert given_dests(["validate", "--server-run", "r.json", "--jps", "2.0"]) == {"server_run", "jps"}
+    assert given_dests(["validate", "--server-run", "r.json"]) == {"server_run"}
+    assert given_dests(["trace", "resample", "s.parquet", "--seed", "0", "-o", "o.parquet"]) == {"sources", "seed", "output"}
 
 
 # --- resources before work: a huge count refused at once, naming the size and the limit ---
@@ -395,3 +412,65 @@ def test_roofline_max_model_len_above_the_models_is_refused_as_vllm_does(tmp_pat
     assert "--max-model-len 200000 exceeds the 131072 tokens meta-llama/Llama-3.1-8B-Instruct allows" in err and not out.exists()
     assert main(argv + ["--max-model-len", "131072"]) == 0
     capsys.readouterr()
+
+
+# --- bounds on every whole-number flag ------------------------------------------------------
+
+# traces/'s parsers (another change's files): listed until they get bounds of their own;
+# --shared-prefix is checked against the context when the trace is drawn (SHARED_PREFIX_MAX)
+UNBOUNDED = {("trace gen", "--shared-prefix"), ("trace import", "--output-tokens"), ("trace import", "--block-size"),
+             ("trace resample", "--max-context")}
+
+
+def _whole_number_flags():
+    import argparse
+
+    from agentsim.cli import build_parser
+
+    stack = [("", build_parser())]
+    while stack:
+        key, parser = stack.pop()
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                stack.extend((f"{key} {n}".strip(), p) for n, p in a.choices.items())
+            elif a.type is int or hasattr(a.type, "bounds"):
+                yield key, a
+
+
+def test_every_whole_number_flag_refuses_a_value_past_its_bound():
+    """Each whole-number flag of every command has an upper bound that refuses 2**64 (sim run's
+    through its config field, the others through agentsim.bounds.int_flag), and a lower one."""
+    import argparse
+
+    from agentsim.errors import InputError
+    from sim.run.config import from_flat, parse_config
+
+    unbounded, seen = set(), 0
+    for key, a in _whole_number_flags():
+        seen += 1
+        if key == "run":
+            for bad in (2**64, -1):
+                with pytest.raises(InputError, match="less than or equal|greater than or equal"):
+                    parse_config(from_flat({a.dest: bad}), "sim run", style="flag")
+        elif hasattr(a.type, "bounds"):
+            low, high = a.type.bounds
+            assert low >= 0 and high <= 2**63 - 1, a.option_strings
+            for bad in (high + 1, low - 1):
+                with pytest.raises(argparse.ArgumentTypeError):
+                    a.type(str(bad))
+        else:
+            unbounded.add((key, a.option_strings[-1]))
+    assert unbounded == UNBOUNDED and seen > 50
+
+
+@pytest.mark.parametrize("argv", [
+    ["calibrate", "--max-num-seqs", "0", "--out", "p.json"], ["validate", "--max-context", "-5"],
+    ["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--tp", "16"],
+    ["plan", "--trace", "swebench", "--jps", "1", "--slo", "p95_jct<=60", "--num-gpu-blocks", "0", "--out", "o"],
+    ["tune", "--trials", str(2**64), "--out", "o"],
+])
+def test_count_flags_out_of_bounds_are_one_line(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = _cli(argv, capsys)
+    assert "is below" in err or "is above" in err, err
+    assert err.count("\n") == 1 and not any(tmp_path.iterdir())

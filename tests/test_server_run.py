@@ -94,8 +94,9 @@ def test_old_result_without_start_times(tmp_path):
     (_result(ttfts=[-1.0] * 6), [], "malformed"),
     (_result(model_id="meta-llama/Llama-3.1-8B-Instruct"), [], "give --profile of the served model"),
     ({k: v for k, v in _result().items() if k != "start_times"}, [], "arrivals are unknown"),
-    (_result(), ["--trace", "swebench"], "--trace does not apply with --server-run"),
-    (_result(), ["--out", "x"], "--out does not apply"),
+    (_result(), ["--trace", "swebench"], "--trace applies only with a real engine run (not --server-run)"),
+    (_result(), ["--out", "x"], "--out applies only with a real engine run"),
+    (_result(), ["--jps", "2.0"], "--jps applies only with a real engine run"),  # at its default value: given all the same
 ])
 def test_refused_with_one_line(tmp_path, capsys, data, args, says):
     path = _write(tmp_path, data)

@@ -19,7 +19,7 @@ from agentsim.errors import InputError
 from conftest import linear_profile, make_trace, random_trace, simulate
 from policies.registry import POLICIES
 from sim.cluster.router import router_names
-from test_properties import EXAMPLES, SETTINGS, _simulate, configs
+from test_properties import EXAMPLES, SETTINGS, _carry_and_hints, _simulate, configs
 
 pytestmark = pytest.mark.engine
 
@@ -318,15 +318,17 @@ def test_twin_under_random_configurations(c):
 @st.composite
 def busy_runs(draw):
     """Runs of 8-40 random programs on 80-300 blocks (pools under pressure for longer than
-    configs()' short runs: all-preempted passes, pin victims, tier evictions)."""
+    configs()' short runs: all-preempted passes, pin victims, tier evictions), with carry
+    modes and client retention hints drawn as configs() draws them."""
     seed, n = draw(st.integers(0, 2**32 - 1)), draw(st.integers(8, 40))
     rng = np.random.default_rng(seed)
-    return dict(trace=random_trace(rng, n, max_turns=draw(st.integers(2, 8))),
-                arrivals=np.cumsum(rng.exponential(draw(st.sampled_from([0.05, 0.3, 1.0])), n)),
-                policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(st.integers(80, 300)),
-                seqs=draw(st.sampled_from([4, 16, 256])), replicas=draw(st.integers(1, 3)),
-                router=draw(st.sampled_from(router_names())),
-                offload=draw(st.sampled_from([None, "cpu:1MiB@0.004096", "cpu:512KiB@0.004096,ssd:2MiB@0.001"])))
+    c = dict(trace=random_trace(rng, n, max_turns=draw(st.integers(2, 8))),
+             arrivals=np.cumsum(rng.exponential(draw(st.sampled_from([0.05, 0.3, 1.0])), n)),
+             policy=draw(st.sampled_from(sorted(POLICIES))), blocks=draw(st.integers(80, 300)),
+             seqs=draw(st.sampled_from([4, 16, 256])), replicas=draw(st.integers(1, 3)),
+             router=draw(st.sampled_from(router_names())),
+             offload=draw(st.sampled_from([None, "cpu:1MiB@0.004096", "cpu:512KiB@0.004096,ssd:2MiB@0.001"])))
+    return {**c, "trace": _carry_and_hints(draw, c["trace"], "vllm")}  # drawn last: the runs above stay those drawn before
 
 
 @SETTINGS

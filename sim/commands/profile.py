@@ -30,13 +30,13 @@ def register(sub) -> None:
                                   "provenance.source says which.")
     r.add_argument("--gpu", required=True, help=f"one of {gpus}")
     r.add_argument("--model", required=True, help=f"one of {models}")
-    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1-8, dividing the attention heads)")
-    r.add_argument("--ep", type=int, default=1,
+    r.add_argument("--tp", type=int_flag(1, 8), default=1, help="tensor-parallel GPUs (1-8, dividing the attention heads)")
+    r.add_argument("--ep", type=int_flag(1, 8), default=1,
                    help="MoE models: expert-parallel GPUs (1-8, dividing the experts; attention data-parallel), instead of --tp")
     r.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's, in (0, 1] (default 0.9)")
-    r.add_argument("--max-num-batched-tokens", type=int, default=None,
+    r.add_argument("--max-num-batched-tokens", type=int_flag(1, COUNT_MAX), default=None,
                    help="vLLM's token budget; sizes the profile run's activation peak (default: vLLM's for the GPU)")
-    r.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's; sizes the sampler's dummy run (default: vLLM's)")
+    r.add_argument("--max-num-seqs", type=int_flag(1, COUNT_MAX), default=None, help="vLLM's; sizes the sampler's dummy run (default: vLLM's)")
     r.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: vLLM then reserves no graph pool")
     r.add_argument("--max-model-len", type=int_flag(1, COUNT_MAX), default=None,
                    help="default: the model's, capped to what the KV cache holds")

@@ -8,6 +8,7 @@ from pathlib import Path
 from sim.run.bound import BOUNDABLE, Bound, parse_limit
 from sim.study.tune import ALIASES, OBJECTIVES, RUNS, SLO_METRICS, SPAN, Question, apply_param, derive_space, fixed_axes, \
     markdown, parse_objectives, parse_seeds, policies_from, tune
+from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
 from agentsim.errors import InputError
 
 
@@ -23,11 +24,11 @@ def register(sub) -> None:
                                    f"tune.md, result.json (the same for scripts), tune.png; runs go to DIR/{RUNS}/ (a rerun resumes). Deterministic given --seed, "
                                    "whatever --workers.")
     p.add_argument("--trace", default="swebench", help="bundled trace name or parquet path (e.g. from `sim trace gen`)")
-    p.add_argument("--programs", type=int, default=None, help="the trace's first N programs")
+    p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=None, help="the trace's first N programs")
     p.add_argument("--jps", type=float, required=True, help="load: programs per second (Poisson arrivals)")
     p.add_argument("--profile", default=None, help="hardware profile (bundled name or JSON path)")
-    p.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool in blocks (at most the profile's)")
-    p.add_argument("--replicas", type=int, default=None, help="replicas (default 1)")
+    p.add_argument("--num-gpu-blocks", type=int_flag(1, COUNT_MAX), default=None, help="KV pool in blocks (at most the profile's)")
+    p.add_argument("--replicas", type=int_flag(1, COUNT_MAX), default=None, help="replicas (default 1)")
     p.add_argument("--router", default=None, help="router across replicas (default round_robin)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=V",
                    help="any other run axis held for every trial, e.g. --set max_num_seqs=128 (repeatable)")
@@ -41,13 +42,13 @@ def register(sub) -> None:
     p.add_argument("--slo", default=None, metavar="METRIC<=SECONDS",
                    help=f"a constraint on the mean over tuning seeds, e.g. 'p95_jct<=60' ({', '.join(SLO_METRICS)}); "
                         "a trial missing it is never chosen")
-    p.add_argument("--trials", type=int, default=100, help="trials in all, the fixed policies included (default 100)")
+    p.add_argument("--trials", type=int_flag(1, COUNT_MAX), default=100, help="trials in all, the fixed policies included (default 100)")
     p.add_argument("--seeds", default="0,1", help="arrival seeds a trial runs on (default 0,1)")
     p.add_argument("--holdout-seeds", default="2,3,4", help="seeds for the held-out check, none of --seeds ('none': skip)")
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
-    p.add_argument("--batch", type=int, default=8, help="trials asked at a time (default 8; the search depends on it, "
+    p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="the sampler's seed (default 0)")
+    p.add_argument("--batch", type=int_flag(1, COUNT_MAX), default=8, help="trials asked at a time (default 8; the search depends on it, "
                                                         "not on --workers)")
-    p.add_argument("--workers", type=int, default=1, help="local processes (default 1: in this process)")
+    p.add_argument("--workers", type=int_flag(1, 4096), default=1, help="local processes (default 1: in this process)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="run on an existing Dask cluster (scheduler address)")
     p.add_argument("--no-early-stop", action="store_true",
                    help=f"run every run to its end (by default runs stop once they cannot win; {', '.join(BOUNDABLE)})")

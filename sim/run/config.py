@@ -77,7 +77,7 @@ class _Section(BaseModel):
 class WorkloadConfig(_Section):
     trace: str = Field("swebench", description="bundled trace name (swebench, bfcl) or parquet path")
     programs: Count | None = Field(None, description="use only the first N programs")
-    turn_repeat: Annotated[JSONInt, Field(ge=1)] = Field(
+    turn_repeat: Annotated[JSONInt, Field(ge=1, le=COUNT_MAX)] = Field(
         1, description="turns xN, tokens /N (the paper's Fig. 14; traces/transform.py)")
     jps: JSONFloat | None = Field(None, description="program arrivals per second (Poisson); default: the trace's arrivals, else 0.2")
     seed: Annotated[JSONInt, Field(ge=0, le=SEED_MAX)] = Field(0, description="arrival seed")
@@ -136,10 +136,10 @@ class ClusterConfig(_Section):
     disagg_link: str = Field(
         DEFAULT_LINK, description="with --disagg, the prefill->decode KV link: rdma-ndr (InfiniBand 400 Gb/s, the default), "
                                   "rdma-hdr, nvlink4, nvlink5 (figures and sources: sim/hardware/specs/gpus.json kv_transfer)")
-    disagg_local_prefill: Annotated[JSONInt, Field(ge=0)] = Field(
+    disagg_local_prefill: Annotated[JSONInt, Field(ge=0, le=COUNT_MAX)] = Field(
         MAX_LOCAL_PREFILL, description="with --disagg, a prefill of at most this many tokens the decode replica has not "
                                        "cached runs on it (Dynamo's max_local_prefill_length)")
-    disagg_prefill_queue: Annotated[JSONInt, Field(ge=0)] = Field(
+    disagg_prefill_queue: Annotated[JSONInt, Field(ge=0, le=COUNT_MAX)] = Field(
         MAX_PREFILL_QUEUE, description="with --disagg, prefill on the decode replica while this many calls wait for a "
                                        "prefill replica (Dynamo's max_prefill_queue_size)")
     cache: CacheModel = Field(
@@ -157,7 +157,12 @@ class SimConfig(_Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+        """Every field but those whose condition fails (agentsim/requires.py: a flag given
+        without its condition is refused, so a rerun of this file must not give them)."""
+        data = self.model_dump(mode="json")
+        for sec, field in requires.inapplicable(self):
+            data[sec].pop(field, None)
+        return json.dumps(data, indent=2) + "\n"
 
 
 SECTIONS = {"workload": WorkloadConfig, "policy": PolicyConfig, "engine": EngineLimits, "cluster": ClusterConfig}

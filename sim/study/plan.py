@@ -489,7 +489,7 @@ def register(sub) -> None:
     p.add_argument("--max-replicas", type=int_flag(1, 4096), default=16)
     p.add_argument("--seeds", default="0", help="comma-separated arrival seeds; the metric is their mean")
     p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=None, help="the trace's first N programs")
-    p.add_argument("--num-gpu-blocks", type=int, default=None, help="cut every candidate's KV pool to N blocks")
+    p.add_argument("--num-gpu-blocks", type=int_flag(1, COUNT_MAX), default=None, help="cut every candidate's KV pool to N blocks")
     p.add_argument("--out", required=True, help="directory: results.parquet (resumable), plan.parquet, plan.md, plan.png")
     p.add_argument("--md", default=None, help="also write the plan's markdown here")
     p.add_argument("--workers", type=int_flag(1, 4096), default=1, help="points in flight per round (local processes)")

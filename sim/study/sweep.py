@@ -230,7 +230,8 @@ def point_config(point: dict) -> SimConfig:
     for name, low in (("seed", 0), ("rep", 0), ("replicas", 1)):
         if p[name] < low:
             raise InputError(f"axis {name!r} must be >= {low} (got {p[name]})")
-    data = from_flat({k: p[k] for k in RUN_AXES}, {k: p[k] for k in policy_params(p["policy"])},
+    # a point holds every axis: one away from its default is the one given (agentsim/requires.py)
+    data = from_flat({k: p[k] for k, (_, d) in RUN_AXES.items() if p[k] != d}, {k: p[k] for k in policy_params(p["policy"])},
                      router_args={k: p[k] for k in router_params(p["router"])})
     return parse_config(data, "sweep point", style="axis")
 
