@@ -234,6 +234,53 @@ def test_a_registered_policy_is_searched_without_edits(registered, tmp_path):
     assert {json.loads(p)["offset"] for p in mine["params"]} == {0.0}
 
 
+def test_default_search_keeps_to_what_a_deployment_can_run():
+    """The oracle (true tool durations) is searched only when named; infercept by default
+    holds true_tool_time=False, in its fixed trial too; named, it is searched as declared."""
+    from sim.commands.tune import register
+    import argparse
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers())
+    q = __import__("sim.commands.tune", fromlist=["question"]).question(
+        ap.parse_args(["tune", *WORK, "-o", "x"]))
+    assert "oracle" not in q.spaces and "continuum" in q.spaces
+    inf = q.spaces["infercept"]
+    assert inf.held["true_tool_time"] is False and inf.fixed == {"true_tool_time": False}
+    assert "true_tool_time" not in {d.name for d in inf.dims}
+    named = __import__("sim.commands.tune", fromlist=["question"]).question(
+        ap.parse_args(["tune", *WORK, "--policies", "oracle,infercept", "-o", "x"]))
+    assert set(named.spaces) == {"oracle", "infercept"} and named.spaces["infercept"].fixed == {}
+    assert "true_tool_time" in {d.name for d in named.spaces["infercept"].dims}
+    # a user's --param takes the parameter over: the fixed trial at the declared default
+    spaces = {"infercept": T.derive_space("infercept", deployed=True)}
+    T.apply_param(spaces, "true_tool_time=true,false")
+    assert spaces["infercept"].fixed == {}
+
+
+def test_every_policy_reading_the_future_says_so():
+    """A policy whose code reads Request.true_tool_duration (only the simulator knows it)
+    declares Policy.deployable (False, or the parameters that turn it off)."""
+    import inspect
+    for name, cls in registry.POLICIES.items():
+        src = "".join(inspect.getsource(c) for c in cls.__mro__ if c.__module__.startswith("policies.")
+                      and c.__name__ != "Policy")
+        if ".true_tool_duration" in src:  # an attribute read (a docstring may name it)
+            assert T.deployable(name) is not True, name
+    assert T.deployable("oracle") is False and T.deployable("vllm") is True
+
+
+def test_fixed_trial_takes_the_deployable_values(tmp_path):
+    t = tune(tmp_path / "d", "--policies", "vllm,infercept", "--trials", "4", "--holdout-seeds", "none")
+    base = t[t["baseline"] & (t["policy"] == "infercept")]
+    assert len(base) == 1 and json.loads(base["params"].iloc[0])["true_tool_time"] is True  # named: as declared
+    q = T.Question(FIXED, {"infercept": T.derive_space("infercept", deployed=True)}, seeds=(0,), holdout=(),
+                   trials=2, batch=2)
+    res = T.search(q, tmp_path / "e")
+    fixed = res.trials[res.trials["baseline"]]
+    assert json.loads(fixed["params"].iloc[0])["true_tool_time"] is False
+    assert all(json.loads(p)["true_tool_time"] is False for p in res.trials["params"])
+
+
 @pytest.mark.parametrize("extra, match", [
     (["--policies", "vllm,nosuch"], "unknown policy 'nosuch'"),
     (["--param", "continuum.nosuch=1:2"], "has no parameter 'nosuch'"),

@@ -94,10 +94,12 @@ class Dim:
 
 @dataclass
 class Space:
-    """A policy's searched dimensions and the parameters held (name -> value)."""
+    """A policy's searched dimensions and the parameters held (name -> value); `fixed`:
+    the values its fixed (reference) trial takes other than its defaults."""
     policy: str
     dims: list[Dim]
     held: dict[str, object]
+    fixed: dict[str, object] = field(default_factory=dict)
 
 
 def _limits(metadata) -> tuple[float, bool, float, bool]:
@@ -121,10 +123,23 @@ def _choices(metadata) -> tuple:
     return ()
 
 
-def derive_space(policy: str) -> Space:
-    """The default search space of a policy, from its declared parameters (module docstring)."""
+def deployable(policy: str) -> bool | dict:
+    """Policy.deployable of a registered policy: True, False (it reads what only the
+    simulator knows) or {parameter: value} (deployable with those values)."""
+    return getattr(POLICIES[policy], "deployable", True)
+
+
+def derive_space(policy: str, deployed: bool = False) -> Space:
+    """The default search space of a policy, from its declared parameters (module docstring);
+    `deployed`: the parameters a deployment must hold (Policy.deployable) are held at
+    those values, in its fixed trial too."""
     dims, held = [], {}
+    must = deployable(policy) if deployed else True
+    fixed = dict(must) if isinstance(must, dict) else {}
     for name, f in params_model(policy).model_fields.items():
+        if name in fixed:
+            held[name] = fixed[name]
+            continue
         kind, d = scalar_kind(f.annotation), f.default
         lo, lo_ex, hi, hi_ex = _limits(f.metadata)
         choices = _choices(f.metadata)
@@ -147,7 +162,7 @@ def derive_space(policy: str) -> Space:
                 held[name] = d
         else:
             held[name] = d
-    return Space(policy, dims, held)
+    return Space(policy, dims, held, fixed)
 
 
 def _check_value(policy: str, name: str, value, text: str):
@@ -183,6 +198,7 @@ def apply_param(spaces: dict[str, Space], text: str) -> None:
         kind = scalar_kind(f.annotation)
         s.dims = [d for d in s.dims if d.name != name]
         s.held.pop(name, None)
+        s.fixed.pop(name, None)  # the user's search of it: the fixed trial at its declared default
         parts = spec.split(":")
         if len(parts) in (2, 3) and kind in (int, float) and (len(parts) == 2 or parts[2].strip().lower() == "log"):
             low, high = (_check_value(p, name, v.strip(), text) for v in parts[:2])
@@ -417,7 +433,7 @@ def search(q: Question, out: Path, workers: int = 1, dask: str | None = None, pr
             tqdm(total=q.trials, desc="tune", unit="trial", disable=not progress, leave=False) as bar:
         # the fixed policies first: the reference of the gain, and the first best for pruning
         # (in batches too: a fixed policy that cannot beat an earlier one is not the reference either)
-        base = [Trial(i, p, dict(policy_params(p)), {}, True) for i, p in enumerate(families)]
+        base = [Trial(i, p, {**policy_params(p), **q.spaces[p].fixed}, {}, True) for i, p in enumerate(families)]
         for i in range(0, len(base), q.batch):
             run_batch(base[i:i + q.batch], bound_now(base[:i]))
             bar.update(len(base[i:i + q.batch]))
@@ -721,10 +737,11 @@ def parse_seeds(text: str, flag: str, empty: bool = False) -> tuple[int, ...]:
 
 
 def policies_from(text: str | None) -> list[str]:
-    """--policies a,b,c, or every registered policy (plugins included)."""
+    """--policies a,b,c, or every registered policy (plugins included) a deployment could
+    run (Policy.deployable not False: the oracle is searched only when named)."""
     if text is None:
         load_plugins()
-        return list(POLICIES)
+        return [p for p in POLICIES if deployable(p) is not False]
     names = list(dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip()))
     if not names:
         raise InputError("--policies names no policy; give e.g. --policies continuum,static-ttl")
