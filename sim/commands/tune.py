@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 
 from sim.run.bound import BOUNDABLE, Bound, parse_limit
-from sim.study.tune import ALIASES, OBJECTIVES, RUNS, SLO_METRICS, SPAN, Question, apply_param, derive_space, fixed_axes, \
-    markdown, parse_objectives, parse_seeds, policies_from, tune
+from sim.study.tune import ALIASES, OBJECTIVES, RUNS, SLO_METRICS, Question, fixed_axes, parse_objectives, parse_seeds, \
+    policies_from, tune
+from sim.study.tune_report import markdown
+from sim.study.tune_space import SPAN, apply_param, derive_space
 from agentsim.errors import InputError
 
 
