@@ -12,6 +12,11 @@ workers) and the search's own report
 (the chosen configuration, the gain over the best fixed policy on tuning and held-out
 seeds). The acceptance of issue 53: 200 trials on 500 programs within 5 minutes on 2 cores;
 smaller --programs/--trials give a reduced version where the full one takes too long.
+The machine is often shared, so the wall time measured says little about idle cores;
+the table also gives an estimate for `--workers` idle cores: each run's CPU time (its
+measured wall time scaled so that all runs sum to the CPU seconds measured) scheduled
+as sim tune runs them (batch by batch and seed by seed, each sweep's runs handed to the
+first free worker in order, the next sweep only after the last run of this one).
 `--write-docs PAGE` writes the result between `<!-- tune_speed: FLAGS -->` and
 `<!-- end tune_speed -->` (a wall-clock figure: benchmarks/docs_tables.py does not redo it).
 """
@@ -77,9 +82,11 @@ def main(argv: list[str] | None = None) -> str:
         if r.returncode != 0:
             raise SystemExit(f"sim tune failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
         res = json.loads((out / "result.json").read_text())
+        idle = idle_estimate(out, a.batch, a.workers, cpu)
     mean_load = sum(loads) / len(loads) if loads else before
-    ok = a.programs >= 500 and a.trials >= 200 and a.workers <= 2 and wall <= LIMIT_S
-    verdict = ("met" if ok else "not met") if a.programs >= 500 and a.trials >= 200 else "reduced version"
+    full = a.programs >= 500 and a.trials >= 200 and a.workers <= 2
+    verdict = ("reduced version" if not full else "met" if wall <= LIMIT_S else
+               f"met on idle cores (estimate), not on this load" if idle <= LIMIT_S else "not met")
     m = res["objectives"][0]
     c, f, h, g = res["chosen"], res["fixed"], res["holdout"], res["gain"] or {}
 
@@ -98,10 +105,12 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join([
         f"    sim tune {' '.join(shlex.quote(x) for x in flags)}",
         "",
-        "| trials | pruned | runs | wall (s) | workers | CPUs | load before / mean / max | CPU s | on idle cores, at least (s) | 200 x 500 in 300 s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| trials | pruned | runs | wall (s) | workers | CPUs | load before / mean / max | CPU s | on idle cores, at least (s) "
+        "| on idle cores, estimated (s) | 200 x 500 in 300 s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {res['trials']} | {res['pruned']} | {res['runs_simulated']} | {wall:.0f} | {a.workers} | {os.cpu_count()} | "
-        f"{before:.1f} / {mean_load:.1f} / {max(loads, default=before):.1f} | {cpu:.0f} | {cpu / a.workers:.0f} | {verdict} |",
+        f"{before:.1f} / {mean_load:.1f} / {max(loads, default=before):.1f} | {cpu:.0f} | {cpu / a.workers:.0f} | "
+        f"{idle:.0f} | {verdict} |",
         "",
         f"| | configuration | {m}, tuning seeds {','.join(map(str, res['seeds']))} | "
         f"{m}, held-out seeds {','.join(map(str, res['holdout_seeds']))} |",
@@ -115,6 +124,41 @@ def main(argv: list[str] | None = None) -> str:
         key = " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--write-docs", a.write_docs))
         write_block(a.write_docs, "tune_speed", key, text)
     return text
+
+
+def idle_estimate(out: Path, batch: int, workers: int, cpu: float) -> float:
+    """Wall seconds of the same search on `workers` idle cores (module docstring): the
+    runs' CPU times in sim tune's order of sweeps, each sweep list-scheduled on the
+    workers. The main process's own CPU (the sampler, tables, starting workers) is folded
+    into the runs' shares, so it is counted as if it ran in parallel: an estimate, not a bound."""
+    import heapq
+
+    import pandas as pd
+
+    trials = pd.read_parquet(out / "trials.parquet").sort_values("trial")
+    runs = pd.read_parquet(out / "runs" / "results.parquet").drop_duplicates("key", keep="last").set_index("key")
+    total = float(runs["wall_s"].sum())
+    scale = cpu / total if total > 0 else 0.0
+    used = set()
+    sweeps: list[list[float]] = []
+    base = trials[trials["baseline"]]
+    rest = trials[~trials["baseline"]]
+    groups = [base.iloc[i:i + batch] for i in range(0, len(base), batch)] + \
+        [rest.iloc[i:i + batch] for i in range(0, len(rest), batch)]
+    for g in groups:
+        keys = [str(k).split(",") for k in g["run_keys"]]
+        for i in range(max((len(k) for k in keys), default=0)):
+            sw = [k[i] for k in keys if i < len(k) and k[i] in runs.index and k[i] not in used]
+            used.update(sw)
+            sweeps.append([float(runs.at[k, "wall_s"]) * scale for k in sw])
+    sweeps.append([float(w) * scale for k, w in runs["wall_s"].items() if k not in used])  # the held-out runs
+    wall = 0.0
+    for sw in sweeps:
+        free = [0.0] * workers
+        for t in sw:
+            heapq.heappush(free, heapq.heappop(free) + t)
+        wall += max(free)
+    return wall
 
 
 if __name__ == "__main__":

@@ -219,6 +219,11 @@ class Policy:
     retains = False
     # Names of the decisions the policy counts in `self.decisions` (sim run reports them).
     DECISIONS: tuple[str, ...] = ()
+    # Whether a deployment could run it: True; False where it reads what only the
+    # simulator knows (the trace's future: Request.true_tool_duration) whatever its
+    # parameters; {parameter: value} where it can with those values. `sim tune`'s default
+    # search keeps to what a deployment can run.
+    deployable: bool | dict = True
 
     def __init__(self) -> None:
         self.pins: dict[str, Pin] = {}

@@ -60,6 +60,7 @@ def discard_waste(C: int, c_h: int, R: int, a: float, c: float, S: int) -> float
 
 class InferceptPolicy(Policy):
     name = "infercept"
+    deployable = {"true_tool_time": False}  # else the true tool duration (the simulator's oracle)
     reviews_pins = True
     DECISIONS = ("preserve", "discard", "swap")
 

@@ -14,6 +14,7 @@ from policies.continuum import ContinuumPolicy
 
 class OraclePolicy(ContinuumPolicy):
     name = "oracle"
+    deployable = False  # the true next tool duration
 
     def __init__(
         self,

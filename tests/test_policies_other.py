@@ -250,3 +250,34 @@ def test_finish_stats_are_the_papers_T_and_M():
     st.record(req(4), 5.0, 10)  # window 2: T over the last two delays
     assert st.queue_delay() == 4.0
     assert st.avg_request_blocks() == 6.0
+
+
+def test_autellix_order_key_is_its_level_then_arrival():
+    """order_key inlines level() (the hot path of every step's sort): on random states the
+    same key and the same promotions as level() on a twin policy."""
+    import random
+    from policies.autellix import AutellixPolicy
+    rng = random.Random(3)
+    a, b = AutellixPolicy(), AutellixPolicy()
+    reqs = []
+    for i in range(300):
+        pid = f"p{rng.randrange(20)}"
+        r = Request(f"r{i}", pid, 0, rng.uniform(0, 50), 0.0, 10, exec_time=rng.choice([0.0, rng.uniform(0, 1)]))
+        waited = rng.uniform(0, 2) if i % 3 else 0.0
+        for pol in (a, b):
+            pol.on_arrival(r, r.arrival)
+            pol.wait[pid] += waited
+        reqs.append(r)
+    for step in range(5):
+        now = 50 + 10 * step
+        for r in reqs:
+            assert a.order_key(r, now, None) == (b.level(r, now), r.arrival, r.req_id)
+    assert a.promoted == b.promoted and a.promoted and a.queued_at == b.queued_at
+    # the edges: service on a bound is in the queue it opens; a wait of exactly beta x service starves
+    c = AutellixPolicy()
+    on_bound = Request("e1", "q1", 0, 1.0, 1.0, 10, exec_time=0.02)
+    starved = Request("e2", "q2", 0, 1.0, 1.0, 10, exec_time=0.5)
+    for r in (on_bound, starved):
+        c.on_arrival(r, r.arrival)
+    c.wait["q2"] = 8.0 * 0.5
+    assert c.order_key(on_bound, 1.0, None)[0] == 1 and c.order_key(starved, 1.0, None)[0] == 0

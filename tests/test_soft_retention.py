@@ -315,3 +315,120 @@ def test_retaining_pool_over_the_compiled_pool_is_the_same():
     assert pools[0].retainer.evicted == pools[1].retainer.evicted > 0
     for p in pools:
         p.check()
+
+
+# ---- the evictor's rules, one test each, on both engines' pools ------------------------------
+# What they follow (vLLM PR #38514's block_pool.get_new_blocks and priority_eviction_queue):
+# the LRU free queue first, then retained blocks by ascending priority, oldest freed first
+# within one; expired retention is released at the next allocation to the queue's tail; a
+# block whose retention ended before it was freed joins the queue as any other.
+
+class _SimEngine:
+    def __init__(self, n):
+        self.p = RetainingPool(PyBlockPool(n, 16))
+        self.p.cache_many(self.p.allocate(n), [f"k{b}" for b in range(n)])
+
+    def free(self, b, now, spec=None):
+        free_one(self.p, b, now, spec)
+
+    def allocate(self, k, now):
+        self.p.now = now
+        return self.p.allocate(k)
+
+    def hit(self, b, now):
+        self.p.now = now
+        assert self.p.lookup([f"k{b}"]) == [b]
+        self.p.touch([b])
+
+    def retained(self):
+        return sorted(self.p.retainer.retained)
+
+
+class _VllmEngine:
+    """vLLM's own BlockPool as the twin installs it (block b here is vLLM's b + 1: its null block is 0)."""
+
+    def __init__(self, n):
+        pytest.importorskip("vllm")
+        from vllm.v1.core.block_pool import BlockPool
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        from sim.vllm_replica.retention import install
+        self.t = 0.0
+        self.p = install(BlockPool(n + 1, True, 16), lambda: self.t)
+        self.hashes = {}
+        for blk in self.p.get_new_blocks(n):
+            h = make_block_hash_with_group_id(f"k{blk.block_id - 1}".encode(), 0)
+            self.hashes[blk.block_id - 1] = h
+            self.p._insert_block_hash(h, blk, 16)
+
+    def free(self, b, now, spec=None):
+        self.t = now
+        if spec is not None:
+            self.p.retainer.set([b + 1], *spec)
+        self.p.free_blocks([self.p.blocks[b + 1]])
+
+    def allocate(self, k, now):
+        self.t = now
+        return [x.block_id - 1 for x in self.p.get_new_blocks(k)]
+
+    def hit(self, b, now):
+        self.t = now
+        assert self.p.cached_block_hash_to_block.get_one_block(self.hashes[b]) is self.p.blocks[b + 1]
+        self.p.touch([self.p.blocks[b + 1]])
+
+    def retained(self):
+        return sorted(i - 1 for i in self.p.retainer.retained)
+
+
+ENGINES = {"simulator": _SimEngine, "vllm": _VllmEngine}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rule_every_unretained_block_goes_before_any_retained_one_even_priority_0(engine):
+    e = ENGINES[engine](4)
+    e.free(0, 0.0, (0, math.inf, None))
+    e.free(1, 1.0)
+    e.free(2, 2.0, (0, math.inf, None))
+    e.free(3, 3.0)
+    assert e.allocate(4, 4.0) == [1, 3, 0, 2]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rule_retained_blocks_by_ascending_priority_then_oldest_freed(engine):
+    e = ENGINES[engine](5)
+    for t, (b, prio) in enumerate([(0, 70), (1, 20), (2, 70), (3, 20), (4, 45)]):
+        e.free(b, float(t), (prio, math.inf, None))
+    assert e.allocate(5, 9.0) == [1, 3, 4, 0, 2]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rule_expired_retention_joins_the_queue_tail_at_the_next_allocation(engine):
+    e = ENGINES[engine](4)
+    e.free(0, 0.0, (90, 2.0, None))  # ends at 2
+    e.free(1, 0.0, (90, 1.0, None))  # ends at 1
+    e.free(2, 3.0)                   # unretained, freed after both ended, before any allocation
+    e.free(3, 3.5, (10, math.inf, None))
+    assert e.retained() == [0, 1, 3]  # nothing looked at the clock yet
+    assert e.allocate(4, 4.0) == [2, 1, 0, 3]  # after 2 (queued earlier), in the order they ended
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rule_a_block_freed_after_its_retention_ended_is_plain(engine):
+    e = ENGINES[engine](3)
+    e.free(0, 0.0, (10, math.inf, None))
+    e.free(1, 5.0, (90, 4.0, None))  # already over when freed: the queue, as freed
+    e.free(2, 6.0)
+    assert e.retained() == [0]
+    assert e.allocate(3, 7.0) == [1, 2, 0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rule_a_hit_takes_a_retained_block_and_its_spec_stays_for_the_next_free(engine):
+    e = ENGINES[engine](3)
+    e.free(0, 0.0, (50, 100.0, None))
+    e.free(1, 0.0)
+    e.hit(0, 1.0)
+    assert e.retained() == []
+    e.free(0, 2.0)  # no new spec: the block's own brings it back to the retained set
+    e.free(2, 3.0)
+    assert e.retained() == [0] and e.allocate(3, 4.0) == [1, 2, 0]

@@ -17,6 +17,8 @@ from agentsim.cli import main
 from policies import registry
 from policies.base import Action, Policy, Retention
 from sim.study import tune as T
+from sim.study import tune_report as R
+from sim.study import tune_space as S
 from sim.study.sweep import load_results, point_key, canonical, run_point
 
 # A small case under memory pressure, where continuum's parameters matter.
@@ -152,7 +154,7 @@ def test_multi_objective_pareto(tmp_path):
     t = tune(tmp_path / "m", "--objective", "mean_jct,p95_jct", "--trials", "10")
     assert t["bound"].isna().all()  # nothing bounds several objectives
     q = T.Question({}, {}, ("mean_jct", "p95_jct"))
-    front = t[T.pareto_mask(q, t)]
+    front = t[R.pareto_mask(q, t)]
     done = t[t["state"] == "complete"]
     for r in front.to_dict("records"):  # no trial beats a front member in both
         assert not ((done["mean_jct"] <= r["mean_jct"]) & (done["p95_jct"] <= r["p95_jct"])
@@ -203,22 +205,22 @@ def registered(monkeypatch):
 
 
 def test_space_from_declared_parameters(registered):
-    s = T.derive_space("test-hold")
+    s = S.derive_space("test-hold")
     dims = {d.name: d for d in s.dims}
     assert dims["hold"].kind == "float" and dims["hold"].log
-    assert dims["hold"].low == pytest.approx(2.0 / T.SPAN) and 2.0 < dims["hold"].high < 5  # the declared lt
+    assert dims["hold"].low == pytest.approx(2.0 / S.SPAN) and 2.0 < dims["hold"].high < 5  # the declared lt
     assert dims["on"].choices == (False, True) and dims["flavour"].choices == ("plain", "fancy")
     assert s.held == {"offset": 0.0, "note": "x,y"}  # no scale (0) and free text: held
-    k = {d.name: d for d in T.derive_space("continuum").dims}["T_window"]
-    assert k.kind == "int" and k.low >= 1 and k.high == 100 * T.SPAN
+    k = {d.name: d for d in S.derive_space("continuum").dims}["T_window"]
+    assert k.kind == "int" and k.low >= 1 and k.high == 100 * S.SPAN
 
 
 def test_param_overrides(registered):
-    spaces = {"test-hold": T.derive_space("test-hold"), "continuum": T.derive_space("continuum")}
-    T.apply_param(spaces, "offset=0:3")
-    T.apply_param(spaces, "test-hold.hold=0.5,1.5")
-    T.apply_param(spaces, "K=40")
-    T.apply_param(spaces, "test-hold.note=a,b")  # free text: held as a whole
+    spaces = {"test-hold": S.derive_space("test-hold"), "continuum": S.derive_space("continuum")}
+    S.apply_param(spaces, "offset=0:3")
+    S.apply_param(spaces, "test-hold.hold=0.5,1.5")
+    S.apply_param(spaces, "K=40")
+    S.apply_param(spaces, "test-hold.note=a,b")  # free text: held as a whole
     dims = {d.key: d for s in spaces.values() for d in s.dims}
     assert (dims["test-hold.offset"].low, dims["test-hold.offset"].high, dims["test-hold.offset"].log) == (0, 3, False)
     assert dims["test-hold.hold"].choices == (0.5, 1.5)
@@ -232,6 +234,53 @@ def test_a_registered_policy_is_searched_without_edits(registered, tmp_path):
     mine = t[(t["policy"] == "test-hold") & ~t["baseline"]]
     assert len(mine) and mine["test-hold.hold"].between(0.25, 5).all()
     assert {json.loads(p)["offset"] for p in mine["params"]} == {0.0}
+
+
+def test_default_search_keeps_to_what_a_deployment_can_run():
+    """The oracle (true tool durations) is searched only when named; infercept by default
+    holds true_tool_time=False, in its fixed trial too; named, it is searched as declared."""
+    from sim.commands.tune import register
+    import argparse
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers())
+    q = __import__("sim.commands.tune", fromlist=["question"]).question(
+        ap.parse_args(["tune", *WORK, "-o", "x"]))
+    assert "oracle" not in q.spaces and "continuum" in q.spaces
+    inf = q.spaces["infercept"]
+    assert inf.held["true_tool_time"] is False and inf.fixed == {"true_tool_time": False}
+    assert "true_tool_time" not in {d.name for d in inf.dims}
+    named = __import__("sim.commands.tune", fromlist=["question"]).question(
+        ap.parse_args(["tune", *WORK, "--policies", "oracle,infercept", "-o", "x"]))
+    assert set(named.spaces) == {"oracle", "infercept"} and named.spaces["infercept"].fixed == {}
+    assert "true_tool_time" in {d.name for d in named.spaces["infercept"].dims}
+    # a user's --param takes the parameter over: the fixed trial at the declared default
+    spaces = {"infercept": S.derive_space("infercept", deployed=True)}
+    S.apply_param(spaces, "true_tool_time=true,false")
+    assert spaces["infercept"].fixed == {}
+
+
+def test_every_policy_reading_the_future_says_so():
+    """A policy whose code reads Request.true_tool_duration (only the simulator knows it)
+    declares Policy.deployable (False, or the parameters that turn it off)."""
+    import inspect
+    for name, cls in registry.POLICIES.items():
+        src = "".join(inspect.getsource(c) for c in cls.__mro__ if c.__module__.startswith("policies.")
+                      and c.__name__ != "Policy")
+        if ".true_tool_duration" in src:  # an attribute read (a docstring may name it)
+            assert S.deployable(name) is not True, name
+    assert S.deployable("oracle") is False and S.deployable("vllm") is True
+
+
+def test_fixed_trial_takes_the_deployable_values(tmp_path):
+    t = tune(tmp_path / "d", "--policies", "vllm,infercept", "--trials", "4", "--holdout-seeds", "none")
+    base = t[t["baseline"] & (t["policy"] == "infercept")]
+    assert len(base) == 1 and json.loads(base["params"].iloc[0])["true_tool_time"] is True  # named: as declared
+    q = T.Question(FIXED, {"infercept": S.derive_space("infercept", deployed=True)}, seeds=(0,), holdout=(),
+                   trials=2, batch=2)
+    res = T.search(q, tmp_path / "e")
+    fixed = res.trials[res.trials["baseline"]]
+    assert json.loads(fixed["params"].iloc[0])["true_tool_time"] is False
+    assert all(json.loads(p)["true_tool_time"] is False for p in res.trials["params"])
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -263,8 +312,8 @@ def test_gain_and_survival_arithmetic():
     fixed = T.Trial(0, "vllm", {}, {}, True, state="complete", values={"mean_jct": 100.0})
     chosen = T.Trial(1, "continuum", {}, {}, False, state="complete", values={"mean_jct": 80.0})
     res = T.TuneResult(pd.DataFrame(), chosen, fixed, {"chosen": {"mean_jct": 90.0}, "fixed": {"mean_jct": 100.0}}, None)
-    s = T.survival(q, res)
+    s = R.survival(q, res)
     assert s["tuning_gain"] == pytest.approx(0.2) and s["holdout_gain"] == pytest.approx(0.1)
     assert s["survived"] == pytest.approx(0.5)
     up = T.Question({}, {}, ("jobs_per_s",))
-    assert T._gain(up, 2.0, 3.0) == pytest.approx(0.5) and math.isnan(T._gain(up, 0.0, 3.0))
+    assert R._gain(up, 2.0, 3.0) == pytest.approx(0.5) and math.isnan(R._gain(up, 0.0, 3.0))

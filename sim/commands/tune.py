@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 
 from sim.run.bound import BOUNDABLE, Bound, parse_limit
-from sim.study.tune import ALIASES, OBJECTIVES, RUNS, SLO_METRICS, SPAN, Question, apply_param, derive_space, fixed_axes, \
-    markdown, parse_objectives, parse_seeds, policies_from, tune
+from sim.study.tune import ALIASES, OBJECTIVES, RUNS, SLO_METRICS, Question, fixed_axes, parse_objectives, parse_seeds, \
+    policies_from, tune
+from sim.study.tune_report import markdown
+from sim.study.tune_space import SPAN, apply_param, derive_space
 from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
 from agentsim.errors import InputError
 
@@ -32,7 +34,9 @@ def register(sub) -> None:
     p.add_argument("--router", default=None, help="router across replicas (default round_robin)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=V",
                    help="any other run axis held for every trial, e.g. --set max_num_seqs=128 (repeatable)")
-    p.add_argument("--policies", default=None, help="comma-separated policies to search (default every registered one)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policies to search (default every registered one a deployment could run: not "
+                        "oracle, and infercept with true_tool_time=false; a policy named here is searched as declared)")
     p.add_argument("--param", action="append", default=[], metavar="[POLICY.]NAME=SPEC",
                    help="a parameter's search: LO:HI or LO:HI:log (a range), V1,V2 (choices), V (held); for every "
                         "searched policy that has NAME, or POLICY's only (repeatable)")
@@ -67,7 +71,7 @@ def question(args) -> Question:
         raise InputError(f"--jps must be > 0 (got {args.jps})")
     objectives = parse_objectives(args.objective)
     slo = Bound(*parse_limit(args.slo, SLO_METRICS, "--slo")) if args.slo is not None else None
-    spaces = {p: derive_space(p) for p in policies_from(args.policies)}
+    spaces = {p: derive_space(p, deployed=args.policies is None) for p in policies_from(args.policies)}
     for text in args.param:
         apply_param(spaces, text)
     fixed = fixed_axes({"trace": args.trace, "programs": args.programs, "jps": args.jps, "profile": args.profile,

@@ -75,13 +75,17 @@ class Retainer:
     """The retained set and specs of one pool, over hashable block handles (ints in the
     simulator's pool, vLLM's block ids in the vLLM engine)."""
 
-    __slots__ = ("spec", "retained", "_heap", "_stamp", "evicted", "expired")
+    __slots__ = ("spec", "retained", "_heap", "_order", "_stamp", "_memo", "evicted", "expired")
 
     def __init__(self) -> None:
         self.spec: dict[Hashable, tuple[int, float, float | None]] = {}  # block -> (priority, until, half_life)
         self.retained: dict[Hashable, list] = {}  # free retained block -> [level, stamp, change time]
         self._heap: list[tuple[float, int, Hashable]] = []  # (change time, stamp, block); stale entries skipped
+        # the evictor's order, (level, stamp, block); an entry whose block left the set or
+        # changed level since is stale and skipped (no scan of the whole set per eviction)
+        self._order: list[tuple[int, int, Hashable]] = []
         self._stamp = 0
+        self._memo: tuple = (None, None, 0, math.inf)  # (spec, now, level, change) of the last add: a call's blocks share one
         self.evicted = 0  # retained blocks evicted under pressure (before their retention ended)
         self.expired = 0  # retained blocks that reverted to default while free
 
@@ -111,11 +115,25 @@ class Retainer:
     def add(self, b: Hashable, now: float) -> None:
         """Block b (keeps(b, now)) is free now: into the retained set, after those before it."""
         s = self.spec[b]
+        memo = self._memo
+        if memo[0] is s and memo[1] == now:
+            level, change = memo[2], memo[3]
+        else:
+            level, change = level_at(*s, now), next_change(*s, now)
+            self._memo = (s, now, level, change)
         self._stamp += 1
-        change = next_change(*s, now)
-        self.retained[b] = [level_at(*s, now), self._stamp, change]
+        stamp = self._stamp
+        self.retained[b] = [level, stamp, change]
         if change < math.inf:
-            heapq.heappush(self._heap, (change, self._stamp, b))
+            heapq.heappush(self._heap, (change, stamp, b))
+        order = self._order
+        heapq.heappush(order, (level, stamp, b))
+        if len(order) > 2 * len(self.retained) + 1024:
+            self._compact()
+
+    def _compact(self) -> None:
+        self._order = [(r[0], r[1], b) for b, r in self.retained.items()]
+        heapq.heapify(self._order)
 
     def take(self, b: Hashable) -> None:
         """A prefix hit holds block b again: out of the retained set (its spec stays)."""
@@ -144,6 +162,8 @@ class Retainer:
                 del retained[b]
                 del self.spec[b]
             else:
+                if level != r[0]:
+                    heapq.heappush(self._order, (level, stamp, b))
                 r[0], r[2] = level, next_change(*s, now)
                 heapq.heappush(heap, (r[2], stamp, b))
         out.sort()
@@ -153,11 +173,15 @@ class Retainer:
     def pick(self, n: int) -> list[Hashable]:
         """The n retained blocks to evict, in eviction order (lowest level, then first
         freed), taken out of the set with their specs."""
-        retained = self.retained
-        chosen = heapq.nsmallest(n, retained, key=lambda b: (retained[b][0], retained[b][1]))
-        for b in chosen:
+        retained, order, spec, chosen = self.retained, self._order, self.spec, []
+        while len(chosen) < n:
+            level, stamp, b = heapq.heappop(order)
+            r = retained.get(b)
+            if r is None or r[1] != stamp or r[0] != level:
+                continue  # stale: taken, re-added or decayed since
             del retained[b]
-            del self.spec[b]
+            del spec[b]
+            chosen.append(b)
         self.evicted += len(chosen)
         return chosen
 
@@ -225,9 +249,9 @@ class RetainingPool:
         content) joins the retained set instead, last block first as the queue takes them."""
         r, pool = self.retainer, self.pool
         if r.spec:
-            key, now = pool.key, self.now
-            keep = [b for b in reversed(blocks) if b in r.spec and key[b] is not None
-                    and pool.count_ref([b], 1) and r.keeps(b, now)]
+            key, now, spec, ref = pool.key, self.now, r.spec, pool.ref_cnt
+            keep = [b for b in reversed(blocks) if b in spec and key[b] is not None
+                    and ref[b] == 1 and r.keeps(b, now)]
             if keep:
                 for b in keep:
                     r.add(b, now)

@@ -1,14 +1,7 @@
 """`sim tune`: the best policy and parameters for one workload, found by Optuna.
 
-What is searched. A trial is a policy family and a value for each of its parameters. The
-parameters come from the policy's constructor, as a sweep's axes do (policies.registry:
-`params_model`, with the declared types and RANGES): a bool is searched over both values,
-a text parameter with fixed choices over them, a number with a positive default over
-[default / SPAN, default x SPAN] (log scale) clipped to its declared range. A number whose
-default is 0, negative or None has no scale to search around and a free text parameter
-nothing to choose from: each is held at its default unless `--param` gives a range, a
-list or a value. So a policy registered anywhere (a plugin included) is searched as it
-declares itself, with no list here.
+What is searched: sim/study/tune_space.py (from what each policy declares). What is
+written: sim/study/tune_report.py. Here: the question, the trials and the search.
 
 How. One trial's value is the mean over the tuning seeds of its runs' metric. The first
 trials are every family at its defaults (the fixed policies the gain is measured against);
@@ -42,15 +35,13 @@ import numpy as np
 import pandas as pd
 
 from policies.base import PolicyError
-from policies.registry import POLICIES, load_plugins, params_model, policy_params
+from policies.registry import POLICIES, load_plugins, policy_params
 from sim.run.bound import BOUNDABLE, Bound
-from sim.run.config import scalar_kind
 from sim.study.sweep import RUN_AXES, Workers, build_run, canonical, parse_value, point_key, stopped_early, sweep
 from agentsim.errors import InputError
-from agentsim.files import atomic_write, check_output
-from traces.validation import validated
+from agentsim.files import check_output
+from sim.study.tune_space import Space, deployable, distribution
 
-SPAN = 8.0  # a number with a positive default is searched over [default / SPAN, default x SPAN]
 # Objectives: run-summary metrics (sim/run/metrics.py) and whether lower is better.
 OBJECTIVES = {**{m: True for m in ("mean_jct", "p50_jct", "p90_jct", "p95_jct", "p99_jct", "max_jct", "mean_queue_delay",
                                   "mean_turn_latency", "p99_turn_latency", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms")},
@@ -60,141 +51,6 @@ SLO_METRICS = tuple(m for m, low in OBJECTIVES.items() if low and m.endswith(("j
 # Run axes tune sets itself (seeds from --seeds/--holdout-seeds, the policy from the search).
 OWN_AXES = ("policy", "seed", "rep")
 RUNS = "runs"
-
-
-# ---- the search space, from what each policy declares -----------------------------------
-
-@dataclass(frozen=True)
-class Dim:
-    """One searched parameter of one policy."""
-    policy: str
-    name: str
-    kind: str                      # "int", "float" or "cat"
-    low: float = 0.0
-    high: float = 0.0
-    log: bool = False
-    choices: tuple = ()
-
-    @property
-    def key(self) -> str:
-        return f"{self.policy}.{self.name}"
-
-    def suggest(self, trial):
-        if self.kind == "cat":
-            return trial.suggest_categorical(self.key, list(self.choices))
-        if self.kind == "int":
-            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(self.key, self.low, self.high, log=self.log)
-
-    def describe(self) -> str:
-        if self.kind == "cat":
-            return f"{self.name} in {{{', '.join(map(str, self.choices))}}}"
-        return f"{self.name} in [{self.low:g}, {self.high:g}]{' log' if self.log else ''}"
-
-
-@dataclass
-class Space:
-    """A policy's searched dimensions and the parameters held (name -> value)."""
-    policy: str
-    dims: list[Dim]
-    held: dict[str, object]
-
-
-def _limits(metadata) -> tuple[float, bool, float, bool]:
-    """(low, low exclusive, high, high exclusive) of a field's declared range."""
-    lo, lo_ex, hi, hi_ex = -math.inf, False, math.inf, False
-    for m in metadata:
-        for attr, ex in (("ge", False), ("gt", True)):
-            if getattr(m, attr, None) is not None:
-                lo, lo_ex = float(getattr(m, attr)), ex
-        for attr, ex in (("le", False), ("lt", True)):
-            if getattr(m, attr, None) is not None:
-                hi, hi_ex = float(getattr(m, attr)), ex
-    return lo, lo_ex, hi, hi_ex
-
-
-def _choices(metadata) -> tuple:
-    for m in metadata:
-        opts = getattr(getattr(m, "func", None), "options", None)  # policies.registry._choice
-        if opts:
-            return tuple(opts)
-    return ()
-
-
-def derive_space(policy: str) -> Space:
-    """The default search space of a policy, from its declared parameters (module docstring)."""
-    dims, held = [], {}
-    for name, f in params_model(policy).model_fields.items():
-        kind, d = scalar_kind(f.annotation), f.default
-        lo, lo_ex, hi, hi_ex = _limits(f.metadata)
-        choices = _choices(f.metadata)
-        if kind is bool:
-            dims.append(Dim(policy, name, "cat", choices=(False, True)))
-        elif choices:
-            dims.append(Dim(policy, name, "cat", choices=choices))
-        elif kind in (int, float) and isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0:
-            low, high = d / SPAN, d * SPAN
-            if low <= lo:
-                low = lo + (d - lo) / SPAN if lo_ex else lo
-            if high >= hi:
-                high = hi - (hi - d) / SPAN if hi_ex else hi
-            if kind is int:
-                low, high = math.ceil(low - 1e-9), math.floor(high + 1e-9)
-                low = max(low, math.floor(lo) + 1 if lo_ex else math.ceil(lo)) if math.isfinite(lo) else low
-            if high > low:
-                dims.append(Dim(policy, name, "int" if kind is int else "float", low, high, log=low > 0))
-            else:
-                held[name] = d
-        else:
-            held[name] = d
-    return Space(policy, dims, held)
-
-
-def _check_value(policy: str, name: str, value, text: str):
-    """A value of a policy's parameter, converted and range-checked as --policy-arg's."""
-    m = validated(params_model(policy), {name: value}, f"--param {text!r}", error=InputError)
-    return getattr(m, name)
-
-
-def apply_param(spaces: dict[str, Space], text: str) -> None:
-    """`--param [POLICY.]NAME=SPEC`: SPEC LO:HI (or LO:HI:log) a range, V1,V2,... a choice,
-    V a held value; for every searched policy that has NAME, or POLICY's alone."""
-    target, sep, spec = text.partition("=")
-    target, spec = target.strip(), spec.strip()
-    if not sep or not target or not spec:
-        raise InputError(f"--param {text!r} is not [POLICY.]NAME=SPEC; write e.g. --param max_ttl=0.5:20, "
-                         f"--param continuum.K=50,100 or --param unpin_while_running=true")
-    pol, dot, name = target.rpartition(".")
-    if dot:
-        if pol not in spaces:
-            raise InputError(f"--param {text!r}: policy {pol!r} is not searched; searched: {', '.join(spaces)}")
-        names = [pol]
-        if name not in policy_params(pol):
-            raise InputError(f"--param {text!r}: policy {pol!r} has no parameter {name!r}; known: "
-                             f"{', '.join(policy_params(pol)) or 'none'}")
-    else:
-        names = [p for p in spaces if name in policy_params(p)]
-        if not names:
-            raise InputError(f"--param {text!r}: none of the searched policies ({', '.join(spaces)}) has a parameter "
-                             f"{name!r}")
-    for p in names:
-        s = spaces[p]
-        f = params_model(p).model_fields[name]
-        kind = scalar_kind(f.annotation)
-        s.dims = [d for d in s.dims if d.name != name]
-        s.held.pop(name, None)
-        parts = spec.split(":")
-        if len(parts) in (2, 3) and kind in (int, float) and (len(parts) == 2 or parts[2].strip().lower() == "log"):
-            low, high = (_check_value(p, name, v.strip(), text) for v in parts[:2])
-            log = len(parts) == 3
-            if not high > low or (log and not low > 0):
-                raise InputError(f"--param {text!r}: give LO < HI" + (" and LO > 0 for a log range" if log else ""))
-            s.dims.append(Dim(p, name, "int" if kind is int else "float", low, high, log=log))
-        elif "," in spec and (kind is not str or _choices(f.metadata)):
-            vals = list(dict.fromkeys(_check_value(p, name, parse_value(v), text) for v in spec.split(",")))
-            s.dims.append(Dim(p, name, "cat", choices=tuple(vals)))
-        else:
-            s.held[name] = _check_value(p, name, spec if kind is str else parse_value(spec), text)
 
 
 # ---- the question and the search ------------------------------------------------------------
@@ -417,7 +273,7 @@ def search(q: Question, out: Path, workers: int = 1, dask: str | None = None, pr
             tqdm(total=q.trials, desc="tune", unit="trial", disable=not progress, leave=False) as bar:
         # the fixed policies first: the reference of the gain, and the first best for pruning
         # (in batches too: a fixed policy that cannot beat an earlier one is not the reference either)
-        base = [Trial(i, p, dict(policy_params(p)), {}, True) for i, p in enumerate(families)]
+        base = [Trial(i, p, {**policy_params(p), **q.spaces[p].fixed}, {}, True) for i, p in enumerate(families)]
         for i in range(0, len(base), q.batch):
             run_batch(base[i:i + q.batch], bound_now(base[:i]))
             bar.update(len(base[i:i + q.batch]))
@@ -466,15 +322,6 @@ def search(q: Question, out: Path, workers: int = 1, dask: str | None = None, pr
     return res
 
 
-def _distribution(d: Dim):
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-    if d.kind == "cat":
-        return CategoricalDistribution(list(d.choices))
-    if d.kind == "int":
-        return IntDistribution(int(d.low), int(d.high), log=d.log)
-    return FloatDistribution(d.low, d.high, log=d.log)
-
 
 def _record_fixed(study, q: Question, t: Trial) -> None:
     """A fixed policy's trial, added to the study with its defaults as the trial's parameters
@@ -484,7 +331,7 @@ def _record_fixed(study, q: Question, t: Trial) -> None:
     from optuna.distributions import CategoricalDistribution
 
     dims = q.spaces[t.policy].dims
-    dists = {"policy": CategoricalDistribution(list(q.spaces)), **{d.key: _distribution(d) for d in dims}}
+    dists = {"policy": CategoricalDistribution(list(q.spaces)), **{d.key: distribution(d) for d in dims}}
     params = {"policy": t.policy, **{d.key: t.params[d.name] for d in dims}}
     if t.state == "failed" or not all(dists[k]._contains(dists[k].to_internal_repr(v)) for k, v in params.items()):
         return
@@ -517,17 +364,6 @@ def _front_pick(q: Question, trials: list[Trial]) -> Trial | None:
     return _best(q, front)
 
 
-def pareto_mask(q: Question, table: pd.DataFrame) -> pd.Series:
-    """Rows of the trial table on the Pareto front (feasible complete trials)."""
-    ok = (table["state"] == "complete") & table["feasible"]
-    vals = table.loc[ok, list(q.objectives)].to_numpy(dtype=float)
-    sign = np.array([1.0 if OBJECTIVES[m] else -1.0 for m in q.objectives])
-    v = vals * sign
-    on = [not any(np.all(o <= x) and np.any(o < x) for o in v) for x in v]
-    mask = pd.Series(False, index=table.index)
-    mask.loc[table.index[ok]] = on
-    return mask
-
 
 def trial_table(q: Question, trials: list[Trial]) -> pd.DataFrame:
     rows = []
@@ -547,153 +383,6 @@ def trial_table(q: Question, trials: list[Trial]) -> pd.DataFrame:
         if not pd.api.types.is_numeric_dtype(table[c]):
             table[c] = table[c].map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else json.dumps(v))
     return table
-
-
-# ---- the report -------------------------------------------------------------------------
-
-def _gain(q: Question, fixed: float, tuned: float) -> float:
-    """The tuned value's gain over the fixed one, as a fraction (positive: better)."""
-    if not (math.isfinite(fixed) and fixed != 0):
-        return math.nan
-    return (fixed - tuned) / fixed if q.low() else (tuned - fixed) / fixed
-
-
-def survival(q: Question, res: TuneResult) -> dict:
-    """Gains of the chosen over the best fixed policy on the tuning and the held-out seeds."""
-    m = q.objectives[0]
-    if res.chosen is None or res.fixed is None or "fixed" not in res.holdout or "chosen" not in res.holdout \
-            or m not in res.holdout["fixed"] or m not in res.holdout["chosen"]:
-        return {}
-    tune_gain = _gain(q, res.fixed.values[m], res.chosen.values[m])
-    held_gain = _gain(q, res.holdout["fixed"][m], res.holdout["chosen"][m])
-    kept = held_gain / tune_gain if tune_gain > 0 else math.nan
-    return {"metric": m, "tuning_gain": tune_gain, "holdout_gain": held_gain, "survived": kept}
-
-
-def _params_text(t: Trial, searched_only: bool = False) -> str:
-    p = {k.split(".", 1)[1]: v for k, v in t.searched.items()} if searched_only else t.params
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in p.items()) or "no parameters"
-
-
-def markdown(q: Question, res: TuneResult, command: str | None = None) -> str:
-    t = res.trials
-    n_pruned, n_failed = int((t["state"] == "pruned").sum()), int((t["state"] == "failed").sum())
-    m = q.objectives[0]
-    fixed_txt = ", ".join(f"{k}={v}" for k, v in q.fixed.items() if v is not None)
-    lines = [f"Tune: {fixed_txt}; objective {', '.join(q.objectives)}"
-             + (f", SLO {q.slo.metric}<={q.slo.limit:g} (mean over seeds)" if q.slo else "")
-             + f"; tuning seeds {','.join(map(str, q.seeds))}, held-out seeds {','.join(map(str, q.holdout)) or 'none'}; "
-             f"{len(t)} trials ({n_pruned} pruned, {n_failed} failed), sampler seed {q.seed}.", ""]
-    if command:
-        lines += ["    " + command, ""]
-    lines.append("Searched: " + "; ".join(f"{p} ({', '.join(d.describe() for d in s.dims) or 'nothing to search'})"
-                                         for p, s in q.spaces.items()) + ".")
-    lines.append("")
-    c, f = res.chosen, res.fixed
-    if c is None:
-        lines.append("Chosen: no trial completed" + (" within the SLO" if q.slo else "") + ".")
-    else:
-        vals = ", ".join(f"{k} {c.values[k]:.4g}" for k in q.objectives)
-        lines.append(f"Chosen (trial {c.number}): {c.policy}, {_params_text(c)}; on the tuning seeds {vals}.")
-    if f is not None:
-        lines.append(f"Best fixed policy (defaults): {f.policy}, {m} {f.values[m]:.4g} on the tuning seeds.")
-    for name, h in res.holdout.items():
-        txt = h["error"] if "error" in h else ", ".join(f"{k} {v:.4g}" for k, v in h.items())
-        lines.append(f"Held-out seeds, {'chosen' if name == 'chosen' else 'best fixed'}: {txt}.")
-    s = survival(q, res)
-    if s:
-        kept = (f"{s['survived']:.0%} of the gain survives" if math.isfinite(s["survived"])
-                else "there was no gain on the tuning seeds to keep")
-        lines.append(f"Gain in {m} over the best fixed policy: {s['tuning_gain']:+.1%} on the tuning seeds, "
-                     f"{s['holdout_gain']:+.1%} on the held-out seeds; {kept}.")
-    lines += ["", f"Runs: {res.ran} simulated, {res.resumed} found in {RUNS}/; {res.wall_s:.1f} s."]
-    return "\n".join(lines) + "\n"
-
-
-def figure(q: Question, res: TuneResult):
-    """The first objective by trial (complete, pruned: a lower bound, the fixed policies) with
-    the best so far; with several objectives also the first two against each other and the
-    Pareto front."""
-    from matplotlib.figure import Figure
-
-    t = res.trials
-    multi = len(q.objectives) > 1
-    fig = Figure(figsize=(11 if multi else 7, 4.5))
-    ax = fig.add_subplot(1, 2 if multi else 1, 1)
-    m = q.objectives[0]
-    done = t["state"] == "complete"
-    for mask, mark, name in ((done & ~t["baseline"], "o", "trial"), (t["state"] == "pruned", "^", "pruned (a lower bound)"),
-                             (done & t["baseline"], "s", "fixed policy (defaults)")):
-        d = t[mask]
-        if len(d):
-            ax.plot(d["trial"], d[m], mark, linestyle="none", alpha=0.6, label=name)
-    ok = done & t["feasible"]
-    if ok.any():
-        v = t[m].where(ok).to_numpy(dtype=float)
-        run = np.fmin.accumulate(np.where(np.isnan(v), np.inf, v)) if q.low() else \
-            np.fmax.accumulate(np.where(np.isnan(v), -np.inf, v))
-        keep = np.isfinite(run)
-        ax.plot(t["trial"][keep], run[keep], "-", drawstyle="steps-post", color="k", label="best so far")
-    if q.slo is not None and q.slo.metric == m:
-        ax.axhline(q.slo.limit, color="r", linestyle="--", label=f"SLO {m}<={q.slo.limit:g}")
-    ax.set_xlabel("trial")
-    ax.set_ylabel(f"{m} (mean over tuning seeds)")
-    if done.any() and (t.loc[done, m] > 0).all():
-        ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    ax.set_title("search")
-    if multi:
-        bx = fig.add_subplot(1, 2, 2)
-        m2 = q.objectives[1]
-        d = t[done]
-        bx.plot(d[m], d[m2], "o", linestyle="none", alpha=0.5, label="complete trials")
-        front = t[pareto_mask(q, t)].sort_values(m)
-        bx.plot(front[m], front[m2], "-o", color="k", label="Pareto front")
-        if res.chosen is not None:
-            bx.plot([res.chosen.values[m]], [res.chosen.values[m2]], "*", markersize=14, color="gold",
-                    markeredgecolor="k", linestyle="none", label="chosen")
-        bx.set_xlabel(m)
-        bx.set_ylabel(m2)
-        bx.legend(fontsize=8)
-        bx.set_title("Pareto front")
-    fig.tight_layout()
-    return fig
-
-
-def write_outputs(q: Question, res: TuneResult, out: Path, command: str | None = None) -> list[Path]:
-    from sim.study import plot
-
-    written = []
-    if res.config is not None:
-        written.append(atomic_write(out / "config.json", lambda p: Path(p).write_text(res.config)))
-    written.append(atomic_write(out / "trials.parquet", lambda p: res.trials.to_parquet(p, index=False)))
-    written.append(atomic_write(out / "tune.md", lambda p: Path(p).write_text(markdown(q, res, command))))
-    text = json.dumps(_finite(result(q, res)), indent=1, sort_keys=True) + "\n"
-    written.append(atomic_write(out / "result.json", lambda p: Path(p).write_text(text)))
-    written.append(plot.save(figure(q, res), out / "tune.png")[0])
-    return written
-
-
-def _finite(v):
-    """JSON has no NaN: None for a value not known."""
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
-def result(q: Question, res: TuneResult) -> dict:
-    """What tune.md says, for scripts: the chosen and the best fixed trial, their held-out
-    values, the gains and counts."""
-    def trial(t: Trial | None):
-        return None if t is None else {"trial": t.number, "policy": t.policy, "params": t.params,
-                                       "tuning": {m: v for m, v in t.values.items() if math.isfinite(v)}}
-    t = res.trials
-    return {"objectives": list(q.objectives), "seeds": list(q.seeds), "holdout_seeds": list(q.holdout),
-            "trials": len(t), "pruned": int((t["state"] == "pruned").sum()), "failed": int((t["state"] == "failed").sum()),
-            "runs_simulated": res.ran, "runs_resumed": res.resumed, "wall_s": res.wall_s,
-            "chosen": trial(res.chosen), "fixed": trial(res.fixed), "holdout": res.holdout, "gain": survival(q, res)}
 
 
 # ---- input ----------------------------------------------------------------------------------
@@ -721,10 +410,11 @@ def parse_seeds(text: str, flag: str, empty: bool = False) -> tuple[int, ...]:
 
 
 def policies_from(text: str | None) -> list[str]:
-    """--policies a,b,c, or every registered policy (plugins included)."""
+    """--policies a,b,c, or every registered policy (plugins included) a deployment could
+    run (Policy.deployable not False: the oracle is searched only when named)."""
     if text is None:
         load_plugins()
-        return list(POLICIES)
+        return [p for p in POLICIES if deployable(p) is not False]
     names = list(dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip()))
     if not names:
         raise InputError("--policies names no policy; give e.g. --policies continuum,static-ttl")
@@ -781,5 +471,7 @@ def tune(q: Question, out: str | Path, workers: int = 1, dask: str | None = None
     check(q)
     out.mkdir(parents=True, exist_ok=True)
     res = search(q, out, workers=workers, dask=dask, progress=progress)
+    from sim.study.tune_report import write_outputs  # the report reads this module's types
+
     write_outputs(q, res, out, command)
     return res
