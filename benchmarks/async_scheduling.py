@@ -34,7 +34,7 @@ def run(spec: dict, policy: str, asynchronous: bool, seed: int, engine: str = "s
     from sim.run.config import SimConfig, build_run, execute
 
     cfg = {**spec, "workload": {**spec["workload"], "seed": seed}, "policy": {"name": policy},
-           "engine": {**spec["engine"], "kind": engine, "async_scheduling": asynchronous}}
+           "engine": {**spec["engine"], "scheduler": engine, "async_scheduling": asynchronous}}
     s = execute(build_run(SimConfig.model_validate(cfg))).summary
     return {k: s[k] for k in KEYS}
 

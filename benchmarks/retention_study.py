@@ -80,7 +80,7 @@ def one(job):
 def tuned(trace: str, programs: int, blocks: int, jps: float, spec: dict, workers: int, tmp: Path) -> tuple[str, dict]:
     """`sim tune`'s chosen (policy, params) for one cell, searched on the tuning seeds."""
     from sim.commands.tune import question
-    from sim.study.tune import tune
+    from sim.study.tune_report import tune
     q = question(Namespace(trace=trace, programs=programs, jps=jps, profile=None, num_gpu_blocks=blocks, replicas=None,
                            router=None, set=[], policies=FAMILIES, param=[], objective="mean_jct", slo=None,
                            trials=spec["trials"], seeds=",".join(map(str, spec["tune_seeds"])), holdout_seeds="none",

@@ -113,7 +113,7 @@ def run_pair(spec: dict, policy: str, log: bool = True) -> dict:
     for engine in ("simpy", "vllm"):
         cfg = {**spec, "policy": {"name": policy, "args": spec.get("policy_args", {}).get(policy, {})}}
         cfg.pop("policy_args", None)
-        cfg["engine"] = {**cfg.get("engine", {}), "kind": engine, "fast_forward": not log}
+        cfg["engine"] = {**cfg.get("engine", {}), "scheduler": engine, "fast_forward": not log}
         r = build_run(SimConfig.model_validate(cfg))
         with schedule_logs(logs) if log else contextlib.nullcontext():
             t0 = time.perf_counter()

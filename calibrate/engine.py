@@ -98,14 +98,18 @@ def one_core(device: str):
     if device != "cpu":
         yield None
         return
-    import torch
-
-    cores, threads, bind = os.sched_getaffinity(0), torch.get_num_threads(), os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    try:
+        import torch
+    except ImportError:  # no engine can start: start_engine says so in one line
+        torch = None
+    cores, bind = os.sched_getaffinity(0), os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    threads = torch.get_num_threads() if torch else None
     try:
         yield pin_one_core()
     finally:
         os.sched_setaffinity(0, cores)
-        torch.set_num_threads(threads)
+        if torch:
+            torch.set_num_threads(threads)
         if bind is None:
             os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
         else:

@@ -189,5 +189,5 @@ def validate_server_run(path, profile_name: str | None, engine: str = "simpy") -
     summary, profile = simulate_run(run, profile_name, path, engine)
     rows = compare(real_metrics(run), sim_metrics(summary))
     return {"result": str(path), "model_id": run.model_id, "profile": profile.name, "requests": len(run.arrivals),
-            "failed_left_out": run.failed, "span_s": float(run.arrivals.max()), "engine": engine,
+            "failed_left_out": run.failed, "span_s": float(run.arrivals.max()), "scheduler": engine,
             "view": summary.get("metrics_at", "engine"), "rows": rows}

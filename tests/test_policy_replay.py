@@ -20,7 +20,7 @@ from conftest import FakeView  # noqa: E402
 
 def SnapView(free, blocks):
     """EngineView from a snapshot (what the policy could read at that moment)."""
-    return FakeView(blocks, free, per_token=PER_TOKEN, num_gpu_blocks=400, avg_blocks=20.0)
+    return FakeView(blocks, free, per_token=PER_TOKEN, num_blocks=400, avg_blocks=20.0)
 
 
 

@@ -130,7 +130,7 @@ def _simulate(c, policy, ff=True, scheduler="simpy", **fields):
         x, y = parse_disagg(c["disagg"])
         dg = Disagg(x, y, Link("slow", 4096 * 100.0, 0.01) if c["slow_link"] else find_link(None), max_local_prefill=c["local_prefill"])
     return simulate(c["trace"], policy, prof, c["arrivals"], fast_forward=ff, enable_chunked_prefill=c["chunked"], cache=c["cache"],
-                    replicas=1 if dg else c["replicas"], router=c["router"], offload=c["offload"], disagg=dg, scheduler=kind,
+                    replicas=1 if dg else c["replicas"], router=c["router"], offload=c["offload"], disagg=dg, scheduler=scheduler,
                     **fields)
 
 

@@ -215,7 +215,7 @@ def test_a_run_on_the_moe_profile(tmp_path):
     (["--model", "gemma-3-12b", "--ep", "2"], "not a mixture-of-experts model"),
     (["--model", "glm-4.5-fp8", "--tp", "2", "--ep", "2"], "give one layout"),
     (["--model", "glm-4.5-fp8", "--tp", "4"], "does not fit H100 at tp=4"),
-    (["--model", "glm-4.5-fp8", "--ep", "16"], "--ep 16: use 1 to 8 GPUs"),
+    (["--model", "glm-4.5-fp8", "--ep", "16"], "argument --ep: 16 is above 8"),
 ])
 def test_bad_layouts_one_line_exit_2(capsys, args, says):
     assert main(["profile", "roofline", "--gpu", "H100", *args]) == 2

@@ -82,7 +82,7 @@ def test_small_random_twin_identical_per_call(policy, offload):
         res = simulate(trace, policy, prof, arrivals, scheduler=engine, offload=offload)
         rows[engine] = res.turns[["program_id", "turn", "scheduled", "first_token", "finish", "cached_tokens",
                                   "computed_prompt_tokens", "preemptions", "output_tokens", "loaded_tokens"]]
-        assert res.summary["engine"] == engine
+        assert res.summary["scheduler"] == engine
     assert rows["simpy"].equals(rows["vllm"])
     assert (rows["vllm"]["loaded_tokens"].sum() > 0) == bool(offload)
     assert rows["vllm"]["preemptions"].sum() > 0 or policy != "vllm"
@@ -136,11 +136,11 @@ def test_sim_run_engine_vllm_writes_the_usual_outputs(tmp_path, capsys):
     rc = main(["run", "--trace", "swebench", "--programs", "4", "--num-gpu-blocks", "800", "--policy", "continuum",
                "--scheduler", "vllm", "--no-progress", "--out", str(out)])
     assert rc == 0
-    assert "engine: vLLM's own scheduler" in capsys.readouterr().out
+    assert "scheduler: vLLM's own" in capsys.readouterr().out
     for f in ("summary.json", "config.json", "turns.parquet", "programs.parquet", "kv_usage.parquet"):
         assert (out / f).exists(), f
     assert json.loads((out / "config.json").read_text())["engine"]["scheduler"] == "vllm"
-    assert json.loads((out / "summary.json").read_text())["engine"] == "vllm"
+    assert json.loads((out / "summary.json").read_text())["scheduler"] == "vllm"
     # the config reruns the same run
     rc = main(["run", "--config", str(out / "config.json"), "--no-progress", "--out", str(tmp_path / "again")])
     assert rc == 0

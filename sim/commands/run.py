@@ -43,11 +43,12 @@ def register(sub) -> None:
     groups = {sec: p if title is None else p.add_argument_group(title) for sec, title in _GROUPS.items()}
     for name, (sec, _, kind, _default, help_) in leaves().items():
         flag = "--" + FLAG_NAMES.get(name, name).replace("_", "-")
-        if name in ("policy", "router"):  # the bundled names, then those installed packages declare
-            bundled, group = (sorted(POLICIES), POLICY_GROUP) if name == "policy" else (router_names(), ROUTER_GROUP)
-            extra = [n for n in declared(group) if n not in bundled]
-            help_ = (f"one of: {', '.join(bundled)}" + (f"; installed plugins: {', '.join(extra)}" if extra else "")
-                     + (" (default vllm)" if name == "policy" else " (default round_robin)"))
+        if name == "policy":
+            help_ = f"one of: {', '.join(sorted(POLICIES))} (default vllm)"
+        if name in ("policy", "router"):  # and the names installed packages declare
+            extra = [n for n in declared(POLICY_GROUP if name == "policy" else ROUTER_GROUP)
+                     if n not in (POLICIES if name == "policy" else router_names())]
+            help_ += f"; installed plugins: {', '.join(extra)}" if extra else ""
         if kind is bool:
             groups[sec].add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
@@ -168,7 +169,7 @@ HOST_TIME = {"none": "device time only (the profile has no host section)", "adde
 
 def format_summary(s: dict) -> str:
     rows = [
-        ("policy", s["policy"] + (" (engine: vLLM's own scheduler)" if s.get("engine") == "vllm" else "")),
+        ("policy", s["policy"] + (" (scheduler: vLLM's own)" if s.get("scheduler") == "vllm" else "")),
         ("scheduling", f"{s['scheduling']}, " + HOST_TIME[s["host_time"]]), ("programs / calls", f"{s['programs']} / {s['calls']}"),
         ("JCT mean / p50", f"{s['mean_jct']:.2f} s / {s['p50_jct']:.2f} s"),
         ("JCT p90 / p95 / p99", f"{s['p90_jct']:.2f} / {s['p95_jct']:.2f} / {s['p99_jct']:.2f} s"),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from sim.run.bound import BOUNDABLE, Bound, parse_limit
 from sim.study.tune import ALIASES, OBJECTIVES, RUNS, SLO_METRICS, Question, fixed_axes, parse_objectives, parse_seeds, \
-    policies_from, tune
-from sim.study.tune_report import markdown
+    policies_from
+from sim.study.tune_report import markdown, tune
 from sim.study.tune_space import SPAN, apply_param, derive_space
 from agentsim.bounds import COUNT_MAX, SEED_MAX, int_flag
 from agentsim.errors import InputError

@@ -125,7 +125,7 @@ def execute(run: BuiltRun, progress=None, watch=None) -> Result:
         env.run()
     except Stopped:  # the bound is known to fail: what is known so far, nothing else
         s = watch.summary()
-        s.update({"policy": policy.name, "engine": engine, "num_gpu_blocks": cfg.num_gpu_blocks,
+        s.update({"policy": policy.name, "scheduler": engine, "num_gpu_blocks": cfg.num_gpu_blocks,
                   "block_size": cfg.block_size, "replicas": len(cluster.engines),
                   "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name})
         return Result(rec.sorted_turns(), [], s)
@@ -150,7 +150,7 @@ def execute(run: BuiltRun, progress=None, watch=None) -> Result:
     per_replica = [replica_stats(e, turns, span) for e in engines]
     offload_stats = tier_totals([e.tier for e in engines if e.tier.enabled])
     extra = {
-        "policy": policy.name, "engine": engine, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
+        "policy": policy.name, "scheduler": engine, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
         "scheduling": "asynchronous" if cfg.async_scheduling else "synchronous",
         "host_time": ("overlapped" if cfg.async_scheduling else "added") if profile.step.has_host else "none",
         "replicas": len(engines), "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name,

@@ -289,7 +289,7 @@ def run_point(point: dict, save_kv: bool = False, bound: Bound | str | None = No
         summary.setdefault("bound", str(bound))
         summary.setdefault("stopped_early", False)
     out = {k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
-           for k, v in summary.items() if k not in p}
+           for k, v in summary.items() if p.get(k) is None}  # an axis left at its default: the run's resolved value
     row = {"key": point_key(p), **p, **out, "wall_s": time.perf_counter() - t0}
     stopped = bool(summary.get("stopped_early"))
     return row, (res.kv_usage if save_kv and not stopped else None)

@@ -39,7 +39,6 @@ from policies.registry import POLICIES, load_plugins, policy_params
 from sim.run.bound import BOUNDABLE, Bound
 from sim.study.sweep import RUN_AXES, Workers, build_run, canonical, parse_value, point_key, stopped_early, sweep
 from agentsim.errors import InputError
-from agentsim.files import check_output
 from sim.study.tune_space import Space, deployable, distribution
 
 # Objectives: run-summary metrics (sim/run/metrics.py) and whether lower is better.
@@ -463,15 +462,3 @@ def check(q: Question) -> None:
         raise InputError("--set mode=closed: a closed loop has no arrival seeds to tune and hold out; tune an open workload")
     for p in q.spaces:  # a bad workload, profile or parameter fails here, before anything runs
         build_run(q.point(p, {**policy_params(p), **q.spaces[p].held}, q.seeds[0]))
-
-
-def tune(q: Question, out: str | Path, workers: int = 1, dask: str | None = None, progress: bool = False,
-         command: str | None = None) -> TuneResult:
-    out = check_output(out, "dir")
-    check(q)
-    out.mkdir(parents=True, exist_ok=True)
-    res = search(q, out, workers=workers, dask=dask, progress=progress)
-    from sim.study.tune_report import write_outputs  # the report reads this module's types
-
-    write_outputs(q, res, out, command)
-    return res

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.study.tune import OBJECTIVES, RUNS, Question, Trial, TuneResult
-from agentsim.files import atomic_write
+from sim.study.tune import OBJECTIVES, RUNS, Question, Trial, TuneResult, check, search
+from agentsim.files import atomic_write, check_output
 
 
 def pareto_mask(q: Question, table: pd.DataFrame) -> pd.Series:
@@ -168,3 +168,14 @@ def result(q: Question, res: TuneResult) -> dict:
             "trials": len(t), "pruned": int((t["state"] == "pruned").sum()), "failed": int((t["state"] == "failed").sum()),
             "runs_simulated": res.ran, "runs_resumed": res.resumed, "wall_s": res.wall_s,
             "chosen": trial(res.chosen), "fixed": trial(res.fixed), "holdout": res.holdout, "gain": survival(q, res)}
+
+
+def tune(q: Question, out: str | Path, workers: int = 1, dask: str | None = None, progress: bool = False,
+         command: str | None = None) -> TuneResult:
+    """The search (sim/study/tune.py) and its outputs in `out`: what `sim tune` runs."""
+    out = check_output(out, "dir")
+    check(q)
+    out.mkdir(parents=True, exist_ok=True)
+    res = search(q, out, workers=workers, dask=dask, progress=progress)
+    write_outputs(q, res, out, command)
+    return res
