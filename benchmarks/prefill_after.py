@@ -45,9 +45,9 @@ def main(argv=None) -> int:
 
     from calibrate.engine import generate, start_engine
     from calibrate.probes import Runner
-    from calibrate.engine import pin_one_core
+    from calibrate.validate import one_core
 
-    core = pin_one_core()
+    core = one_core()
     llm = start_engine(num_gpu_blocks=a.num_gpu_blocks, max_model_len=8192)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens

