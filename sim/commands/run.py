@@ -43,11 +43,11 @@ def register(sub) -> None:
     groups = {sec: p if title is None else p.add_argument_group(title) for sec, title in _GROUPS.items()}
     for name, (sec, _, kind, _default, help_) in leaves().items():
         flag = "--" + FLAG_NAMES.get(name, name).replace("_", "-")
-        if name == "policy":
-            help_ = f"one of: {', '.join(sorted(POLICIES))} (default vllm)"
-        if name in ("policy", "router"):  # and the names installed packages declare
-            extra = [n for n in declared(POLICY_GROUP if name == "policy" else ROUTER_GROUP)
-                     if n not in (POLICIES if name == "policy" else router_names())]
+        if name in ("policy", "router"):  # the registered names, then those installed packages declare
+            known, group = (POLICIES, POLICY_GROUP) if name == "policy" else (router_names(), ROUTER_GROUP)
+            if name == "policy":
+                help_ = f"one of: {', '.join(sorted(known))} (default vllm)"
+            extra = [n for n in declared(group) if n not in known]
             help_ += f"; installed plugins: {', '.join(extra)}" if extra else ""
         if kind is bool:
             groups[sec].add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
