@@ -317,10 +317,10 @@ def test_twin_under_random_configurations(c):
 
 
 @st.composite
-def busy_runs(draw, carry: bool = True):
+def busy_runs(draw):
     """Runs of 8-40 random programs on 80-300 blocks (pools under pressure for longer than
     configs()' short runs: all-preempted passes, pin victims, tier evictions), with carry
-    modes and client retention hints drawn as configs() draws them (unless `carry` is off)."""
+    modes and client retention hints drawn as configs() draws them."""
     seed, n = draw(st.integers(0, 2**32 - 1)), draw(st.integers(8, 40))
     rng = np.random.default_rng(seed)
     c = dict(trace=random_trace(rng, n, max_turns=draw(st.integers(2, 8))),
@@ -329,8 +329,6 @@ def busy_runs(draw, carry: bool = True):
              seqs=draw(st.sampled_from([4, 16, 256])), replicas=draw(st.integers(1, 3)),
              router=draw(st.sampled_from(router_names())),
              offload=draw(st.sampled_from([None, "cpu:1MiB@0.004096", "cpu:512KiB@0.004096,ssd:2MiB@0.001"])))
-    if not carry:
-        return c
     return {**c, "trace": _carry_and_hints(draw, c["trace"], "vllm")}  # drawn last: the runs above stay those drawn before
 
 
@@ -369,7 +367,7 @@ def test_async_twin_under_random_configurations(c):
 
 
 @SETTINGS
-@given(busy_runs(carry=False))  # carry modes: test_async_rerendered_carry_with_offload_twin_gap
+@given(busy_runs())
 def test_async_twin_on_random_busy_runs(c):
     """Busy random runs (preemptions with steps in flight: their output arrives stale, or
     with offload tiers is dropped and their blocks freed late; pin victims; calls ending
@@ -652,13 +650,15 @@ def test_admission_columns_twin_identical_under_random_configurations(c, async_s
     assert rows[0] == rows[1]
 
 
-@pytest.mark.xfail(strict=True, reason="known twin gap: asynchronous scheduling with an offload tier and a "
-                                       "`rerendered` carry; vLLM loads 32 tokens from the CPU tier for p002's "
-                                       "second turn where the SimPy replica loads none")
-def test_async_rerendered_carry_with_offload_twin_gap():
-    """Found by the busy-run property test once it drew carry modes: the one differing row
-    (p002 turn 1: first token 1.396 s in vLLM, 1.427 s in SimPy; loaded tokens 32 vs 0).
-    Strict: this fails as soon as the engines agree, so the gap cannot close unnoticed."""
+def test_a_dropped_pin_offloads_the_old_context_under_its_own_keys():
+    """Found by the busy-run property test once it drew carry modes (asynchronous, an offload
+    tier, a `rerendered` carry): p002's second turn starts a new context (its first turn's
+    output re-rendered), and the pin on the first turn's blocks is dropped after that turn
+    reached the replica. The vLLM replica named the offloaded blocks by the program's newest
+    context, so its last two blocks (prompt tail and output) went to the CPU tier under the
+    re-rendered keys and the second turn loaded 32 tokens it must compute. Both engines now
+    offload a block under the key of the content it holds (SimPy: the pool's key; vLLM: the
+    key of the block's hash)."""
     trace = pd.read_parquet(ROOT / "tests" / "fixtures" / "regressions" / "async_rerendered_offload.parquet")
     arrivals = [0.02097599024080387, 0.03188688043702198, 0.07652986008494969, 0.08951953873871149,
                 0.09904932904264101, 0.10284750563649635, 0.1364637402588436, 0.15632147295862175]

@@ -105,16 +105,21 @@ def run_tokens(cid, n: int) -> list[int]:
 
 class ProgramTokens:
     """A program's token ids and vLLM block hashes, both append-only over its turns; it is
-    the block hasher of the program's requests (each request's tokens are a prefix of them)."""
+    the block hasher of the program's requests (each request's tokens are a prefix of them).
+    `key_of` maps each hash it made to the content key of its block, across the program's
+    contexts: a turn whose prompt does not carry the last output as generated starts a new
+    context (sim/kv/content.py `carried`), while blocks of the old one may still be offloaded
+    later (a pin dropped, a step in flight), under the keys of the content they hold."""
 
-    __slots__ = ("content", "tokens", "hashes", "_bs", "_hash_fn", "_block_hash", "_hash_tokens")
+    __slots__ = ("content", "tokens", "hashes", "key_of", "_bs", "_hash_fn", "_hash_tokens")
 
-    def __init__(self, content, block_size: int, hash_fn) -> None:
+    def __init__(self, content, block_size: int, hash_fn, key_of: dict | None = None) -> None:
         from vllm.v1.core.kv_cache_utils import hash_block_tokens
 
         self.content = content
         self.tokens: list[int] = []
         self.hashes: list = []
+        self.key_of: dict = {} if key_of is None else key_of
         self._bs, self._hash_fn, self._hash_tokens = block_size, hash_fn, hash_block_tokens
 
     def extend(self) -> None:
@@ -131,7 +136,9 @@ class ProgramTokens:
         start, end = len(request.block_hashes), request.num_tokens // bs
         while len(hashes) < end:
             i = len(hashes)
-            hashes.append(self._hash_tokens(self._hash_fn, hashes[-1] if hashes else None, self.tokens[i * bs:(i + 1) * bs], None))
+            h = self._hash_tokens(self._hash_fn, hashes[-1] if hashes else None, self.tokens[i * bs:(i + 1) * bs], None)
+            hashes.append(h)
+            self.key_of[h] = self.content.key(i)
         return hashes[start:end]
 
 
@@ -315,9 +322,8 @@ class VllmReplica(Replica):
     def _block_keys(self, pid: str, blocks: list) -> list:
         """The content key of each of a program's context blocks (None where vLLM's prefix
         cache does not hold the block: a partial last one), as an offload tier names chunks."""
-        full = sum(1 for b in blocks if b.block_hash is not None)
-        keys = self._programs[pid].content.prefix(full) if full else []
-        return [keys[i] if b.block_hash is not None else None for i, b in enumerate(blocks)]
+        key_of = self._programs[pid].key_of
+        return [None if b.block_hash is None else key_of[b.block_hash[:-4]] for b in blocks]  # less vLLM's group id
 
     @property
     def received_tokens(self) -> int:
@@ -340,7 +346,8 @@ class VllmReplica(Replica):
         pid = call.req.program_id
         prog = self._programs.get(pid)
         if prog is None or prog.content is not call.content:
-            prog = self._programs[pid] = ProgramTokens(call.content, self.cfg.block_size, self._hash_fn)
+            prog = self._programs[pid] = ProgramTokens(call.content, self.cfg.block_size, self._hash_fn,
+                                                       None if prog is None else prog.key_of)
         return prog
 
     def submit(self, call: Call) -> None:
