@@ -130,7 +130,7 @@ def test_agentic_bad_input(capsys, tmp_path, line, edit, parts):
 
 def test_block_size_option(capsys, tmp_path):
     _refused(capsys, tmp_path, "mooncake", PLAIN, "line 1", "5 blocks of 256", extra=["--block-size", "256"])
-    _refused(capsys, tmp_path, "mooncake", PLAIN, "--block-size 0", extra=["--block-size", "0"])
+    _refused(capsys, tmp_path, "mooncake", PLAIN, "--block-size: 0 is below 1", extra=["--block-size", "0"])
     # 1200 tokens in blocks of 400 are 3 ids: the fixture's first row reads
     df, _ = import_trace("mooncake", PLAIN, block_size=400)
     assert seg(df, 0) == [("mooncake_trace.jsonl#0", 400), ("mooncake_trace.jsonl#1", 400), ("mooncake_trace.jsonl#2", 400)]

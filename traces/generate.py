@@ -393,7 +393,7 @@ def register(tsub) -> None:
     p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="random seed (default 0)")
     p.add_argument("--tokens-mode", default=None, metavar="{sum,final}",
                    help="what 'tokens per program' means: sum over calls (default) or final context")
-    p.add_argument("--shared-prefix", type=int, default=None, metavar="N",
+    p.add_argument("--shared-prefix", type=int_flag(0, COUNT_MAX), default=None, metavar="N",
                    help="system-prompt tokens shared by all programs (default 1000 swebench, 800 bfcl, "
                         "12400 openhands)")
     p.add_argument("--tasks", type=int_flag(1, COUNT_MAX), default=None, metavar="K",

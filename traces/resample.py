@@ -239,7 +239,7 @@ def register(tsub) -> None:
     p.add_argument("sources", metavar="SRC", nargs="+", help="parquet traces written by `sim trace import`")
     p.add_argument("--programs", type=int_flag(1, COUNT_MAX), default=500, help="programs to draw (default 500)")
     p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="random seed (default 0)")
-    p.add_argument("--max-context", type=int, default=None, metavar="T",
+    p.add_argument("--max-context", type=int_flag(1, COUNT_MAX), default=None, metavar="T",
                    help="scale each session whose final context exceeds T: every call's new input tokens times one "
                         "factor per session (outputs and tool times kept), so the final context is <= T")
     # a flag, not `--jitter [W]`: an optional value would swallow a following SRC

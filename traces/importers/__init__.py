@@ -11,6 +11,7 @@ import importlib
 
 import pandas as pd
 
+from agentsim.bounds import COUNT_MAX, int_flag
 from agentsim.errors import InputError
 from traces.importers.common import Notes, estimate_tokens, find_files, placeholder_warning, rows_for, tool_wall_stats
 from traces.schema import validate, write_trace
@@ -97,8 +98,8 @@ def register(tsub) -> None:
     p.add_argument("--tokenizer", default=None, help="openai-chat/mini-swe-agent: Hugging Face tokenizer name to count tokens (offline cache only)")
     p.add_argument("--chars-per-token", type=float, default=4.0, help="characters per token for estimates (default 4.0)")
     p.add_argument("--estimate-tokens", action="store_true", help="replace logged output token counts by characters / --chars-per-token (for placeholder counts)")
-    p.add_argument("--output-tokens", type=int, default=None, help="continuum-timestamps: output tokens per call (the recorder does not log them)")
-    p.add_argument("--block-size", type=int, default=None,
+    p.add_argument("--output-tokens", type=int_flag(1, COUNT_MAX), default=None, help="continuum-timestamps: output tokens per call (the recorder does not log them)")
+    p.add_argument("--block-size", type=int_flag(1, 1 << 20), default=None,
                    help="mooncake, mooncake-agentic: tokens per hash id (default 512, the FAST'25 traces; Dynamo prints its trace_block_size)")
     p.set_defaults(func=_cmd)
 
