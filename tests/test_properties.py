@@ -7,7 +7,7 @@ disaggregation (1P1D, 2P1D, 1P2D), client retention hints (kv_priority, kv_ttl_s
 modes (rerendered, reasoning-dropped, mixed by row) and programs drawn from the shipped
 measured workload specs (scaled to the small pools); and random wrong values in profiles
 and anywhere in importer records. `make test` runs a
-bounded number of examples; `make fuzz` sets AGENTSIM_FUZZ_EXAMPLES=10000."""
+bounded number of examples; `make fuzz` sets AGENTSIM_FUZZ_EXAMPLES=1500."""
 import functools
 import json
 import os
