@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -98,9 +99,18 @@ def _summary(profile: dict) -> str:
         f"prefill quadratic: a={q['a']:.4g} s, b={q['b']:.4g} s/token, c={q['c']:.4g} s/token^2",
         f"held-out MAPE: step model {fe['step_model_mape']:.1f}% (prefill {fe.get('heldout_mape_prefill', float('nan')):.1f}%, "
         f"cached {fe.get('heldout_mape_cached_prefill', float('nan')):.1f}%, decode {fe.get('heldout_mape_decode', float('nan')):.1f}%), "
-        f"prefill quadratic {fe['prefill_quadratic_mape']:.1f}%",
+        f"prefill quadratic {fe['prefill_quadratic_mape']:.1f}%"
+        + (f"; repeats differ by {fe['repeat_noise_pct']:.1f}% (median)" if "repeat_noise_pct" in fe else ""),
         f"pcie: {'%s GB/s' % profile['pcie']['bandwidth_GBps'] if profile['pcie']['measured'] else 'not measured (no CUDA)'}",
     ])
+
+
+def _warn_if_noisy(profile: dict) -> None:
+    from calibrate.probes import noise_warning
+
+    line = noise_warning(profile["fit_error"])
+    if line:
+        print(line, file=sys.stderr)
 
 
 def _run(args) -> int:
@@ -128,6 +138,7 @@ def _run(args) -> int:
             limits["gpu_memory_utilization"] = args.gpu_memory_utilization
         profile = run_calibration(args.model, out, args.device, args.quick, seed=args.seed, **limits)
     print(_summary(profile))
+    _warn_if_noisy(profile)
     if "heldout_mape_mixed" in profile["fit_error"]:
         print(f"held-out MAPE of mixed prefill + decode steps: {profile['fit_error']['heldout_mape_mixed']:.1f}%")
     if "eager_steps" in profile["provenance"]:
@@ -171,6 +182,7 @@ def _refit(args, out: Path) -> int:
         raise InputError(f"--refit {args.refit}: malformed profile ({type(err).__name__}: {err})") from None
     write_profile(profile, out)
     print(_summary(profile))
+    _warn_if_noisy(profile)
     print(f"wrote {out}: {args.refit} refitted on the median of each probe's repeats")
     return 0
 

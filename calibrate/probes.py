@@ -43,6 +43,36 @@ def repeat_time(samples) -> float:
     return float(np.median(np.asarray(samples, float)))
 
 
+# A calibration whose probes' repeats differ more than this (median over probes of
+# repeat_noise) ran beside other work: on a quiet 2-core CPU it is 1.5-6%, beside a test
+# run at load 11 it was 31% (the fit's held-out error cannot be told apart from that).
+NOISY_PCT = 10.0
+
+
+def repeat_noise(samples) -> float:
+    """How much a probe's repeats differ: their median absolute deviation over their median,
+    in percent (robust to one disturbed repeat, as the median time is)."""
+    s = np.asarray(samples, float)
+    m = float(np.median(s))
+    return float(np.median(np.abs(s - m)) / m * 100) if m > 0 else 0.0
+
+
+def noise_warning(fit_error: dict) -> str | None:
+    """One line for a calibration that ran beside other work (NOISY_PCT), else None."""
+    noise = fit_error.get("repeat_noise_pct")
+    if noise is None or noise <= NOISY_PCT:
+        return None
+    return (f"warning: a probe's repeats differ by {noise:.1f}% (median; above {NOISY_PCT:.0f}%): other work shared the "
+            f"cores, so held-out errors below about {noise_floor(noise):.0f}% cannot be told from noise; calibrate on an idle machine")
+
+
+def noise_floor(noise_pct: float, repeats: int = REPEATS) -> float:
+    """The held-out error, in percent, that measurement noise alone gives a probe's median
+    time: the median of n samples has a standard error of about 1.25 sigma / sqrt(n), and
+    sigma is about 1.4826 MAD for normal noise."""
+    return 1.25 * 1.4826 * noise_pct / repeats ** 0.5
+
+
 @dataclass
 class Probe:
     kind: str  # prefill | cached_prefill | decode

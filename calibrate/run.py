@@ -14,11 +14,13 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
+
 from calibrate.engine import resolve_device, start_engine
 from calibrate.fit import fit_gpu_step_model, fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
-from calibrate.probes import REPEATS, Runner, plan, repeat_time
+from calibrate.probes import REPEATS, Runner, plan, repeat_noise, repeat_time
 from agentsim.files import atomic_write
 
 HOW = {
@@ -33,7 +35,8 @@ HOW = {
                  "decode) on features [steps, tokens, sum q*k, seqs, sum k, sum q*(k-q)] summed over a prefill's chunks "
                  "(max_num_batched_tokens each) or averaged over decode steps",
     "prefill_quadratic": "non-negative least squares (relative error) of fresh prefill latency on [1, n, n^2]",
-    "fit_error": "MAPE in percent on held-out probes (sizes/batches not used by the fit)",
+    "fit_error": "MAPE in percent on held-out probes (sizes/batches not used by the fit); repeat_noise_pct: the "
+                 "median over probes of their repeats' median absolute deviation over their median",
 }
 
 
@@ -112,6 +115,8 @@ def build_profile(lim: dict, rows: list[dict], pcie: dict, device: str, meta: di
     fit_error = {"unit": "percent (MAPE)", "step_model_mape": step["heldout_mape"],
                  "prefill_quadratic_mape": quad["heldout_mape"], "step_model_train_mape": step["train_mape"],
                  "prefill_quadratic_train_mape": quad["train_mape"], **per_kind(step)}
+    if all(r.get("samples") for r in rows):  # repeats measured here (not kernel timings from elsewhere)
+        fit_error["repeat_noise_pct"] = round(float(np.median([repeat_noise(r["samples"]) for r in rows])), 2)
     if gpu_form:
         fit_error["step_model_form"] = form
         if other:

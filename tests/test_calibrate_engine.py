@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from calibrate.engine import cpu_has_native_bf16
-from calibrate.probes import DECODE_SUFFIX, REPEATS, repeat_time
+from calibrate.probes import DECODE_SUFFIX, REPEATS, noise_floor, repeat_time
 
 pytestmark = pytest.mark.engine
 # Wall-clock checks on a shared 2-core machine: a neighbour's load can slow one
@@ -70,11 +70,16 @@ def _decode_reference(raw, batch, context):
 
 
 def test_fit_errors_reported_and_small(calibrated):
+    """Held to 15% (prefill quadratic: PREFILL_TOL), or, where the calibration ran beside other
+    work, to the error its own measurement noise gives (calibrate/probes.py noise_floor: the
+    repeats' spread was 1.5-6% on a quiet machine, 31% at load 11, where the step model's
+    held-out error was 14.9% and the floor 26%)."""
     _, raw, _, _ = calibrated
     fe = raw["fit_error"]
     print({k: v for k, v in fe.items() if k != "unit"}, raw["step_time"])
-    assert fe["step_model_mape"] < 15, fe
-    assert fe["prefill_quadratic_mape"] < 100 * PREFILL_TOL, fe
+    floor = noise_floor(fe["repeat_noise_pct"])
+    assert fe["step_model_mape"] < max(15, floor), fe
+    assert fe["prefill_quadratic_mape"] < max(100 * PREFILL_TOL, floor), fe
     assert all(r["heldout"] for r in raw["probes"] if r["new"] in (1500, 3000))
     assert raw["provenance"]["repeats"] == REPEATS and all(len(r["samples"]) == REPEATS for r in raw["probes"])
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from calibrate.fit import fit_step_model
-from calibrate.probes import Probe, repeat_time
+from calibrate.probes import NOISY_PCT, Probe, noise_floor, repeat_noise, repeat_time
 from calibrate.run import refit_profile
 from sim.cli import main
 from sim.hardware.profile import BUNDLED_DIR, load_profile
@@ -64,6 +64,33 @@ def test_refit_command_writes_the_same_profile_as_the_bundled_one(tmp_path, caps
     assert main(["calibrate", "--refit", str(BUNDLED_DIR / "cpu-tiny-llama.json"), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["step_time"] == pytest.approx(load_profile("cpu-tiny-llama").raw["step_time"])
     assert "refitted on the median" in capsys.readouterr().out
+
+
+def test_a_calibration_records_how_much_its_repeats_differ():
+    assert repeat_noise([1.0, 1.1, 0.9, 1.0, 5.0]) == pytest.approx(10.0)  # MAD 0.1 over median 1.0; the outlier barely counts
+    assert noise_floor(10.0, repeats=5) == pytest.approx(1.25 * 1.4826 * 10 / 5 ** 0.5)
+    raw = json.loads((BUNDLED_DIR / "cpu-tiny-llama.json").read_text())
+    fe = refit_profile(raw)["fit_error"]
+    assert fe["repeat_noise_pct"] == round(float(np.median([repeat_noise(r["samples"]) for r in raw["probes"]])), 2)
+    assert 0 < fe["repeat_noise_pct"] < NOISY_PCT  # calibrated on a quiet machine
+
+
+def test_a_calibration_beside_other_work_says_so_in_one_line(tmp_path, capsys):
+    """Repeats spread as they were at load 11 (31%): the refit warns on stderr, naming the
+    spread and the error it hides; a quiet profile's refit prints no warning."""
+    raw = json.loads((BUNDLED_DIR / "cpu-tiny-llama.json").read_text())
+    rng = np.random.default_rng(0)
+    for r in raw["probes"]:
+        r["samples"] = [s * f for s, f in zip(r["samples"], rng.uniform(0.5, 2.0, len(r["samples"])))]
+    noisy, out = tmp_path / "noisy.json", tmp_path / "p.json"
+    noisy.write_text(json.dumps(raw))
+    assert main(["calibrate", "--refit", str(noisy), "--out", str(out)]) == 0
+    err = capsys.readouterr().err.strip()
+    noise = json.loads(out.read_text())["fit_error"]["repeat_noise_pct"]
+    assert noise > NOISY_PCT and err.count("\n") == 0
+    assert err.startswith("warning: a probe's repeats differ by") and f"{noise:.1f}%" in err, err
+    assert main(["calibrate", "--refit", str(BUNDLED_DIR / "cpu-tiny-llama.json"), "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("bad", ["missing", "not json", "no repeats"])
