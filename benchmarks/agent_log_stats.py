@@ -494,8 +494,8 @@ def mini_swe_default(folder: Path):
     c = mini_swe_carry(folder)
     return Carry(mode="reasoning-dropped", basis="logs", sources=[MINI_SWE_CLIENT], evidence=(
         f"the next prompt holds {c['reasoning']:.2f} of a completion's reasoning tokens and {c['visible']:.2f} of the "
-        f"rest ({c['pairs']} consecutive completions with under {CARRY_FIT_CHARS} new characters between, "
-        f"{c['reasoning_pairs']} of them reasoning; agent_log_stats.mini_swe_carry): dropped, as mini-swe-agent sends "
+        f"rest (least squares of prompt growth over {c['pairs']} pairs of consecutive completions with under "
+        f"{CARRY_FIT_CHARS} new characters between, {c['reasoning_pairs']} of them reasoning; agent_log_stats.mini_swe_carry): dropped, as mini-swe-agent sends "
         f"back each message's role and content only; {c['reasoning_calls']:.1%} of completions reason"))
 
 
