@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentsim.errors import InputError
 from agentsim.resources import TRACE_ROW_BYTES, check_memory
@@ -223,10 +223,15 @@ class WorkloadSpec(Model):
     tools: dict[str, Dist]
     between: Between | None = None  # None: every program drawn alike (version 1, or too few programs)
 
+    @field_validator("carry")
+    @classmethod
+    def _dropped_needs_a_share(cls, v, info):
+        if v is not None and v.mode == "reasoning-dropped" and info.data.get("reasoning_share") is None:
+            raise ValueError("carry mode reasoning-dropped needs reasoning_share (the reasoning part of each output)")
+        return v
+
     @model_validator(mode="after")
     def _between_needs_v2(self):
-        if self.carry is not None and self.carry.mode == "reasoning-dropped" and self.reasoning_share is None:
-            raise ValueError("carry mode reasoning-dropped needs reasoning_share")
         if self.between is not None and self.version < 2:
             raise ValueError("between needs version 2")
         lift = self.between.tool_lift if self.between is not None else None
