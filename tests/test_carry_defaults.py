@@ -103,3 +103,14 @@ def test_trace_gen_says_the_specs_carry(tmp_path, capsys):
     out = tmp_path / "t.parquet"
     assert main(["trace", "gen", "--spec", "codex", "--programs", "2", "-o", str(out)]) == 0
     assert "carry cached (logs)" in capsys.readouterr().out
+
+
+def test_the_docs_table_is_what_the_shipped_specs_say():
+    import re
+
+    from benchmarks import spec_carry
+
+    text = (ROOT / "docs" / "traces.md").read_text()
+    m = re.search(r"^<!-- spec_carry: --specs traces/data/specs -->\n\n(.*?)\n\n<!-- end spec_carry -->$", text, re.S | re.M)
+    assert m and m[1] == spec_carry.table(fit.SPECS_DIR)
+    assert all(f"| `{n}` | `{mode}` |" in m[1] for n, mode in EXPECTED.items())
