@@ -114,3 +114,11 @@ def test_the_docs_table_is_what_the_shipped_specs_say():
     m = re.search(r"^<!-- spec_carry: --specs traces/data/specs -->\n\n(.*?)\n\n<!-- end spec_carry -->$", text, re.S | re.M)
     assert m and m[1] == spec_carry.table(fit.SPECS_DIR)
     assert all(f"| `{n}` | `{mode}` |" in m[1] for n, mode in EXPECTED.items())
+
+
+def test_a_specs_carry_modes_are_the_schemas():
+    from typing import get_args
+
+    from traces.schema import CARRY_MODES
+
+    assert tuple(get_args(fit.Carry.model_fields["mode"].annotation)) == tuple(CARRY_MODES)
