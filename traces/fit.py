@@ -685,7 +685,7 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
     if spec.reasoning_share is not None:
         share = np.full(len(df), spec.reasoning_share)
         if spec.reasoning_calls is not None and spec.reasoning_calls < 1:
-            # only some calls reason (mini-swe-agent's: 4%): with every call given a sliver, a
+            # only some calls reason (mini-swe-agent's: 3%): with every call given a sliver, a
             # reasoning-dropped carry would cut every prefix; drawn from their own stream
             on = np.random.default_rng([seed, 2]).random(len(df)) < spec.reasoning_calls
             share = np.where(on, min(spec.reasoning_share / spec.reasoning_calls, 1.0), 0.0)
