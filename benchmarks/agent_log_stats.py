@@ -14,7 +14,10 @@ wall time (count, mean, p50, p90, p99, max in seconds). Only statistics leave th
 --write-docs puts them into docs/traces.md (or PAGE) between `<!-- agent_log_stats: FLAGS -->`
 and `<!-- end agent_log_stats -->`. --write-specs writes the measured specs
 (traces/data/specs/): claude-code (AgentCgroup GLM-local main chains), codex (TraceLab's
-one Codex session) and, with --mini-swe, mini-swe-agent.
+one Codex session) and, with --mini-swe, mini-swe-agent, each with the context carry-over its
+logs show (glm_carry, codex_carry, mini_swe_carry: how much of a call's reasoning the next
+prompt's growth holds); where the next prompts drop the reasoning, a call's new input is
+the growth beyond the prompt and the output less its reasoning.
 
 --mini-swe DIR: the 500 mini-swe-agent trajectories of the SWE-bench bash-only run with
 Gemini 3 Pro (MINI_SWE_REPO; `git clone` it and give the `trajs` folder): prints (and writes
