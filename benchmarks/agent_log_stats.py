@@ -14,7 +14,10 @@ wall time (count, mean, p50, p90, p99, max in seconds). Only statistics leave th
 --write-docs puts them into docs/traces.md (or PAGE) between `<!-- agent_log_stats: FLAGS -->`
 and `<!-- end agent_log_stats -->`. --write-specs writes the measured specs
 (traces/data/specs/): claude-code (AgentCgroup GLM-local main chains), codex (TraceLab's
-one Codex session) and, with --mini-swe, mini-swe-agent.
+one Codex session) and, with --mini-swe, mini-swe-agent, each with the context carry-over its
+logs show (glm_carry, codex_carry, mini_swe_carry: how much of a call's reasoning the next
+prompt's growth holds); where the next prompts drop the reasoning, a call's new input is
+the growth beyond the prompt and the output less its reasoning.
 
 --mini-swe DIR: the 500 mini-swe-agent trajectories of the SWE-bench bash-only run with
 Gemini 3 Pro (MINI_SWE_REPO; `git clone` it and give the `trajs` folder): prints (and writes
@@ -47,6 +50,7 @@ SETS = {  # AgentCgroup set -> (agent label, output tokens usable)
     "all_images_haiku": ("Claude Code + Claude 3.5 Haiku", False),
     "batch_swebench_18tasks": ("Claude Code + Claude Haiku 4.5", False),
 }
+DROPS_REASONING = ("all_images_local",)  # sets whose next prompts drop the thinking (glm_carry); the others show none
 CONTEXT_WINDOW = 128_000  # llama-server -c 128000 in AgentCgroup's GLM runs: no program's context exceeds it
 CONTEXT_BANDS = (0, 32_000, 64_000)
 MIN_TOOL_CALLS = 20  # tools with fewer calls are pooled as "other" in the tool table
@@ -81,10 +85,12 @@ def tool_walls(d: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["tool", "s"])
 
 
-def agentcgroup_trace(d: pd.DataFrame, estimate_output: bool) -> pd.DataFrame:
+def agentcgroup_trace(d: pd.DataFrame, estimate_output: bool, dropped_share: float = 0.0) -> pd.DataFrame:
     """The main chains as a trace: a call's tool is its slowest tool (what the agent waited
     for), its tool time the gap to the next call; new input = prompt growth beyond the
-    previous prompt and output (clipped at 0)."""
+    previous prompt and the part of its output the next prompt carries (clipped at 0): all
+    of it, less round(dropped_share x output) where the next prompts drop the reasoning
+    (the GLM-local sessions: glm_carry)."""
     m = d[d["chain"] == "main"].sort_values(["session_id", "call_idx"])
     out = m["output_tokens_reported"].to_numpy(float)
     if estimate_output:
@@ -93,7 +99,8 @@ def agentcgroup_trace(d: pd.DataFrame, estimate_output: bool) -> pd.DataFrame:
     sid = m["session_id"].to_numpy()
     first = np.r_[True, sid[1:] != sid[:-1]]
     last = np.r_[sid[1:] != sid[:-1], True]
-    prev = np.r_[0, prompt[:-1] + out[:-1]]
+    carried = out - np.rint(dropped_share * out)
+    prev = np.r_[0, prompt[:-1] + carried[:-1]]
     new = np.where(first, prompt, np.maximum(prompt - prev, 0))
     tools = []
     for names, walls in zip(m["tool_names"].fillna(""), m["tool_wall_ms"].fillna("")):
@@ -128,6 +135,102 @@ def thinking_share(logs: Path, name: str) -> tuple[float, int] | None:
     return think / (think + other), len(files)
 
 
+GLM_CHARS_PER_TOKEN = 3.9  # the GLM-local set's median characters per completion token (its logged counts)
+
+
+CARRY_FIT_CHARS = 300  # _growth_fit: pairs with fewer new characters than this between the calls
+
+
+def _growth_fit(rows) -> dict:
+    """Least squares of the next prompt's growth over a call's prompt on [1, the call's output
+    less its reasoning, its reasoning, the characters that arrive before the next call], over
+    the pairs with under CARRY_FIT_CHARS new characters (a long tool result's tokens per
+    character vary by content and swamp the reasoning: mini-swe-agent's all-pairs fit gives
+    0.96, its short-input fit 0.02): a reasoning coefficient near 1 means the next prompt holds
+    the reasoning, near 0 that it drops it (the visible part's near 1 checks the fit)."""
+    a = np.asarray(rows, float)
+    a = a[a[:, 3] < CARRY_FIT_CHARS]
+    growth, out, reason, chars = a.T
+    x = np.c_[np.ones(len(a)), out - reason, reason, chars]
+    c = np.linalg.lstsq(x, growth, rcond=None)[0]
+    return {"pairs": len(a), "reasoning_pairs": int((reason > 0).sum()), "visible": round(float(c[1]), 2),
+            "reasoning": round(float(c[2]), 2)}
+
+
+def glm_carry(logs: Path) -> dict:
+    """What the raw GLM-local sessions' main chains show of carry-over: _growth_fit over
+    consecutive calls (thinking tokens = thinking characters / GLM_CHARS_PER_TOKEN; the
+    characters of the tool results and user text between), and the share of calls that think."""
+    files = sorted((logs / "agentcgroup" / "experiments" / "all_images_local").glob("*/attempt_1/trace.jsonl"))
+    rows, thinking = [], []
+    for f in files:
+        calls, chars = [], 0
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("isSidechain") or r.get("type") not in ("user", "assistant"):
+                continue
+            m = r["message"]
+            if r["type"] == "user":
+                for b in [m["content"]] if isinstance(m.get("content"), str) else m.get("content") or []:
+                    c = b if isinstance(b, str) else b.get("content") if b.get("type") == "tool_result" else b.get("text", "")
+                    chars += len(c if isinstance(c, str) else json.dumps(c))
+                continue
+            if m.get("model") == "<synthetic>":
+                continue
+            if not calls or calls[-1]["id"] != m["id"]:
+                u = m["usage"]
+                calls.append({"id": m["id"], "prompt": u["input_tokens"] + u.get("cache_creation_input_tokens", 0)
+                              + u.get("cache_read_input_tokens", 0), "out": u["output_tokens"], "think": 0, "before": chars})
+                chars = 0
+            for b in m.get("content") or []:
+                if isinstance(b, dict) and b.get("type") == "thinking":
+                    calls[-1]["think"] += len(b.get("thinking", ""))
+        thinking += [c["think"] > 0 for c in calls]
+        rows += [(b["prompt"] - a["prompt"], a["out"], a["think"] / GLM_CHARS_PER_TOKEN, b["before"]) for a, b in zip(calls, calls[1:])]
+    return {**_growth_fit(rows), "sessions": len(files), "thinking_calls": round(float(np.mean(thinking)), 4)}
+
+
+def mini_swe_carry(folder: Path) -> dict:
+    """_growth_fit over the trajectories' consecutive completions (usage of each; the
+    characters of the messages between), and the share of completions that reason."""
+    rows, reasoning = [], []
+    for f in sorted(folder.rglob("*.traj.json")):
+        chars, prev = 0, None
+        for m in json.loads(f.read_text())["messages"]:
+            if m.get("role") != "assistant":
+                chars += len(m.get("content") or "")
+                continue
+            u = m["extra"]["response"]["usage"]
+            cur = (u["prompt_tokens"], u["completion_tokens"], (u.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+            reasoning.append(cur[2] > 0)
+            if prev is not None:
+                rows.append((cur[0] - prev[0], prev[1], prev[2], chars))
+            prev, chars = cur, 0
+    return {**_growth_fit(rows), "reasoning_calls": round(float(np.mean(reasoning)), 4)}
+
+
+def codex_carry(rounds: list[dict]) -> dict:
+    """The Codex session's prompt growth at its tool gaps and at its user turns: at a tool gap
+    the next prompt grows by the call's output (reasoning kept) or output less reasoning
+    (dropped), plus the tool results; what remains (median, tokens) is the template's
+    overhead under each reading. At a user turn, the growth less the call's output, against
+    the reasoning of the calls since the previous user turn."""
+    tool, user = [], []
+    since = 0
+    for a, b in zip(rounds, rounds[1:]):
+        r = a.get("reasoning_output_tokens") or 0
+        since = r if a["current_user_message_count"] else since + r
+        grow = b["input_tokens_total"] - a["input_tokens_total"]
+        if b["current_user_message_count"]:
+            user.append((grow - a["output_tokens"], since))
+        else:
+            rest = grow - a["output_tokens"] - b["current_input_chars"] / 4
+            tool.append((rest, rest + r))
+    t = np.asarray(tool, float)
+    return {"tool_gaps": len(t), "kept_overhead": round(float(np.median(t[:, 0]))), "dropped_overhead": round(float(np.median(t[:, 1]))),
+            "user_turns": [(int(g), int(s)) for g, s in user]}
+
+
 def tracelab_rounds(logs: Path) -> list[dict]:
     path = logs / "tracelab" / "example_sessions" / "derived" / "round_trace.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -136,7 +239,7 @@ def tracelab_rounds(logs: Path) -> list[dict]:
 def mini_swe_trace(folder: Path) -> pd.DataFrame:
     """The trajectories as a trace: an assistant message is a call (usage from its raw
     response); its tool is the command it runs (traces.toolparse); new input = prompt growth
-    beyond the previous prompt and output; tool_duration_s = the interval to the next
+    beyond the previous prompt and output less its reasoning (dropped: mini_swe_carry); tool_duration_s = the interval to the next
     completion's `created` (whole seconds, LLM time included): a placeholder, never shipped."""
     from traces.toolparse import parse_tool
 
@@ -158,7 +261,7 @@ def mini_swe_trace(folder: Path) -> pd.DataFrame:
                          "tool": None if last else parse_tool(c.get("content")),
                          "tool_duration_s": np.nan if last else float(calls[i + 1]["extra"]["response"]["created"] - r["created"]),
                          "reasoning_tokens": reason})
-            prev = prompt + out
+            prev = prompt + out - reason  # the next prompt drops the reasoning (mini_swe_carry)
     return pd.DataFrame(rows)
 
 
@@ -219,10 +322,10 @@ def stats(logs: Path) -> str:
     srows, trows = [], []
     for name, (label, real_out) in SETS.items():
         d = agentcgroup_calls(logs, name)
-        t = agentcgroup_trace(d, estimate_output=False)
+        th = thinking_share(logs, name)
+        t = agentcgroup_trace(d, False, th[0] if th is not None and name in DROPS_REASONING else 0.0)
         ctx, new = _context_new(t)
         n = t.groupby("program_id").size()
-        th = thinking_share(logs, name)
         srows.append(session_row(label, len(n), n, ctx, new, t["output_tokens"].to_numpy() if real_out else None,
                                  "not logged" if th is None else f"{th[0]:.0%} of output chars ({th[1]} raw sessions)"))
         trows += tool_rows(label, tool_walls(d[d["chain"] == "main"]))
@@ -270,7 +373,7 @@ def tool_rows(label: str, w: pd.DataFrame) -> list[str]:
 
 def claude_code_spec(logs: Path):
     d = agentcgroup_calls(logs, "all_images_local")
-    t = agentcgroup_trace(d, estimate_output=False)
+    t = agentcgroup_trace(d, False, thinking_share(logs, "all_images_local")[0])
     first = t["turn"] == 0
     # the GLM sessions log no cache use: the shared prefix is the Haiku sessions' cached share of the
     # first prompt (Claude Code's system prompt and tool schemas) applied to the GLM first prompts
@@ -286,7 +389,7 @@ def claude_code_spec(logs: Path):
                                   "per-call table derived from them (agentcgroup/derived/all_images_local.calls.csv of the logs folder)"}],
             "derived": ("statistics only (quantiles, fitted tails): main chains; a call's tool = its slowest tool, tool time "
                         "= gap to the next call (parallel tools overlap); new input = prompt growth beyond the previous prompt "
-                        f"and output; shared prefix = {shared} tokens (the Haiku set's cached share {share:.3f} of the first "
+                        f"and the output less its reasoning share (the next prompts drop it: `carry`); shared prefix = {shared} tokens (the Haiku set's cached share {share:.3f} of the first "
                         f"prompt times the GLM median first prompt); max_context {CONTEXT_WINDOW} (the llama-server's -c). Written by benchmarks/agent_log_stats.py --write-specs"),
             "counts": {}, "notes": "sessions ran one at a time; tool time includes container effects (pip, tests, 120 s timeouts)"}
     return t, prov
@@ -342,7 +445,8 @@ def mini_swe_spec(folder: Path):
                     "benchmarks/agent_log_stats.py --mini-swe DIR --write-specs"),
         "counts": {"programs": int((cols["turn"] == 0).sum()), "calls": len(cols), "tool_calls": n_tool},
         "notes": "tool durations: published-statistics fallback; sigmas of pip and sed assumed"}
-    spec = fit.fit_columns(cols, "mini-swe-agent", prov, reasoning_share=round(rshare, 4))
+    spec = fit.fit_columns(cols, "mini-swe-agent", prov, reasoning_share=round(rshare, 4), carry=mini_swe_default(folder),
+                           reasoning_calls=mini_swe_carry(folder)["reasoning_calls"])
     rng = np.random.default_rng(0)
     other = fit.fit_dist(lognormal_dist(rng, mean_o, sigma_o))
     spec.tools = {k: (fit.fit_dist(lognormal_dist(rng, m["pip_mean"], m["sigma_pip"])) if k == "pip" else
@@ -351,6 +455,51 @@ def mini_swe_spec(folder: Path):
     # the logged intervals hold LLM time, so how a program's tool times differ is not measured either
     spec.between = spec.between.without("tool") if spec.between is not None else None
     return spec
+
+
+# --- carry defaults: what each shipped spec's logs show (glm_carry, codex_carry, mini_swe_carry) --------
+
+ANTHROPIC_THINKING = "https://platform.claude.com/docs/build-with-claude/thinking-tool-workflows"
+LLAMA_CPP_THINKING = "https://github.com/ggml-org/llama.cpp/pull/20120"
+OPENAI_REASONING = "https://cookbook.openai.com/examples/responses_api/reasoning_items"
+HARMONY_DROP = "https://docs.vllm.ai/en/latest/api/vllm/entrypoints/openai/parser/harmony_utils/"
+MINI_SWE_CLIENT = ("https://github.com/gruckion/mini-swe-agent/blob/d12a71affd95403b036b2bdbd827349b77bfffb9/"
+                   "src/minisweagent/models/openrouter_model.py")
+
+
+def claude_code_default(gc: dict):
+    from traces.fit import Carry
+
+    return Carry(mode="reasoning-dropped", basis="logs", sources=[ANTHROPIC_THINKING, LLAMA_CPP_THINKING], evidence=(
+        f"the next prompt holds {gc['reasoning']:.2f} of a call's thinking tokens and {gc['visible']:.2f} of the rest "
+        f"(least squares of prompt growth over {gc['pairs']} consecutive main-chain calls of the {gc['sessions']} raw GLM "
+        f"sessions with under {CARRY_FIT_CHARS} new characters between; agent_log_stats.glm_carry): dropped. Claude Code "
+        "keeps the thinking blocks in its transcript (the Messages API wants them back within a tool loop); llama-server's /v1/messages "
+        "dropped them when converting the request until llama.cpp PR 20120 (2026-03-05), after these runs"))
+
+
+def codex_default(rounds: list[dict]):
+    from traces.fit import Carry
+
+    c = codex_carry(rounds)
+    grow, since = (" and ".join(str(u[i]) for u in c["user_turns"]) for i in (0, 1))
+    return Carry(mode="cached", basis="logs", sources=[OPENAI_REASONING, HARMONY_DROP], evidence=(
+        f"at its {c['tool_gaps']} tool gaps the prompt grows by the output and the results (at 4 characters a token) "
+        f"plus {c['kept_overhead']} tokens (median) if the reasoning is kept, {c['dropped_overhead']} if dropped: kept "
+        "within the tool loop (the Responses API passes reasoning items back); at the user's turns the growth less the "
+        f"output is {grow} tokens against {since} tokens of reasoning since the previous user turn: all of it dropped then, which no carry mode "
+        "models (the spec's 2 user gaps are tool `(unknown)`, carried as cached); agent_log_stats.codex_carry"))
+
+
+def mini_swe_default(folder: Path):
+    from traces.fit import Carry
+
+    c = mini_swe_carry(folder)
+    return Carry(mode="reasoning-dropped", basis="logs", sources=[MINI_SWE_CLIENT], evidence=(
+        f"the next prompt holds {c['reasoning']:.2f} of a completion's reasoning tokens and {c['visible']:.2f} of the "
+        f"rest (least squares of prompt growth over {c['pairs']} pairs of consecutive completions with under "
+        f"{CARRY_FIT_CHARS} new characters between, {c['reasoning_pairs']} of them reasoning; agent_log_stats.mini_swe_carry): dropped, as mini-swe-agent sends "
+        f"back each message's role and content only; {c['reasoning_calls']:.1%} of completions reason"))
 
 
 def write_specs(logs: Path, out: Path, mini: Path | None = None) -> list[Path]:
@@ -365,7 +514,9 @@ def write_specs(logs: Path, out: Path, mini: Path | None = None) -> list[Path]:
     share, raw = thinking_share(logs, "all_images_local")
     prov["derived"] += (f"; reasoning_share {share:.3f} = thinking characters / generated characters of the {raw} raw "
                         "GLM sessions in the logs folder (the per-call table has no thinking column)")
-    cc = fit.fit_columns(cols, "claude-code", prov, max_context=CONTEXT_WINDOW, reasoning_share=round(share, 4))
+    gc = glm_carry(logs)
+    cc = fit.fit_columns(cols, "claude-code", prov, max_context=CONTEXT_WINDOW, reasoning_share=round(share, 4),
+                         reasoning_calls=gc["thinking_calls"] if gc["thinking_calls"] < 1 else None, carry=claude_code_default(gc))
     cx = codex_trace(logs)
     rounds = [x for x in tracelab_rounds(logs) if x["provider"] == "codex"]
     rshare = sum(x.get("reasoning_output_tokens") or 0 for x in rounds) / sum(x["output_tokens"] for x in rounds)
@@ -378,7 +529,8 @@ def write_specs(logs: Path, out: Path, mini: Path | None = None) -> list[Path]:
                     "2 of 8) are tool `(unknown)`. reasoning_share = logged reasoning / output tokens"),
         "counts": {"programs": 1, "calls": len(ccols), "tool_calls": int(np.isfinite(ccols["tool_duration_s"]).sum())},
         "notes": "far too few sessions for distributions: a shape, not a measurement of Codex at large"},
-        reasoning_share=round(rshare, 4))
+        reasoning_share=round(rshare, 4), carry=codex_default(rounds),
+        reasoning_calls=round(float(np.mean([bool(x.get("reasoning_output_tokens")) for x in rounds])), 4))
     specs = [cc, codex] + ([mini_swe_spec(mini)] if mini is not None else [])
     return [fit.write_spec(s, out / f"{s.name}.json") for s in specs]
 

@@ -578,6 +578,31 @@ def test_carry_over_modes_twin_identical_per_call(policy, carry, share):
     assert rows["vllm"]["cached_tokens"].sum() > 0
 
 
+@pytest.mark.parametrize("name", ["claude-code", "mini-swe-agent"])
+def test_a_specs_default_carry_twin_identical_per_call(name):
+    """A measured spec's default carry (reasoning-dropped; mini-swe-agent's reasoning on 3% of
+    calls, so most turns are as cached): its first turns, tokens scaled to a tiny pool, call by
+    call the same in both engines; and the carry matters (the cache hits differ from cached)."""
+    from traces.fit import generate_from_spec, read_spec
+    from traces.schema import validate
+
+    df, _ = generate_from_spec(read_spec(name), 40 if name == "mini-swe-agent" else 8, 0)
+    df = df[df["turn"] < 4].drop(columns="shared_prefix_tokens").copy()
+    df["new_input_tokens"] = np.maximum(df["new_input_tokens"] // 40, (df["turn"] == 0).astype(int))
+    out = np.maximum(df["output_tokens"] // 4, 1)
+    df["reasoning_tokens"] = np.minimum(df["reasoning_tokens"] // 4, out)
+    df["output_tokens"] = out
+    trace = validate(df)
+    carried = trace.groupby("program_id")["turn"].transform("max") > trace["turn"]
+    assert ((trace["carry"] == "reasoning-dropped") & (trace["reasoning_tokens"] > 0) & carried).sum() >= 2
+    arrivals = np.cumsum(np.random.default_rng(7).exponential(0.3, trace["program_id"].nunique()))
+    prof = linear_profile(c2=1e-7, blocks=300)
+    rows = {e: simulate(trace, "continuum", prof, arrivals, scheduler=e).turns[TWIN_COLUMNS] for e in ("simpy", "vllm")}
+    assert rows["simpy"].equals(rows["vllm"])
+    cached = simulate(trace.assign(carry="cached"), "continuum", prof, arrivals, scheduler="vllm").turns
+    assert cached["cached_tokens"].sum() > rows["vllm"]["cached_tokens"].sum()
+
+
 SOFT = [("continuum-soft", {}), ("continuum-soft", {"half_life": 0.5}), ("client-ttl", {}),
         ("client-ttl", {"ttl_mode": "fixed", "ttl": 1.0, "priority": 80, "half_life": 0.3}), ("client-ttl-pin", {})]
 

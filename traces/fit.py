@@ -18,8 +18,13 @@ empirical quantile function (no tail).
 - `output`, `last_output`: generated tokens of a call before a tool and of a program's
   last call. `reasoning_share` (optional): the share of output tokens that is reasoning,
   where the log says (a trace's `reasoning_tokens`); a generated trace's rows get
-  round(share x output) reasoning tokens (`sim trace carry` decides whether the next
-  prompt drops them).
+  round(share x output) reasoning tokens; with `reasoning_calls` (the share of calls that
+  reason, where the log shows fewer than all) only a drawn share of calls get reasoning,
+  share / reasoning_calls of their output (capped at all of it), so the mean stays.
+- `carry` (optional): the default context carry-over of the agent's calls
+  (traces/schema.py `carry`: mode, and whether the spec's logs show it or the client's
+  documented behaviour decides it, with the evidence and sources); a generated trace's
+  rows get the mode (`sim trace carry` sets another).
 - `tool_mix`: the tool called after a turn, per turn-position bucket (`from_turn`);
   `tools`: each tool's duration in seconds. A tool the log does not name is `(unknown)`
   in the spec and null in the trace.
@@ -50,7 +55,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentsim.errors import InputError
 from agentsim.resources import TRACE_ROW_BYTES, check_memory
@@ -121,6 +126,14 @@ class Source(Model):
     commit: str | None = None
     licence: str
     files: str | None = None
+
+
+class Carry(Model):
+    """A spec's default context carry-over and what it rests on."""
+    mode: Literal["cached", "rerendered", "reasoning-dropped"]  # traces/schema.py CARRY_MODES
+    basis: Literal["logs", "documented", "trace"]  # measured in the logs; the client's documented behaviour; the fitted trace's column
+    evidence: str
+    sources: list[str] = []
 
 
 class Provenance(Model):
@@ -202,11 +215,20 @@ class WorkloadSpec(Model):
     new_input: list[ContextBin]
     output: Dist
     last_output: Dist
-    reasoning_share: JSONFloat | None = None
+    reasoning_share: JSONFloat | None = Field(default=None, ge=0, le=1)
+    reasoning_calls: JSONFloat | None = Field(default=None, gt=0, le=1)  # share of calls with reasoning; None: every call
+    carry: Carry | None = None  # None: cached
     max_context: JSONInt = Field(ge=1)
     tool_mix: list[ToolMix]
     tools: dict[str, Dist]
     between: Between | None = None  # None: every program drawn alike (version 1, or too few programs)
+
+    @field_validator("carry")
+    @classmethod
+    def _dropped_needs_a_share(cls, v, info):
+        if v is not None and v.mode == "reasoning-dropped" and info.data.get("reasoning_share") is None:
+            raise ValueError("carry mode reasoning-dropped needs reasoning_share (the reasoning part of each output)")
+        return v
 
     @model_validator(mode="after")
     def _between_needs_v2(self):
@@ -413,9 +435,12 @@ def fit_between(n_turns: np.ndarray, seqs: dict[str, tuple], lift=None,
 
 
 def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None = None,
-                max_context: int | None = None) -> WorkloadSpec:
+                max_context: int | None = None, reasoning_calls: float | None = None,
+                carry: Carry | None = None) -> WorkloadSpec:
     """A spec from a checked trace (traces.schema.Columns) and its provenance dict;
-    max_context: the largest context a program may reach (default: the largest logged)."""
+    max_context: the largest context a program may reach (default: the largest logged).
+    Reasoning share, share of calls that reason and carry default to the trace's own
+    (`reasoning_tokens`; a `carry` column with one mode)."""
     pid, turn = cols["program_id"], cols["turn"]
     new, out = cols["new_input_tokens"].astype(float), cols["output_tokens"].astype(float)
     tool, dur = cols["tool"], cols["tool_duration_s"]
@@ -430,6 +455,11 @@ def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None
     shared = _shared_prefix(cols)
     if reasoning_share is None and "reasoning_tokens" in cols and out.sum() > 0:
         reasoning_share = float(cols["reasoning_tokens"].sum() / out.sum())
+    if reasoning_calls is None and "reasoning_tokens" in cols and reasoning_share:
+        on = float(np.mean(cols["reasoning_tokens"] > 0))
+        reasoning_calls = round(on, 4) if on < 1 else None
+    if carry is None and "carry" in cols and len(set(cols["carry"])) == 1:
+        carry = Carry(mode=cols["carry"][0], basis="trace", evidence="the carry column of the fitted trace")
     # context before each turn: everything earlier in its program
     total = new + out
     cum = np.cumsum(total)
@@ -461,7 +491,7 @@ def fit_columns(cols, name: str, provenance: dict, reasoning_share: float | None
         first_input=fit_dist(np.maximum(new[first] - shared, 1)),
         new_input=new_bins,
         output=fit_dist(out[~last]) if (~last).any() else fit_dist(out[last]),
-        last_output=fit_dist(out[last]), reasoning_share=reasoning_share,
+        last_output=fit_dist(out[last]), reasoning_share=reasoning_share, reasoning_calls=reasoning_calls, carry=carry,
         max_context=int(final_ctx.max()) if max_context is None else int(max_context), tool_mix=mix, tools=tools,
         between=fit_between(n_turns, seqs, tool_lift(prog[has_tool], names[has_tool].astype(str))),
     )
@@ -653,10 +683,20 @@ def generate_from_spec(spec: WorkloadSpec, programs: int = 500, seed: int = 0):
         "shared_prefix_tokens": np.full(len(prog), shared, dtype=np.int64),
     })
     if spec.reasoning_share is not None:
-        df["reasoning_tokens"] = np.rint(spec.reasoning_share * df["output_tokens"]).astype(np.int64)
+        share = np.full(len(df), spec.reasoning_share)
+        if spec.reasoning_calls is not None and spec.reasoning_calls < 1:
+            # only some calls reason (mini-swe-agent's: 3%): with every call given a sliver, a
+            # reasoning-dropped carry would cut every prefix; drawn from their own stream
+            on = np.random.default_rng([seed, 2]).random(len(df)) < spec.reasoning_calls
+            share = np.where(on, min(spec.reasoning_share / spec.reasoning_calls, 1.0), 0.0)
+        df["reasoning_tokens"] = np.rint(share * df["output_tokens"]).astype(np.int64)
+    if spec.carry is not None:
+        df["carry"] = spec.carry.mode
     meta = {"generator": f"spec:{spec.name}", "spec_version": spec.version, "seed": int(seed), "programs": int(programs),
             "synthetic": True, "source": f"sampled from workload spec {spec.name!r} (traces/fit.py)",
             "shared_prefix_tokens": shared, "provenance": spec.provenance.model_dump(mode="json")}
+    if spec.carry is not None:
+        meta["carry"] = {"mode": spec.carry.mode, "reasoning_share": spec.reasoning_share, "source": f"spec {spec.name!r} ({spec.carry.basis})"}
     return validate(df), meta
 
 

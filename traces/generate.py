@@ -374,7 +374,8 @@ def _gen_cmd(args) -> int:
         spec = fit.read_spec(args.spec)
         df, meta = fit.generate_from_spec(spec, args.programs, args.seed)
         path = write_trace(df, args.output, meta)
-        print(f"wrote {path}: {meta['programs']} programs of spec {spec.name!r}, {len(df)} calls (seed {args.seed})")
+        carry = f", carry {spec.carry.mode} ({spec.carry.basis})" if spec.carry is not None else ""
+        print(f"wrote {path}: {meta['programs']} programs of spec {spec.name!r}, {len(df)} calls (seed {args.seed}){carry}")
         return 0
     args.tokens_mode = args.tokens_mode or "sum"  # None: not given (a --spec run refuses it; agentsim/requires.py)
     df, meta = generate(args.kind, args.programs, args.seed, args.tokens_mode, args.shared_prefix, args.tasks)
