@@ -3,14 +3,18 @@ aiconfigurator's own composition of its measured kernels (needs the optional ext
 
     python benchmarks/server_run_steps.py [--only ID[,ID]] [--gpus GPU[,GPU]]
 
-Per run of benchmarks/data/server_runs.json at concurrency c: a decode of c sequences at the
-mean decode context (benchmarks/server_runs_table.py decode_ctx), a mixed step of one prompt
-beside c - 1 of those decodes (the prompt whole, or its first chunk where it exceeds
-max_num_batched_tokens), and the prompt alone; each priced by the profile the judge uses
+Per run of benchmarks/data/server_runs.json: a decode of the b sequences the real server kept in
+decode (Little's law on its closed loop of c requests: b = c x (E2E - TTFT) / E2E, E2E = TTFT +
+TPOT x (mean output - 1)) at the mean decode context (benchmarks/server_runs_table.py
+decode_ctx), a mixed step of one prompt beside b - 1 of those decodes (the prompt whole, or its
+first chunk where it exceeds max_num_batched_tokens), and the prompt alone; each priced by the profile the judge uses
 (`sim profile roofline`, measured kernels where shipped; device time only) and by
 aiconfigurator (sim/hardware/check.py aiconfigurator_points), with the profile's error.
-Kernel-level only: it says which steps the profile misprices against the kernels, not
-against the servers, and nothing here is fitted.
+Kernel-level: it says which steps the profile misprices against the kernels. Then, beside each
+run's real TPOT, the TPOT those steps imply (each of the b running requests is replaced by a new
+prompt once per mean output length, so a step is mixed with probability b / mean output:
+decode + b / mean output x (mixed - decode)), and what the real TPOT leaves above the
+kernels' per step and per all-reduce (2 per layer when tp > 1). Nothing here is fitted.
 """
 from __future__ import annotations
 
@@ -30,13 +34,30 @@ def mean_input(run: dict) -> int:
     return round(w["input_tokens"] * (1 + (w.get("length_spread") or {}).get("low_ratio", 1.0)) / 2)
 
 
+def in_decode(run: dict) -> float:
+    """The sequences the real server kept in decode, by Little's law (see above)."""
+    m, c = run["measured"], run["workload"]["concurrency"]
+    e2e = m["ttft_ms"]["mean"] + m["tpot_ms"]["mean"] * (mean_output(run) - 1)
+    return c * (e2e - m["ttft_ms"]["mean"]) / e2e
+
+
 def shapes(run: dict, budget: int) -> list[pc.Probe]:
     """The run's decode, mixed and prompt steps (budget: max_num_batched_tokens)."""
-    c, ctx, n = int(run["workload"]["concurrency"]), round(srt.decode_ctx(run)), mean_input(run)
-    out = [pc.Probe("decode", B=c, ctx=ctx)]
-    if c > 1:
-        out.append(pc.Probe("mixed", n=min(n, budget - (c - 1)), B=c - 1, ctx=ctx))
+    b, ctx, n = max(1, round(in_decode(run))), round(srt.decode_ctx(run)), mean_input(run)
+    out = [pc.Probe("decode", B=b, ctx=ctx)]
+    if b > 1:
+        out.append(pc.Probe("mixed", n=min(n, budget - (b - 1)), B=b - 1, ctx=ctx))
     return out + [pc.Probe("prefill", n=min(n, budget))]
+
+
+def mean_output(run: dict) -> float:
+    w = run["workload"]
+    return w["output_tokens"] * (1 + (w.get("length_spread") or {}).get("low_ratio", 1.0)) / 2
+
+
+def implied_tpot_ms(run: dict, decode_ms: float, mixed_ms: float) -> float:
+    """The TPOT of a loop whose steps are these decode and mixed steps (see above)."""
+    return decode_ms + in_decode(run) / mean_output(run) * (mixed_ms - decode_ms)
 
 
 def rows(data: dict, runs: list[dict]) -> list[dict]:
@@ -60,9 +81,40 @@ def rows(data: dict, runs: list[dict]) -> list[dict]:
     return out
 
 
+def tpot_rows(data: dict, runs: list[dict], rs: list[dict]) -> list[dict]:
+    out = []
+    for r in runs:
+        by = {x["kind"]: x for x in rs if x["run"] == r["id"]}
+        if "mixed" not in by:
+            continue
+        real = r["measured"]["tpot_ms"]["mean"]
+        prof, aic = (implied_tpot_ms(r, by["decode"][k], by["mixed"][k]) for k in ("profile_ms", "aic_ms"))
+        layers = (srt.model_spec(data, r["model"]) or _zoo(r["model"]))["num_layers"]
+        out.append({"run": r["id"], "gpu": r["gpu"], "tp": r["tp"], "workload": r["workload"].get("label", ""),
+                    "concurrency": r["workload"]["concurrency"], "real_ms": real, "profile_ms": prof, "aic_ms": aic,
+                    "above_kernels_ms": real - aic,
+                    "per_all_reduce_us": (real - aic) / (2 * layers) * 1e3 if r["tp"] > 1 else None})
+    return out
+
+
+def _zoo(model: str) -> dict:
+    from sim.hardware.roofline import find_model
+
+    return find_model(model)[1]
+
+
+def render_tpot(ts: list[dict]) -> str:
+    lines = ["| GPU x tp | workload | concurrency | real TPOT (ms) | implied by the steps: profile / aiconfigurator "
+             "(ms) | real above the kernels (ms per step) | per all-reduce (us) |", "|---|---|---:|---:|---|---:|---:|"]
+    lines += [f"| {t['gpu']} x{t['tp']} | {t['workload']} | {t['concurrency']} | {t['real_ms']:.2f} | "
+              f"{t['profile_ms']:.2f} / {t['aic_ms']:.2f} | {t['above_kernels_ms']:+.2f} | "
+              + (f"{t['per_all_reduce_us']:+.1f} |" if t["per_all_reduce_us"] is not None else "- |") for t in ts]
+    return "\n".join(lines)
+
+
 def render(rs: list[dict]) -> str:
-    lines = ["| GPU x tp | workload | concurrency | step | profile | profile (ms) | aiconfigurator (ms) | "
-             "profile vs kernels |", "|---|---|---:|---|---|---:|---:|---:|"]
+    lines = ["| GPU x tp | workload | concurrency | step (B: the real server's sequences in decode) | profile | "
+             "profile (ms) | aiconfigurator (ms) | profile vs kernels |", "|---|---|---:|---|---|---:|---:|---:|"]
     lines += [f"| {r['gpu']} x{r['tp']} | {r['workload']} | {r['concurrency']} | {r['step']} | {r['profile']} | "
               f"{r['profile_ms']:.2f} | {r['aic_ms']:.2f} | {r['error_pct']:+.1f}% |" for r in rs]
     return "\n".join(lines)
@@ -89,6 +141,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(render(out))
+    print()
+    print(render_tpot(tpot_rows(data, runs, out)))
     return 0
 
 
