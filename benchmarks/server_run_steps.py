@@ -60,16 +60,26 @@ def implied_tpot_ms(run: dict, decode_ms: float, mixed_ms: float) -> float:
     return decode_ms + in_decode(run) / mean_output(run) * (mixed_ms - decode_ms)
 
 
+def judged_profile(data: dict, run: dict):
+    """(Profile, provenance source) the judge builds for the run (server_runs_table.build_profile's
+    engine view: `sim profile roofline` at the run's settings, measured kernels where shipped)."""
+    from sim.hardware.profile import parse_profile
+    from sim.hardware.roofline import roofline_profile
+
+    e = run["engine"]
+    raw, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"],
+                              gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
+                              max_num_batched_tokens=e.get("max_num_batched_tokens"),
+                              max_num_seqs=e.get("max_num_seqs"), measured=True, model_spec=srt.model_spec(data, run["model"]))
+    return parse_profile(raw, run["id"]), raw["provenance"].get("source", "")
+
+
 def rows(data: dict, runs: list[dict]) -> list[dict]:
     out, profiles = [], {}
     for r in runs:
         key = (r["gpu"], r["tp"], r["model"])
         if key not in profiles:
-            e = r["engine"]
-            profiles[key] = srt._profile(r["gpu"], r["model"], r["tp"], True, srt.model_spec(data, r["model"]),
-                                         gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
-                                         max_num_batched_tokens=e.get("max_num_batched_tokens"),
-                                         max_num_seqs=e.get("max_num_seqs"))
+            profiles[key] = judged_profile(data, r)
         prof, src = profiles[key]
         ref, _ = pc.aiconfigurator_points(prof, shapes(r, prof.engine.max_num_batched_tokens))
         for p in ref:

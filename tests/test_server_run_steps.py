@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,15 +53,16 @@ def test_the_implied_tpot_mixes_in_one_prompt_per_output_of_each_running_request
 def test_the_profile_column_is_the_judges_profile_and_the_reference_is_aiconfigurators():
     pytest.importorskip("aiconfigurator_core")
     from sim.hardware import check as pc
+    from sim.hardware.profile import load_profile
 
     run = _run("H100", 4, "1k1k", 16)
     rows = srs.rows(DATA, [run])
     b = round(srs.in_decode(run))
     assert [r["kind"] for r in rows] == ["decode", "mixed", "prefill"]
-    e = run["engine"]
-    prof, src = srt._profile("H100", run["model"], 4, True, None, gpu_memory_utilization=e["gpu_memory_utilization"],
-                             max_num_batched_tokens=e["max_num_batched_tokens"], max_num_seqs=e["max_num_seqs"])
-    assert src.startswith("measured") and {r["profile"] for r in rows} == {"measured"}
+    with tempfile.TemporaryDirectory() as tmp:  # the profile file the judge itself writes for this run
+        path, which, _ = srt.build_profile(DATA, run, "engine", Path(tmp))
+        prof = load_profile(path)
+    assert which == "measured" and {r["profile"] for r in rows} == {"measured"}
     dec = pc.Probe("decode", B=b, ctx=round(srt.decode_ctx(run)))
     assert rows[0]["profile_ms"] == pytest.approx(prof.step_time(*dec.features()) * 1e3)
     ref, _ = pc.aiconfigurator_points(prof, [dec])
