@@ -70,7 +70,8 @@ def judged_profile(data: dict, run: dict):
     raw, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"],
                               gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
                               max_num_batched_tokens=e.get("max_num_batched_tokens"),
-                              max_num_seqs=e.get("max_num_seqs"), measured=True, model_spec=srt.model_spec(data, run["model"]))
+                              max_num_seqs=e.get("max_num_seqs"), measured=True,
+                              model_spec=srt.model_spec(data, run["model"]))
     return parse_profile(raw, run["id"]), raw["provenance"].get("source", "")
 
 
