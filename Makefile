@@ -24,5 +24,5 @@ test-fast: install  ## skip the tests that start a real vLLM
 # 1,500 examples each on every core: about 1.2 CPU-s per example over the ten tests, so
 # within 20 minutes on 2 cores (10,000 took hours)
 fuzz: engine        ## the property, input-fuzz and random twin tests with 1,500 new examples each
-	AGENTSIM_FUZZ_EXAMPLES=1500 $(PY) -m pytest -q -n auto tests/test_properties.py tests/test_twin_engine.py \
-		-k "test_properties or random_configurations or busy_runs"
+	AGENTSIM_FUZZ_EXAMPLES=1500 $(PY) -m pytest -q -n auto tests/test_random_configurations.py tests/test_twin_engine.py \
+		-k "random_configurations or busy_runs"

@@ -20,7 +20,7 @@ from agentsim.errors import InputError
 from conftest import linear_profile, make_trace, random_trace, simulate
 from policies.registry import POLICIES
 from sim.cluster.router import router_names
-from test_properties import EXAMPLES, SETTINGS, _carry_and_hints, _simulate, configs
+from test_random_configurations import EXAMPLES, SETTINGS, _carry_and_hints, _simulate, configs
 
 pytestmark = pytest.mark.engine
 
@@ -297,7 +297,7 @@ def test_a_pass_that_preempted_every_running_call_is_followed_by_a_new_pass(seed
 @SETTINGS
 @given(configs())
 def test_twin_under_random_configurations(c):
-    """tests/test_properties.py's random configurations (every policy, tiny token budgets
+    """tests/test_random_configurations.py's random configurations (every policy, tiny token budgets
     and pools, chunked prefill on/off, 1-3 replicas behind every router, offload tiers,
     disaggregation with a slow link) on both engines: every call's schedule, first token,
     finish, prefix hit, preemptions and reloaded tokens agree. (vLLM's scheduler has no
@@ -310,7 +310,7 @@ def test_twin_under_random_configurations(c):
         try:
             res = _simulate(c, c["policy"], scheduler=kind)
         except InputError:
-            assume(False)  # a context the pool or budget cannot hold: refused alike (tests/test_properties.py)
+            assume(False)  # a context the pool or budget cannot hold: refused alike (tests/test_random_configurations.py)
         rows[kind] = res.turns[["program_id", "turn", "scheduled", "first_token", "finish", "cached_tokens",
                                 "computed_prompt_tokens", "preemptions", "output_tokens", "loaded_tokens"]]
     assert rows["simpy"].equals(rows["vllm"])
