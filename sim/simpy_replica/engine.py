@@ -198,8 +198,12 @@ class SimpyReplica(Replica):
     # --- the step loop --------------------------------------------------------------------
     def _next_event(self, horizon) -> float:
         """Earliest time something outside the batch can change: an event `horizon()`
-        names (arrival, tool return), a pin expiry or a change of soft retention's order."""
-        expiry = min((p.expiry for p in self.policy.pins.values()), default=math.inf)
+        names (arrival, tool return), a pin expiry or a change of soft retention's order.
+        A pin whose TTL ran out by now is one its program's waiting call keeps (expire_pins
+        dropped the others as this step was scheduled): it stays until that call is
+        admitted, which ends the stretch anyway, so its past expiry changes nothing (_wake_at)."""
+        now = self.env.now
+        expiry = min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf)
         if self.sched.retaining:
             expiry = min(expiry, self.sched.pool.next_change())
         return min(horizon(), expiry)
