@@ -207,3 +207,13 @@ def test_a_reader_that_goes_away_gets_no_traceback():
     p = subprocess.run(f"{sys.executable} -m sim.cli run --programs 3 --no-progress | true", shell=True,
                        capture_output=True, text=True, timeout=120)
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+
+
+def test_summary_names_the_policys_own_decisions():
+    # each policy counts its own DECISIONS: soft retention's "retained", not InferCept's three
+    from sim.commands.run import format_summary
+
+    tr, arr = random_trace(np.random.default_rng(5), 20), np.zeros(20)
+    s = run(tr, arr, policy="continuum-soft", blocks=400).summary
+    line = next(ln for ln in format_summary(s).splitlines() if ln.startswith("retained"))
+    assert line.split()[-1] == str(s["decisions"]["retained"])

@@ -199,7 +199,8 @@ def format_summary(s: dict) -> str:
                                                 for n, t in s["tiers"].items())))
         rows.append(("CPU hit ratio / reloads", f"{s['cpu_hit_ratio']:.3f} / {s['offload_loads']} loads, {s['reload_s']:.1f} s"))
     if "decisions" in s:
-        rows.append(("preserve / discard / swap", " / ".join(str(s["decisions"][k]) for k in ("preserve", "discard", "swap"))))
+        d = s["decisions"]  # the policy's DECISIONS (InferCept: preserve / discard / swap; soft retention: retained)
+        rows.append((" / ".join(d), " / ".join(str(v) for v in d.values())))
     if "proxy" in s:
         rows.append(("proxy paused / resumed", f"{s['proxy']['paused']} / {s['proxy']['resumed']} (queued {s['proxy']['queued']})"))
     ttls = sorted(s["ttl_by_tool"].items(), key=lambda kv: (-kv[1]["pins"], kv[0]))  # the most pinned tools

@@ -85,6 +85,7 @@ class PyBlockPool:
         self._epoch = 0  # allocations that evicted something so far
         self._evicted_at = np.zeros(num_blocks, np.int64)  # block -> epoch of its last eviction
         self._memo: dict[Hashable, tuple[list[int], np.ndarray, int]] = {}  # owner -> (hit, as array, epoch)
+        self._last_hit: tuple[list[int], np.ndarray] = ([], np.empty(0, np.intp))  # lookup's last answer, as array
         self._push(np.arange(num_blocks, dtype=np.intp), left=False)
 
     @property
@@ -137,8 +138,11 @@ class PyBlockPool:
         hit, arr = [], None
         if memo is not None:
             old, arr, epoch = memo
-            gone = self._evicted_at[arr] > epoch
-            m = min(int(gone.argmax()) if gone.any() else len(old), len(keys))
+            if epoch == self._epoch:  # nothing evicted since: every remembered block still holds its key
+                m = min(len(old), len(keys))
+            else:
+                gone = self._evicted_at[arr] > epoch
+                m = min(int(gone.argmax()) if gone.any() else len(old), len(keys))
             hit, arr = old[:m], arr[:m]
         n_known = len(hit)
         hit = self._scan(keys, hit)
@@ -148,6 +152,7 @@ class PyBlockPool:
         elif arr is None:
             arr = np.empty(0, np.intp)
         self._memo[owner] = (hit[:], arr, self._epoch)
+        self._last_hit = (hit, arr)  # count_ref of this hit (the scheduler asks next) reuses its array
         if len(self._memo) > self._memo_max:
             del self._memo[next(iter(self._memo))]  # the least recently looked-up owner
         return hit
@@ -168,7 +173,11 @@ class PyBlockPool:
 
     def count_ref(self, blocks: list[int], refs: int) -> int:
         """How many of `blocks` have exactly `refs` references."""
-        return int(np.count_nonzero(self.ref_cnt[block_array(blocks)] == refs)) if blocks else 0
+        if not blocks:
+            return 0
+        hit, arr = self._last_hit
+        a = arr if blocks is hit and len(arr) == len(blocks) else block_array(blocks)
+        return int(np.count_nonzero(self.ref_cnt[a] == refs))
 
     def evictable(self, blocks: list[int]) -> int:
         """How many of `blocks` sit in the free queue (a hit on them stops them being allocatable)."""

@@ -194,8 +194,8 @@ class PolicyHost:
         calls flips every step."""
         running, reqs = self.running, self.running_requests()
         order = self.policy.preemption_order(reqs, self)
-        entry = {id(req): x for req, x in zip(reqs, running)}
-        return [entry[id(req)] for req in reversed(order)]
+        entry = dict(zip(map(id, reqs), running))
+        return list(map(entry.__getitem__, map(id, reversed(order))))
 
     # --- finished calls ---------------------------------------------------------------
     def call_finished(self, req: Request, output_tokens: int, now: float, scheduled_at: float | None,

@@ -198,8 +198,12 @@ class SimpyReplica(Replica):
     # --- the step loop --------------------------------------------------------------------
     def _next_event(self, horizon) -> float:
         """Earliest time something outside the batch can change: an event `horizon()`
-        names (arrival, tool return), a pin expiry or a change of soft retention's order."""
-        expiry = min((p.expiry for p in self.policy.pins.values()), default=math.inf)
+        names (arrival, tool return), a pin expiry or a change of soft retention's order.
+        A pin whose TTL ran out by now is one its program's waiting call keeps (expire_pins
+        dropped the others as this step was scheduled): it stays until that call is
+        admitted, which ends the stretch anyway, so its past expiry changes nothing (_wake_at)."""
+        now = self.env.now
+        expiry = min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf)
         if self.sched.retaining:
             expiry = min(expiry, self.sched.pool.next_change())
         return min(horizon(), expiry)
@@ -288,8 +292,13 @@ class SimpyReplica(Replica):
             dts = self._dts  # a call that arrived mid-stretch may have cut it short
             n = len(dts)
             self.steps += n
-            for call, _ in scheduled:
-                call.req.exec_time = stretch.add_in_order(call.req.exec_time, dts)  # one by one, as step-by-step
+            if n == 1:
+                dt = dts[0]
+                for call, _ in scheduled:
+                    call.req.exec_time += dt
+            else:
+                for call, _ in scheduled:
+                    call.req.exec_time = stretch.add_in_order(call.req.exec_time, dts)  # one by one, as step-by-step
             for call in sched.complete(scheduled, env.now, steps=n):
                 self._finish(call)
                 finished = True
@@ -435,7 +444,10 @@ class SimpyReplica(Replica):
             return True
         if self.sched.preempted_now:
             return False  # the step admitted nothing because it preempted: the next one may
-        return not self.policy.order_depends_on_time and not self.sched.pins
+        # a pin changes the order or lets the head in only by expiring (_next_event ends the
+        # stretch there), by a hit (an admission) or by the no-deadlock rule, which a policy
+        # that keeps its pins while calls run (unpin_while_running False) never applies mid-stretch
+        return not self.policy.order_depends_on_time and (not self.sched.pins or not self.policy.unpin_while_running)
 
     def _stretch(self, scheduled, dt0: float, now: float, sum_qk: float, sum_k: float, sum_qc: float) -> list[float]:
         """The step times of a decode stretch: until a call finishes, a block allocation

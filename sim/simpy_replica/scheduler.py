@@ -35,6 +35,22 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class _Programs:
+    """The programs of some calls, as a container that is only asked (the policy host's
+    waiting_programs): the set is built at the first question, and most steps ask none
+    (expire_pins asks only about a pin whose TTL ran out)."""
+
+    __slots__ = ("_calls", "_set")
+
+    def __init__(self, calls: list[Call]) -> None:
+        self._calls, self._set = calls, None
+
+    def __contains__(self, program_id) -> bool:
+        if self._set is None:
+            self._set = {c.req.program_id for c in self._calls}
+        return program_id in self._set
+
+
 class Scheduler(PolicyHost):
     """One replica's scheduler; as the PolicyHost (sim/replica/policy_host.py) it is also
     the policy's EngineView and holds the pins."""
@@ -88,8 +104,8 @@ class Scheduler(PolicyHost):
     def running_requests(self) -> list:
         return [c.req for c in self.running]
 
-    def waiting_programs(self) -> set[str]:
-        return {c.req.program_id for c in self.waiting}
+    def waiting_programs(self) -> _Programs:
+        return _Programs(self.waiting)
 
     def count_sole(self, blocks: list[int]) -> int:
         return self.pool.count_ref(blocks, 1)
@@ -186,38 +202,46 @@ class Scheduler(PolicyHost):
         scheduled: list[tuple[Call, int]] = []
         preempted = self.preempted_now = False
         i = 0
-        async_ = self.async_
-        while i < len(self.running) and budget > 0:
-            call = self.running[i]
+        async_, bs, key_at = self.async_, self.block_size, self._key_at_schedule
+        running = self.running  # preemption removes from this list; nothing replaces it below
+        while i < len(running) and budget > 0:
+            call = running[i]
+            start = call.num_computed + call.in_flight
             if async_:
-                ahead = call.num_computed + call.in_flight
-                if call.placeholders and ahead + 2 - call.placeholders >= call.prompt_len + call.max_output:
+                if call.placeholders and start + 2 - call.placeholders >= call.prompt_len + call.max_output:
                     i += 1  # its steps in flight reach its last token: no further step (vLLM)
                     continue
-                num_new = min(call.num_tokens + call.placeholders - ahead, budget)
+                num_new = min(call.prompt_len + call.num_output + call.placeholders - start, budget)
             else:
-                num_new = min(call.num_tokens - call.num_computed, budget)
-            while not self._try_allocate(call, num_new):
-                # vLLM pops the tail of its running list (never a call scheduled before this
-                # one), which a policy with its own victims had put in its victim order at
-                # the step's start (victim_ordered). Asking preemption_victim of what is left
-                # would break its ties the other way (the twin fuzz found it).
-                victim = self.running[-1]
-                if self._frees_later(victim):
-                    break  # vLLM: a deferred free will not help now; no more running calls this step
-                self._preempt(victim, now)
-                preempted = self.preempted_now = True
-                if victim is call:
-                    break
-            else:
-                scheduled.append((call, num_new))
-                if self._key_at_schedule:  # known tokens only (async: not the placeholders)
-                    self._key_blocks(call, min(call.num_computed + call.in_flight + num_new, call.num_tokens))
-                budget -= num_new
-                i += 1
-                continue
-            if call in self.running:
-                break  # not scheduled and not preempted (vLLM stops at it)
+                num_new = min(call.prompt_len + call.num_output - call.num_computed, budget)
+            # a step that fills no new block (most decode steps) needs nothing of the pool:
+            # _try_allocate would succeed without touching it
+            if -(-(start + num_new) // bs) > len(call.blocks):
+                ok = self._try_allocate(call, num_new)
+                while not ok:
+                    # vLLM pops the tail of its running list (never a call scheduled before this
+                    # one), which a policy with its own victims had put in its victim order at
+                    # the step's start (victim_ordered). Asking preemption_victim of what is left
+                    # would break its ties the other way (the twin fuzz found it).
+                    victim = running[-1]
+                    if self._frees_later(victim):
+                        break  # vLLM: a deferred free will not help now; no more running calls this step
+                    self._preempt(victim, now)
+                    preempted = self.preempted_now = True
+                    if victim is call:
+                        break
+                    ok = self._try_allocate(call, num_new)
+                if not ok:
+                    if call in running:
+                        break  # not scheduled and not preempted (vLLM stops at it)
+                    continue
+            scheduled.append((call, num_new))
+            if key_at:  # known tokens only (async: not the placeholders)
+                upto = min(start + num_new, call.prompt_len + call.num_output)
+                if upto // bs > call.num_keyed:
+                    self._key_blocks(call, upto)
+            budget -= num_new
+            i += 1
 
         # vLLM admits no waiting call in a step that preempted. When every running call
         # was preempted that step is empty and vLLM's engine core schedules again at the
@@ -325,11 +349,14 @@ class Scheduler(PolicyHost):
         and it itself already count as in flight."""
         return call.num_computed + call.in_flight - 1 if self.async_ else call.num_computed
 
-    def _extra_blocks(self, scheduled: list[tuple[Call, int]], n: int) -> int:
-        """Blocks the decode calls need for steps 1..n-1 beyond what step 0 allocated."""
-        bs, need = self.cfg.block_size, 0
-        for c, _ in scheduled:  # a loop, not a generator: this runs before every stretch
-            need += max(0, cdiv(self.stretch_base(c) + n, bs) - len(c.blocks))
+    def _extra_blocks(self, rows: list[tuple[int, int]], n: int) -> int:
+        """Blocks the decode calls need for steps 1..n-1 beyond what step 0 allocated;
+        `rows`: per call, (stretch_base, blocks held)."""
+        bs, need = self.block_size, 0
+        for base, held in rows:  # a loop, not a generator: this runs before every stretch
+            more = -(-(base + n) // bs) - held
+            if more > 0:
+                need += more
         return need
 
     def decode_stretch_limit(self, scheduled: list[tuple[Call, int]], max_steps: int) -> int:
@@ -339,12 +366,13 @@ class Scheduler(PolicyHost):
         if self.cfg.cache == "radix":
             max_steps = self._alias_free_steps(scheduled, max_steps)
         free = self.pool.num_free
-        if self._extra_blocks(scheduled, max_steps) <= free:
+        rows = [(self.stretch_base(c), len(c.blocks)) for c, _ in scheduled]
+        if self._extra_blocks(rows, max_steps) <= free:
             return max_steps
         lo, hi = 1, max_steps  # lo always fits (step 0 is allocated)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._extra_blocks(scheduled, mid) <= free:
+            if self._extra_blocks(rows, mid) <= free:
                 lo = mid
             else:
                 hi = mid - 1
@@ -387,30 +415,33 @@ class Scheduler(PolicyHost):
     def complete(self, scheduled: list[tuple[Call, int]], now: float, steps: int = 1) -> list[Call]:
         """Apply `steps` steps that ended at `now` (steps > 1 only for an all-decode batch):
         KV computed, full blocks cached, tokens sampled; returns the finished calls."""
-        bs = self.cfg.block_size
+        bs, pool, tier = self.block_size, self.pool, self.tier
         if steps > 1:
             self._allocate_stretch(scheduled, steps)
         finished = []
         for call, num_new in scheduled:
             if steps > 1:
                 num_new = steps  # n decode steps of one token each
-            prefill = call.num_computed < call.prompt_len
+            computed, prompt = call.num_computed, call.prompt_len
+            prefill = computed < prompt
             if prefill:
-                call.computed_prompt_tokens += min(call.num_computed + num_new, call.prompt_len) - call.num_computed
-            call.num_computed += num_new
-            full = call.num_computed // bs
+                call.computed_prompt_tokens += min(computed + num_new, prompt) - computed
+            computed += num_new
+            call.num_computed = computed
+            full = computed // bs
             if full > call.num_keyed:
                 call.block_key(full - 1)  # computes the program's keys up to there
-                parent = call.content.keys[call.num_keyed - 1] if call.num_keyed else None  # the radix tree's edge
-                self.pool.cache_many(call.blocks[call.num_keyed:full], call.content.keys[call.num_keyed:full], parent)
+                keys = call.content.keys
+                parent = keys[call.num_keyed - 1] if call.num_keyed else None  # the radix tree's edge
+                pool.cache_many(call.blocks[call.num_keyed:full], keys[call.num_keyed:full], parent)
                 call.num_keyed = full
             if prefill:
-                self.tier.write_through(call, call.num_computed)  # LMCache stores new full chunks on prefill steps
-            if call.num_computed == call.num_tokens or steps > 1:
+                tier.write_through(call, computed)  # LMCache stores new full chunks on prefill steps
+            if computed == prompt + call.num_output or steps > 1:  # all known tokens computed: one sampled
                 call.num_output += 1 if steps == 1 else steps
                 if call.first_token_at is None:
                     call.first_token_at = now
-                if call.done:
+                if call.num_output >= call.max_output:  # Call.done
                     call.finished_at = now
                     finished.append(call)
         if finished:
