@@ -10,7 +10,7 @@ from sim.kv.content import ContentKeys
 @dataclass(eq=False, slots=True)  # slots: the engine reads its fields on every step
 class Call:
     req: Request  # what the policy sees
-    seq_no: int  # global arrival order: the tie-breaker that keeps runs deterministic
+    seq_no: int  # arrival order (the workload's, then the serving replica's): the waiting queue's tie-breaker
     prompt_len: int
     max_output: int
     block_size: int = 16

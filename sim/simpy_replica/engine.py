@@ -86,6 +86,7 @@ class SimpyReplica(Replica):
         self.read_horizon = env.peek
         self._wakeup = env.event()
         self._spin_t, self._spins = -1.0, 0  # the progress watchdog (_pass_begins)
+        self._arrived = 0  # calls delivered so far: their order is the waiting queue's tie-breaker
         self._start_accounting()
         self.process = env.process(self._loop_async() if cfg.async_scheduling else self._loop())
 
@@ -124,6 +125,10 @@ class SimpyReplica(Replica):
         # (Dynamo routes a request to its decode worker first): the policy learns the tool's
         # time from that arrival, not lengthened by the remote prefill.
         self.policy.on_arrival(call.req, self.env.now if call.prefilled_on is None else call.req.arrival)
+        # vLLM breaks the policy's ties by the order requests reached this engine: a handed-over
+        # call queues behind a call that reached the decode replica before it, whatever their
+        # order in the workload
+        call.seq_no, self._arrived = self._arrived, self._arrived + 1
         self.sched.waiting.append(call)
         if not self._wakeup.triggered:
             self._wakeup.succeed()
