@@ -4,7 +4,9 @@ Derive (needs the optional extra, `pip install aiconfigurator-core==0.12.0`):
 
     python benchmarks/measured_kernels.py --derive [--out sim/hardware/specs/measured_kernels.json] [--gpus G,..] [--models M,..]
 
-(--gpus/--models: only those are derived, replacing their entries in an existing --out file.)
+(--gpus/--models: only those are derived, replacing their entries in an existing --out file.
+--kv-cache-dtype fp8 with --gpus/--models: the steps with vLLM's FP8 KV cache, fitted into each GPU's
+kv_fp8_models, which `sim profile roofline --kv-cache-dtype fp8` uses.)
 
 For every GPU of sim/hardware/specs/gpus.json with an `aiconfigurator_system` whose database has
 vLLM kernels, every zoo model aiconfigurator ships a config of (sim/hardware/check.py
@@ -162,13 +164,14 @@ def predict(coef: dict, rows: list[dict]) -> list[float]:
     return list(map(float, step_times(theta, [list(r["features"].values()) for r in rows], coef.get("routed_share", 0.0))))
 
 
-def fit_combo(gpu: str, model: str, tp: int) -> dict | None:
-    """aiconfigurator's points for one GPU, model and tp, the fit and its errors by group;
-    None where the model does not fit the GPU at this tp or divide by it."""
+def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> dict | None:
+    """aiconfigurator's points for one GPU, model and tp (kv_cache_dtype fp8: its steps with an FP8
+    KV cache), the fit and its errors by group; None where the model does not fit the GPU at
+    this tp or divide by it."""
     from sim.hardware.profile import parse_profile
 
     try:
-        raw, _ = roofline.roofline_profile(gpu, model, tp)
+        raw, _ = roofline.roofline_profile(gpu, model, tp, kv_cache_dtype=kv_cache_dtype)
     except InputError:
         return None
     prof = parse_profile(raw, f"{model}-{gpu}-tp{tp}")
@@ -241,7 +244,12 @@ def collectives(system: str) -> dict:
     return out
 
 
-def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
+def derive(out_path: Path, only_gpus=None, only_models=None, kv_cache_dtype: str = "auto") -> dict:
+    """Every GPU and zoo model (or only those given) into out_path; kv_cache_dtype fp8: into each
+    GPU's kv_fp8_models table of the existing file instead (needs --gpus or --models), the rest kept."""
+    kv_fp8 = kv_cache_dtype == "fp8"
+    if kv_fp8 and not out_path.is_file():
+        raise InputError(f"--kv-cache-dtype fp8 adds fits to an existing file: {out_path} not found")
     engine, perf_database, utils = pc._aic()
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     supported = perf_database.get_supported_databases()
@@ -269,7 +277,7 @@ def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
                 continue
             for tp in TPS:
                 try:
-                    res = fit_combo(g, m, tp)
+                    res = fit_combo(g, m, tp, kv_cache_dtype)
                 except InputError as e:
                     entry["missing"][f"{m} tp {tp}"] = str(e)[:200]
                     print(f"{g} {m} tp{tp}: {e}", file=sys.stderr)
@@ -284,7 +292,9 @@ def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
                 print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in h.items()),
                       file=sys.stderr, flush=True)
         data["gpus"][g] = entry
-    if (only_gpus or only_models) and out_path.is_file():
+    if kv_fp8:
+        data = _with_kv_fp8(json.loads(out_path.read_text()), data)
+    elif (only_gpus or only_models) and out_path.is_file():
         data = _merged(json.loads(out_path.read_text()), data, list(gpus), list(models), only_models)
     out_path.write_text(json.dumps(data, indent=1) + "\n")
     return data
@@ -310,6 +320,21 @@ def _merged(old: dict, new: dict, gpu_order: list[str], model_order: list[str], 
         missing = {**{k: v for k, v in was["missing"].items() if model_of(k) not in only_models}, **now["missing"]}
         out["gpus"][g] = {**now, "models": {m: fitted[m] for m in model_order if m in fitted},
                           "missing": {k: missing[k] for m in model_order for k in missing if model_of(k) == m}}
+    return out
+
+
+def _with_kv_fp8(old: dict, new: dict) -> dict:
+    """The existing file with the FP8-KV fits just derived put into each GPU's kv_fp8_models (and
+    what could not be fitted into kv_fp8_missing), model by model; the bf16-KV fits untouched."""
+    out = {**old, "gpus": {g: dict(d) for g, d in old["gpus"].items()}}
+    for g, now in new["gpus"].items():
+        if g not in out["gpus"]:
+            continue
+        d = out["gpus"][g]
+        d[mk.KV_FP8_TABLE] = {**d.get(mk.KV_FP8_TABLE, {}), **now["models"]}
+        missing = {**d.get("kv_fp8_missing", {}), **now["missing"]}
+        if missing:
+            d["kv_fp8_missing"] = missing
     return out
 
 
@@ -403,17 +428,29 @@ def main(argv=None) -> int:
                     help="derive only the collectives, into the existing file (needs the extra)")
     ap.add_argument("--gpus", default=None, help="derive: only these GPUs (comma-separated), in place of theirs in --out")
     ap.add_argument("--models", default=None, help="derive: only these models (comma-separated), in place of theirs in --out")
+    ap.add_argument("--kv-cache-dtype", choices=roofline.KV_CACHE_DTYPES, default="auto",
+                    help="derive: fp8 fits steps with an FP8 KV cache into each GPU's kv_fp8_models (with --gpus/--models)")
     ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     data = None
+    if a.kv_cache_dtype != "auto" and (not a.derive or a.collectives_only):
+        print("error: --kv-cache-dtype applies to --derive only", file=sys.stderr)
+        return 2
     if a.collectives_only:
         data = json.loads(Path(a.out).read_text())
         for d in data["gpus"].values():
             d["collectives"] = collectives(d["system"])
         Path(a.out).write_text(json.dumps(data, indent=1) + "\n")
     elif a.derive:
-        data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","))
+        if a.kv_cache_dtype == "fp8" and not (a.gpus or a.models):
+            print("error: --kv-cache-dtype fp8 derives into the existing file: give --gpus and/or --models", file=sys.stderr)
+            return 2
+        try:
+            data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","), a.kv_cache_dtype)
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {a.out}", file=sys.stderr)
     elif not Path(a.out).is_file():
         raise SystemExit(f"error: {a.out} not found; derive it with --derive")

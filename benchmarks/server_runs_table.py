@@ -70,16 +70,24 @@ def model_spec(data: dict, name: str) -> dict | None:
     return {**base, **{k: v for k, v in m.items() if k != "base"}, "aliases": []}
 
 
+def engine_args(run: dict) -> dict:
+    """roofline_profile's engine settings as the run states them (vLLM's defaults where it does not):
+    the memory setting, budget, sequences, max_model_len, KV cache dtype and the release whose
+    start-up accounting sizes the pool."""
+    e = run["engine"]
+    kv = e.get("kv_cache_dtype") or "auto"
+    return dict(gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9, max_num_batched_tokens=e.get("max_num_batched_tokens"),
+                max_num_seqs=e.get("max_num_seqs"), max_model_len=e.get("max_model_len"),
+                kv_cache_dtype="auto" if kv.startswith("auto") else kv, vllm_version=run.get("vllm_version"))
+
+
 def build_profile(data: dict, run: dict, view: str, out: Path) -> tuple[str, str, list[str]]:
     """(profile path, which profile, settings notes) for the run."""
     from sim.hardware.roofline import roofline_profile
 
-    e = run["engine"]
     spec = model_spec(data, run["model"])
-    prof, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"],
-                               gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
-                               max_num_batched_tokens=e.get("max_num_batched_tokens"), max_num_seqs=e.get("max_num_seqs"),
-                               measured=True, model_spec=spec)
+    prof, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"], measured=True, model_spec=spec, **engine_args(run))
+    e = run["engine"]
     unknown = [k for k in ("vllm_version",) if run.get(k) is None] + \
               [k for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "num_gpu_blocks") if e.get(k) is None]
     if e.get("num_gpu_blocks"):
@@ -216,9 +224,7 @@ def explain(data: dict, runs: list[dict], rows: list[dict], view: str = "client"
         key = (r["gpu"], r["tp"], r["model"])
         if key in seen:
             continue
-        e = r["engine"]
-        eng = dict(gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
-                   max_num_batched_tokens=e.get("max_num_batched_tokens"), max_num_seqs=e.get("max_num_seqs"))
+        eng = engine_args(r)
         spec = model_spec(data, r["model"])
         meas, src = _profile(r["gpu"], r["model"], r["tp"], True, spec, **eng)
         roof, _ = _profile(r["gpu"], r["model"], r["tp"], False, spec, **eng)
