@@ -239,3 +239,66 @@ def test_aiconfigurator_is_asked_for_the_checkpoint_and_a_bf16_kv_cache():
     v = perf_database.get_latest_database_version("h100_sxm", "vllm")
     fp8_kv = engine.EngineHandle.compile(used["model"], "h100_sxm", "vllm", backend_version=v, tp_size=2, moe_tp_size=2)
     assert pts[0].seconds[pc.STAT] > 1.02 * fp8_kv.predict_decode_latency(64, 8192, 2) / 1e3
+
+
+@pytest.mark.parametrize("gpu,tp", [("H100", 2), ("H100", 4), ("B200", 1), ("B200", 2)])
+def test_an_fp8_kv_cache_takes_the_fits_made_with_one(tmp_path, capsys, gpu, tp):
+    """`--kv-cache-dtype fp8` (the published InferenceX servers' setting): the coefficients fitted on
+    aiconfigurator's steps with an FP8 KV cache (kv_fp8_models), never the bf16-KV ones; the KV read a
+    token (c4) about half the bf16-KV fit's, so a long-context decode step is cheaper; the pool twice."""
+    out = tmp_path / "p.json"
+    assert main(["profile", "roofline", "--gpu", gpu, "--model", "llama3.1-70b-fp8", "--tp", str(tp),
+                 "--kv-cache-dtype", "fp8", "--out", str(out)]) == 0
+    capsys.readouterr()
+    raw = json.loads(out.read_text())
+    fit = DATA["gpus"][gpu][mk.KV_FP8_TABLE]["llama3.1-70b-fp8"][str(tp)]
+    assert raw["provenance"]["source"].startswith("measured-kernels") and raw["step_time"] == fit["coef"]
+    assert "FP8 KV cache" in raw["provenance"]["method"] and raw["model"]["kv_dtype_bytes"] == 1
+    bf16 = DATA["gpus"][gpu]["models"]["llama3.1-70b-fp8"][str(tp)]["coef"]
+    assert 0.35 < fit["coef"]["c4"] / bf16["c4"] < 0.65
+    auto, _ = R.roofline_profile(gpu, "llama3.1-70b-fp8", tp, measured=True)
+    assert abs(raw["engine"]["num_gpu_blocks"] - 2 * auto["engine"]["num_gpu_blocks"]) <= 1
+    long = lambda p: p.step_time(32, 32, 32 * 16384.0, 32 * 16384.0)  # noqa: E731
+    assert long(parse_profile(raw, "f")) < 0.95 * long(parse_profile(auto, "a"))
+
+
+def test_an_fp8_kv_cache_without_its_own_fit_falls_back_to_the_roofline():
+    """Where no FP8-KV fit ships (GB200 here), the bf16-KV coefficients are not borrowed: their
+    attention reads twice the bytes. The roofline prices it and says so."""
+    assert "llama3.1-70b-fp8" not in DATA["gpus"]["GB200"].get(mk.KV_FP8_TABLE, {})
+    raw, _ = R.roofline_profile("GB200", "llama3.1-70b-fp8", 1, measured=True, kv_cache_dtype="fp8")
+    assert raw["provenance"]["source"] == "roofline"
+    assert raw["step_time"] != DATA["gpus"]["GB200"]["models"]["llama3.1-70b-fp8"]["1"]["coef"]
+
+
+def test_the_fp8_kv_derive_is_refused_without_derive_and_merges_without_touching_the_rest(capsys):
+    from benchmarks import measured_kernels as bm
+
+    assert bm.main(["--kv-cache-dtype", "fp8"]) == 2
+    assert bm.main(["--derive", "--kv-cache-dtype", "fp8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(x.startswith("error: --kv-cache-dtype") for x in err)
+    old = {"gpus": {"B200": {"models": {"m": {"1": "bf16"}}, mk.KV_FP8_TABLE: {"m": {"2": "old"}, "n": {"1": "kept"}}},
+                    "H100": {"models": {"m": {"2": "x"}}}}}
+    new = {"gpus": {"B200": {"models": {"m": {"1": "fp8"}}, "missing": {"m tp 8": "no"}}}}
+    out = bm._with_kv_fp8(old, new)
+    assert out["gpus"]["B200"]["models"] == {"m": {"1": "bf16"}}  # the bf16-KV fits untouched
+    assert out["gpus"]["B200"][mk.KV_FP8_TABLE] == {"m": {"1": "fp8"}, "n": {"1": "kept"}}
+    assert out["gpus"]["B200"]["kv_fp8_missing"] == {"m tp 8": "no"} and out["gpus"]["H100"] == old["gpus"]["H100"]
+
+
+@needs_aic
+def test_the_fp8_kv_fits_are_recomputed_live():
+    """With the extra: B200 tp 1's FP8-KV fit redone gives the shipped held-out errors, and
+    aiconfigurator was asked for an FP8 KV cache (its long-context decode cheaper than bf16 KV's)."""
+    from benchmarks import measured_kernels as bm
+    from sim.hardware import check as pc
+
+    res = bm.fit_combo("B200", "llama3.1-70b-fp8", 1, "fp8")
+    shipped = DATA["gpus"]["B200"][mk.KV_FP8_TABLE]["llama3.1-70b-fp8"]["1"]
+    assert {k: round(v["mape_pct"], 1) for k, v in bm._summary(res["rows"])["heldout"].items()} == \
+        {k: round(v["mape_pct"], 1) for k, v in shipped["heldout"].items()}
+    probe = [pc.Probe("decode", B=64, ctx=8192)]
+    f8 = pc.aiconfigurator_points(parse_profile(R.roofline_profile("B200", "llama3.1-70b-fp8", 1, kv_cache_dtype="fp8")[0], "f"), probe)[0]
+    b16 = pc.aiconfigurator_points(parse_profile(R.roofline_profile("B200", "llama3.1-70b-fp8", 1)[0], "b"), probe)[0]
+    assert f8[0].seconds[pc.STAT] < 0.95 * b16[0].seconds[pc.STAT]
