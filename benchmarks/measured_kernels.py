@@ -57,6 +57,10 @@ HELD = {"fresh prefill": {"n": {256, 2048, 6144, 16384}},
         "mixed": {"n": {1024}, "B": {64}}}
 HELD_RULE = ("held out by shape: fresh prefill n in {256, 2048, 6144, 16384}; cached prefill n in {512, 4096} or "
              "k = 8192; decode B in {2, 24, 96, 192} or ctx = 4096; mixed n = 1024 or B = 64")
+# The one-token step's extra (sim/hardware/profile.py `single`) is fitted for per-tensor FP8 checkpoints:
+# their one-row GEMMs take about twice two rows' time on Blackwell (fitted 0 on Hopper). Block-FP8's one-
+# and two-row GEMMs are both slow; a one-token term made its held-out decode B=2-16 worse there (tried).
+SINGLE_FOR = "tensor"
 COMM_RANGE = (8192, 268435456)  # message bytes the fits cover: a token's hidden state to a 16K-token step's
 
 
@@ -89,30 +93,32 @@ def _rows(points: list[pc.Probe]) -> list[dict]:
 
 
 def step_times(theta, X, share: float):
-    """sim/hardware/profile.py StepModel.time, vectorised: theta = c0..c5, w, launch, p, routed; X rows of
-    calibrate/fit.py FEATURES (one step each); share = routed_share (top-k / experts)."""
+    """sim/hardware/profile.py StepModel.time, vectorised: theta = c0..c5, w, launch, p, routed, single; X rows
+    of calibrate/fit.py FEATURES (one step each); share = routed_share (top-k / experts)."""
     import numpy as np
 
     from calibrate.fit import smooth_max
 
     c, w, launch, p, routed = theta[:6], theta[6], theta[7], theta[8], theta[9]
+    single = theta[10] if len(theta) > 10 else 0.0
     steps, tokens, sum_qk, seqs, sum_k, sum_qc = np.asarray(X, float).T
     gemm = smooth_max(np.full(len(tokens), w), c[1] * tokens, p) if w > 0 else c[1] * tokens
-    t = c[0] * steps + routed * (1.0 - (1.0 - share) ** tokens) + gemm + c[2] * sum_qk + c[3] * seqs + c[4] * sum_k \
-        + c[5] * sum_qc
+    t = c[0] * steps + routed * (1.0 - (1.0 - share) ** tokens) + single * (tokens == 1) + gemm + c[2] * sum_qk \
+        + c[3] * seqs + c[4] * sum_k + c[5] * sum_qc
     if launch > 0:
         t = np.where(tokens > seqs, smooth_max(np.full(len(t), launch), t, p), t)
     return t
 
 
-NAMES = ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "p", "routed")
+NAMES = ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "p", "routed", "single")
 
 
-def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
+def fit_rows(rows: list[dict], share: float | None, starts: int = 6, single: bool = True) -> dict:
     """The GPU step model (+ routed experts for an MoE: share = top-k / experts) fitted by least
     squares on relative error over the training rows, each group of pc.GROUPS (fresh and
     cached prefill, decode by batch, mixed) weighing the same; started from
-    calibrate/fit.py fit_gpu_step_model's point and a few perturbed ones."""
+    calibrate/fit.py fit_gpu_step_model's point and a few perturbed ones. single: fit the
+    one-token step's extra (sim/hardware/profile.py `single`; False = the model without it)."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -124,14 +130,16 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
     groups = [pc._group(r["probe"]) for r in train]
     sw = np.sqrt([len(groups) / len(set(groups)) / groups.count(g) for g in groups])
     base = fit_gpu_step_model(rows, balance_kinds=True)["coef"]
-    guess = np.array([base[k] for k in NAMES[:9]] + [0.0])
+    n = len(NAMES) if single else len(NAMES) - 1  # without the one-token term: exactly the fit before it
+    guess = np.array([base[k] for k in NAMES[:9]] + [0.0] * (n - 9))
     if share:
         guess[9] = max(guess[0], y.min() / 4)
     scale = np.where(guess > 0, guess, 0.0)
     floor = {0: y.min(), 1: y.max() / X[:, 1].max(), 2: y.max() / max(X[:, 2].max(), 1), 3: y.min() / 64,
-             4: y.max() / max(X[:, 4].max(), 1), 5: y.max() / max(X[:, 5].max(), 1), 6: y.min(), 7: y.min(), 8: 1.0, 9: y.min()}
-    scale = np.array([scale[i] if scale[i] > 0 else floor[i] for i in range(10)])
-    lo, hi = np.zeros(10), np.full(10, np.inf)
+             4: y.max() / max(X[:, 4].max(), 1), 5: y.max() / max(X[:, 5].max(), 1), 6: y.min(), 7: y.min(), 8: 1.0, 9: y.min(),
+             10: y.min() / 10}
+    scale = np.array([scale[i] if scale[i] > 0 else floor[i] for i in range(n)])
+    lo, hi = np.zeros(n), np.full(n, np.inf)
     lo[8], hi[8] = 1.0, 64.0
     if not share:
         hi[9] = 1e-30  # a dense model: no routed term
@@ -143,7 +151,7 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
     rng = np.random.default_rng(0)
     best = None
     for s in range(starts):
-        x0 = guess / scale * (np.exp(rng.normal(0, 0.5, 10)) if s else 1.0)
+        x0 = guess / scale * (np.exp(rng.normal(0, 0.5, n)) if s else 1.0)
         x0 = np.clip(x0, lo_x + 1e-9, np.minimum(hi_x, 1e9) - 1e-12)
         if not share:
             x0[9] = 0.0
@@ -153,7 +161,8 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
             best = r
     theta = best.x * scale
     # a term at its bound is off: 0, not 1e-18
-    coef = {k: 0.0 if v < 1e-15 else float(f"{v:.6g}") for k, v in zip(NAMES, theta) if k != "routed" or share}
+    coef = {k: 0.0 if v < 1e-15 else float(f"{v:.6g}") for k, v in zip(NAMES, theta)
+            if (k != "routed" or share) and (k != "single" or single)}
     if share:
         coef["routed_share"] = float(f"{share:.6g}")
     return coef
@@ -177,8 +186,9 @@ def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> di
     prof = parse_profile(raw, f"{model}-{gpu}-tp{tp}")
     pts, used = pc.aiconfigurator_points(prof, grid())
     rows = _rows(pts)
-    moe = roofline.find_model(model)[1].get("moe")
-    coef = fit_rows(rows, moe["experts_per_token"] / moe["num_experts"] if moe else None)
+    spec = roofline.find_model(model)[1]
+    moe = spec.get("moe")
+    coef = fit_rows(rows, moe["experts_per_token"] / moe["num_experts"] if moe else None, single=spec.get("fp8_scaling") == SINGLE_FOR)
     errs = pc.error_rows(predict(coef, rows), [r["probe"] for r in rows])
     for e, r in zip(errs, rows):
         e["heldout"] = r["heldout"]

@@ -258,7 +258,41 @@ def explain(data: dict, runs: list[dict], rows: list[dict], view: str = "client"
                          f"{real_n * ctx / pool:.2f}x the {pool:,} tokens of the pool derived here, where {sim_n:.0f} run")
     if bound:
         lines += ["", "KV-pool bound: " + "; ".join(bound) + "."]
+    lines += ["", ttft_lines(runs, seen, {r["run"]: r["sim_ms"] for r in rows if r["view"] == view and r["metric"] == "ttft"})]
     return "\n".join(lines)
+
+
+def ttft_lines(runs: list[dict], seen: dict, sim: dict) -> str:
+    """TTFT at each deployment's lowest concurrency beside the profile's fresh prefill of the mean
+    prompt (one step at these budgets); with two prompt lengths, the line through the two points,
+    TTFT = a + k x prefill, real and simulated (sim: run id -> simulated TTFT): the simulator's k
+    holds what its queueing and mixed steps add, so a real k above it says the real prefill is
+    dearer than the profile prices it, and a the time that does not grow with the prompt."""
+    out = []
+    for key, (meas, _, _) in seen.items():
+        pts = []
+        for r in runs:
+            if (r["gpu"], r["tp"], r["model"]) != key:
+                continue
+            low = min(x["workload"]["concurrency"] for x in runs if (x["gpu"], x["tp"], x["model"], x["workload"].get("label"))
+                      == (*key, r["workload"].get("label")))
+            if r["workload"]["concurrency"] != low:
+                continue
+            w = r["workload"]
+            n = round(w["input_tokens"] * (1 + (w.get("length_spread") or {}).get("low_ratio", 1.0)) / 2)
+            pf = meas.step_time(n, 1, n * (n + 1) / 2, n) * 1e3
+            pts.append((pf, r["measured"]["ttft_ms"]["mean"], sim.get(r["id"]), f"{w.get('label', '')} c={low}"))
+        if not pts:
+            continue
+        text = ", ".join(f"{lab} {real:.0f} ms (sim {s_:.0f}) against {pf:.0f} ms" for pf, real, s_, lab in pts)
+        if len(pts) == 2 and pts[0][0] != pts[1][0]:
+            line = lambda i: ((pts[1][i] - pts[0][i]) / (pts[1][0] - pts[0][0]))  # noqa: E731
+            kr, ks = line(1), line(2)
+            text += (f"; through both: real TTFT = {pts[0][1] - kr * pts[0][0]:.0f} ms + {kr:.2f} x prefill, "
+                     f"sim {pts[0][2] - ks * pts[0][0]:.0f} ms + {ks:.2f} x prefill")
+        out.append(f"{key[0]} x{key[1]}: {text}")
+    return ("TTFT at the lowest concurrency (client view), real and simulated, against the table's profile's fresh prefill "
+            "of the mean prompt: " + "; ".join(out) + ".")
 
 
 def main(argv=None) -> int:
