@@ -4,7 +4,9 @@ Derive (needs the optional extra, `pip install aiconfigurator-core==0.12.0`):
 
     python benchmarks/measured_kernels.py --derive [--out sim/hardware/specs/measured_kernels.json] [--gpus G,..] [--models M,..]
 
-(--gpus/--models: only those are derived, replacing their entries in an existing --out file.)
+(--gpus/--models: only those are derived, replacing their entries in an existing --out file.
+--kv-cache-dtype fp8 with --gpus/--models: the steps with vLLM's FP8 KV cache, fitted into each GPU's
+kv_fp8_models, which `sim profile roofline --kv-cache-dtype fp8` uses.)
 
 For every GPU of sim/hardware/specs/gpus.json with an `aiconfigurator_system` whose database has
 vLLM kernels, every zoo model aiconfigurator ships a config of (sim/hardware/check.py
@@ -55,6 +57,10 @@ HELD = {"fresh prefill": {"n": {256, 2048, 6144, 16384}},
         "mixed": {"n": {1024}, "B": {64}}}
 HELD_RULE = ("held out by shape: fresh prefill n in {256, 2048, 6144, 16384}; cached prefill n in {512, 4096} or "
              "k = 8192; decode B in {2, 24, 96, 192} or ctx = 4096; mixed n = 1024 or B = 64")
+# The one-token step's extra (sim/hardware/profile.py `single`) is fitted for per-tensor FP8 checkpoints:
+# their one-row GEMMs take about twice two rows' time on Blackwell (fitted 0 on Hopper). Block-FP8's one-
+# and two-row GEMMs are both slow; a one-token term made its held-out decode B=2-16 worse there (tried).
+SINGLE_FOR = "tensor"
 COMM_RANGE = (8192, 268435456)  # message bytes the fits cover: a token's hidden state to a 16K-token step's
 
 
@@ -87,30 +93,32 @@ def _rows(points: list[pc.Probe]) -> list[dict]:
 
 
 def step_times(theta, X, share: float):
-    """sim/hardware/profile.py StepModel.time, vectorised: theta = c0..c5, w, launch, p, routed; X rows of
-    calibrate/fit.py FEATURES (one step each); share = routed_share (top-k / experts)."""
+    """sim/hardware/profile.py StepModel.time, vectorised: theta = c0..c5, w, launch, p, routed, single; X rows
+    of calibrate/fit.py FEATURES (one step each); share = routed_share (top-k / experts)."""
     import numpy as np
 
     from calibrate.fit import smooth_max
 
     c, w, launch, p, routed = theta[:6], theta[6], theta[7], theta[8], theta[9]
+    single = theta[10] if len(theta) > 10 else 0.0
     steps, tokens, sum_qk, seqs, sum_k, sum_qc = np.asarray(X, float).T
     gemm = smooth_max(np.full(len(tokens), w), c[1] * tokens, p) if w > 0 else c[1] * tokens
-    t = c[0] * steps + routed * (1.0 - (1.0 - share) ** tokens) + gemm + c[2] * sum_qk + c[3] * seqs + c[4] * sum_k \
-        + c[5] * sum_qc
+    t = c[0] * steps + routed * (1.0 - (1.0 - share) ** tokens) + single * (tokens == 1) + gemm + c[2] * sum_qk \
+        + c[3] * seqs + c[4] * sum_k + c[5] * sum_qc
     if launch > 0:
         t = np.where(tokens > seqs, smooth_max(np.full(len(t), launch), t, p), t)
     return t
 
 
-NAMES = ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "p", "routed")
+NAMES = ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "p", "routed", "single")
 
 
-def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
+def fit_rows(rows: list[dict], share: float | None, starts: int = 6, single: bool = True) -> dict:
     """The GPU step model (+ routed experts for an MoE: share = top-k / experts) fitted by least
     squares on relative error over the training rows, each group of pc.GROUPS (fresh and
     cached prefill, decode by batch, mixed) weighing the same; started from
-    calibrate/fit.py fit_gpu_step_model's point and a few perturbed ones."""
+    calibrate/fit.py fit_gpu_step_model's point and a few perturbed ones. single: fit the
+    one-token step's extra (sim/hardware/profile.py `single`; False = the model without it)."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -122,14 +130,16 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
     groups = [pc._group(r["probe"]) for r in train]
     sw = np.sqrt([len(groups) / len(set(groups)) / groups.count(g) for g in groups])
     base = fit_gpu_step_model(rows, balance_kinds=True)["coef"]
-    guess = np.array([base[k] for k in NAMES[:9]] + [0.0])
+    n = len(NAMES) if single else len(NAMES) - 1  # without the one-token term: exactly the fit before it
+    guess = np.array([base[k] for k in NAMES[:9]] + [0.0] * (n - 9))
     if share:
         guess[9] = max(guess[0], y.min() / 4)
     scale = np.where(guess > 0, guess, 0.0)
     floor = {0: y.min(), 1: y.max() / X[:, 1].max(), 2: y.max() / max(X[:, 2].max(), 1), 3: y.min() / 64,
-             4: y.max() / max(X[:, 4].max(), 1), 5: y.max() / max(X[:, 5].max(), 1), 6: y.min(), 7: y.min(), 8: 1.0, 9: y.min()}
-    scale = np.array([scale[i] if scale[i] > 0 else floor[i] for i in range(10)])
-    lo, hi = np.zeros(10), np.full(10, np.inf)
+             4: y.max() / max(X[:, 4].max(), 1), 5: y.max() / max(X[:, 5].max(), 1), 6: y.min(), 7: y.min(), 8: 1.0, 9: y.min(),
+             10: y.min() / 10}
+    scale = np.array([scale[i] if scale[i] > 0 else floor[i] for i in range(n)])
+    lo, hi = np.zeros(n), np.full(n, np.inf)
     lo[8], hi[8] = 1.0, 64.0
     if not share:
         hi[9] = 1e-30  # a dense model: no routed term
@@ -141,7 +151,7 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
     rng = np.random.default_rng(0)
     best = None
     for s in range(starts):
-        x0 = guess / scale * (np.exp(rng.normal(0, 0.5, 10)) if s else 1.0)
+        x0 = guess / scale * (np.exp(rng.normal(0, 0.5, n)) if s else 1.0)
         x0 = np.clip(x0, lo_x + 1e-9, np.minimum(hi_x, 1e9) - 1e-12)
         if not share:
             x0[9] = 0.0
@@ -151,7 +161,8 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6) -> dict:
             best = r
     theta = best.x * scale
     # a term at its bound is off: 0, not 1e-18
-    coef = {k: 0.0 if v < 1e-15 else float(f"{v:.6g}") for k, v in zip(NAMES, theta) if k != "routed" or share}
+    coef = {k: 0.0 if v < 1e-15 else float(f"{v:.6g}") for k, v in zip(NAMES, theta)
+            if (k != "routed" or share) and (k != "single" or single)}
     if share:
         coef["routed_share"] = float(f"{share:.6g}")
     return coef
@@ -162,20 +173,22 @@ def predict(coef: dict, rows: list[dict]) -> list[float]:
     return list(map(float, step_times(theta, [list(r["features"].values()) for r in rows], coef.get("routed_share", 0.0))))
 
 
-def fit_combo(gpu: str, model: str, tp: int) -> dict | None:
-    """aiconfigurator's points for one GPU, model and tp, the fit and its errors by group;
-    None where the model does not fit the GPU at this tp or divide by it."""
+def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> dict | None:
+    """aiconfigurator's points for one GPU, model and tp (kv_cache_dtype fp8: its steps with an FP8
+    KV cache), the fit and its errors by group; None where the model does not fit the GPU at
+    this tp or divide by it."""
     from sim.hardware.profile import parse_profile
 
     try:
-        raw, _ = roofline.roofline_profile(gpu, model, tp)
+        raw, _ = roofline.roofline_profile(gpu, model, tp, kv_cache_dtype=kv_cache_dtype)
     except InputError:
         return None
     prof = parse_profile(raw, f"{model}-{gpu}-tp{tp}")
     pts, used = pc.aiconfigurator_points(prof, grid())
     rows = _rows(pts)
-    moe = roofline.find_model(model)[1].get("moe")
-    coef = fit_rows(rows, moe["experts_per_token"] / moe["num_experts"] if moe else None)
+    spec = roofline.find_model(model)[1]
+    moe = spec.get("moe")
+    coef = fit_rows(rows, moe["experts_per_token"] / moe["num_experts"] if moe else None, single=spec.get("fp8_scaling") == SINGLE_FOR)
     errs = pc.error_rows(predict(coef, rows), [r["probe"] for r in rows])
     for e, r in zip(errs, rows):
         e["heldout"] = r["heldout"]
@@ -241,7 +254,12 @@ def collectives(system: str) -> dict:
     return out
 
 
-def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
+def derive(out_path: Path, only_gpus=None, only_models=None, kv_cache_dtype: str = "auto") -> dict:
+    """Every GPU and zoo model (or only those given) into out_path; kv_cache_dtype fp8: into each
+    GPU's kv_fp8_models table of the existing file instead (needs --gpus or --models), the rest kept."""
+    kv_fp8 = kv_cache_dtype == "fp8"
+    if kv_fp8 and not out_path.is_file():
+        raise InputError(f"--kv-cache-dtype fp8 adds fits to an existing file: {out_path} not found")
     engine, perf_database, utils = pc._aic()
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     supported = perf_database.get_supported_databases()
@@ -269,7 +287,7 @@ def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
                 continue
             for tp in TPS:
                 try:
-                    res = fit_combo(g, m, tp)
+                    res = fit_combo(g, m, tp, kv_cache_dtype)
                 except InputError as e:
                     entry["missing"][f"{m} tp {tp}"] = str(e)[:200]
                     print(f"{g} {m} tp{tp}: {e}", file=sys.stderr)
@@ -284,7 +302,9 @@ def derive(out_path: Path, only_gpus=None, only_models=None) -> dict:
                 print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in h.items()),
                       file=sys.stderr, flush=True)
         data["gpus"][g] = entry
-    if (only_gpus or only_models) and out_path.is_file():
+    if kv_fp8:
+        data = _with_kv_fp8(json.loads(out_path.read_text()), data)
+    elif (only_gpus or only_models) and out_path.is_file():
         data = _merged(json.loads(out_path.read_text()), data, list(gpus), list(models), only_models)
     out_path.write_text(json.dumps(data, indent=1) + "\n")
     return data
@@ -310,6 +330,21 @@ def _merged(old: dict, new: dict, gpu_order: list[str], model_order: list[str], 
         missing = {**{k: v for k, v in was["missing"].items() if model_of(k) not in only_models}, **now["missing"]}
         out["gpus"][g] = {**now, "models": {m: fitted[m] for m in model_order if m in fitted},
                           "missing": {k: missing[k] for m in model_order for k in missing if model_of(k) == m}}
+    return out
+
+
+def _with_kv_fp8(old: dict, new: dict) -> dict:
+    """The existing file with the FP8-KV fits just derived put into each GPU's kv_fp8_models (and
+    what could not be fitted into kv_fp8_missing), model by model; the bf16-KV fits untouched."""
+    out = {**old, "gpus": {g: dict(d) for g, d in old["gpus"].items()}}
+    for g, now in new["gpus"].items():
+        if g not in out["gpus"]:
+            continue
+        d = out["gpus"][g]
+        d[mk.KV_FP8_TABLE] = {**d.get(mk.KV_FP8_TABLE, {}), **now["models"]}
+        missing = {**d.get("kv_fp8_missing", {}), **now["missing"]}
+        if missing:
+            d["kv_fp8_missing"] = missing
     return out
 
 
@@ -362,8 +397,9 @@ MISSES = ("Why: the measured kernels are not monotone in the batch, which the st
           "4, so decode B=1-16 and mixed miss on the FP8 models; on Hopper 24-48 rows take up to 2x as long as 64 "
           "(Qwen3-32B-FP8's output projection, all layers: 11.2 ms at 48 rows, 5.6 ms at 64), so decode B=17-64 misses. "
           "Per-tensor FP8 GEMMs (Llama-3.1-70B-FP8): on Blackwell 1 row takes about 2x as long as 2 (B200, the tp 2 QKV "
-          "projection: 30.2 us at 1 row, 14.4 at 2) and some row counts about 2x their neighbours (its output projection "
-          "at 9, 14-16, 48 and 96 rows), so decode B=1-16 misses; on Hopper 257-512 rows take about 1.9x as long as 256 "
+          "projection: 30.2 us at 1 row, 14.4 at 2), which the one-token term (single) prices; some row counts take "
+          "about 2x their neighbours (its output projection at 9, 14-16, 48 and 96 rows) and at tp 1 on B200 2 rows "
+          "are as slow as 1, so decode B=2-16 still misses there; on Hopper 257-512 rows take about 1.9x as long as 256 "
           "(H100, the tp 2 QKV projection: 60.9 us at 257 rows, 32.0 at 256), so mixed steps of about 320 tokens are up "
           "to 27% dearer than the model. "
           "vLLM's all-reduce on 8 GPUs is slower for 24-64 tokens than for 128 (B200 Qwen3-32B: 26 us per call at 32 "
@@ -403,17 +439,29 @@ def main(argv=None) -> int:
                     help="derive only the collectives, into the existing file (needs the extra)")
     ap.add_argument("--gpus", default=None, help="derive: only these GPUs (comma-separated), in place of theirs in --out")
     ap.add_argument("--models", default=None, help="derive: only these models (comma-separated), in place of theirs in --out")
+    ap.add_argument("--kv-cache-dtype", choices=roofline.KV_CACHE_DTYPES, default="auto",
+                    help="derive: fp8 fits steps with an FP8 KV cache into each GPU's kv_fp8_models (with --gpus/--models)")
     ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     data = None
+    if a.kv_cache_dtype != "auto" and (not a.derive or a.collectives_only):
+        print("error: --kv-cache-dtype applies to --derive only", file=sys.stderr)
+        return 2
     if a.collectives_only:
         data = json.loads(Path(a.out).read_text())
         for d in data["gpus"].values():
             d["collectives"] = collectives(d["system"])
         Path(a.out).write_text(json.dumps(data, indent=1) + "\n")
     elif a.derive:
-        data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","))
+        if a.kv_cache_dtype == "fp8" and not (a.gpus or a.models):
+            print("error: --kv-cache-dtype fp8 derives into the existing file: give --gpus and/or --models", file=sys.stderr)
+            return 2
+        try:
+            data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","), a.kv_cache_dtype)
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {a.out}", file=sys.stderr)
     elif not Path(a.out).is_file():
         raise SystemExit(f"error: {a.out} not found; derive it with --derive")

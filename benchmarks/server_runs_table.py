@@ -70,16 +70,24 @@ def model_spec(data: dict, name: str) -> dict | None:
     return {**base, **{k: v for k, v in m.items() if k != "base"}, "aliases": []}
 
 
+def engine_args(run: dict) -> dict:
+    """roofline_profile's engine settings as the run states them (vLLM's defaults where it does not):
+    the memory setting, budget, sequences, max_model_len, KV cache dtype and the release whose
+    start-up accounting sizes the pool."""
+    e = run["engine"]
+    kv = e.get("kv_cache_dtype") or "auto"
+    return dict(gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9, max_num_batched_tokens=e.get("max_num_batched_tokens"),
+                max_num_seqs=e.get("max_num_seqs"), max_model_len=e.get("max_model_len"),
+                kv_cache_dtype="auto" if kv.startswith("auto") else kv, vllm_version=run.get("vllm_version"))
+
+
 def build_profile(data: dict, run: dict, view: str, out: Path) -> tuple[str, str, list[str]]:
     """(profile path, which profile, settings notes) for the run."""
     from sim.hardware.roofline import roofline_profile
 
-    e = run["engine"]
     spec = model_spec(data, run["model"])
-    prof, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"],
-                               gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
-                               max_num_batched_tokens=e.get("max_num_batched_tokens"), max_num_seqs=e.get("max_num_seqs"),
-                               measured=True, model_spec=spec)
+    prof, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"], measured=True, model_spec=spec, **engine_args(run))
+    e = run["engine"]
     unknown = [k for k in ("vllm_version",) if run.get(k) is None] + \
               [k for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "num_gpu_blocks") if e.get(k) is None]
     if e.get("num_gpu_blocks"):
@@ -216,9 +224,7 @@ def explain(data: dict, runs: list[dict], rows: list[dict], view: str = "client"
         key = (r["gpu"], r["tp"], r["model"])
         if key in seen:
             continue
-        e = r["engine"]
-        eng = dict(gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
-                   max_num_batched_tokens=e.get("max_num_batched_tokens"), max_num_seqs=e.get("max_num_seqs"))
+        eng = engine_args(r)
         spec = model_spec(data, r["model"])
         meas, src = _profile(r["gpu"], r["model"], r["tp"], True, spec, **eng)
         roof, _ = _profile(r["gpu"], r["model"], r["tp"], False, spec, **eng)
@@ -252,7 +258,41 @@ def explain(data: dict, runs: list[dict], rows: list[dict], view: str = "client"
                          f"{real_n * ctx / pool:.2f}x the {pool:,} tokens of the pool derived here, where {sim_n:.0f} run")
     if bound:
         lines += ["", "KV-pool bound: " + "; ".join(bound) + "."]
+    lines += ["", ttft_lines(runs, seen, {r["run"]: r["sim_ms"] for r in rows if r["view"] == view and r["metric"] == "ttft"})]
     return "\n".join(lines)
+
+
+def ttft_lines(runs: list[dict], seen: dict, sim: dict) -> str:
+    """TTFT at each deployment's lowest concurrency beside the profile's fresh prefill of the mean
+    prompt (one step at these budgets); with two prompt lengths, the line through the two points,
+    TTFT = a + k x prefill, real and simulated (sim: run id -> simulated TTFT): the simulator's k
+    holds what its queueing and mixed steps add, so a real k above it says the real prefill is
+    dearer than the profile prices it, and a the time that does not grow with the prompt."""
+    out = []
+    for key, (meas, _, _) in seen.items():
+        pts = []
+        for r in runs:
+            if (r["gpu"], r["tp"], r["model"]) != key:
+                continue
+            low = min(x["workload"]["concurrency"] for x in runs if (x["gpu"], x["tp"], x["model"], x["workload"].get("label"))
+                      == (*key, r["workload"].get("label")))
+            if r["workload"]["concurrency"] != low:
+                continue
+            w = r["workload"]
+            n = round(w["input_tokens"] * (1 + (w.get("length_spread") or {}).get("low_ratio", 1.0)) / 2)
+            pf = meas.step_time(n, 1, n * (n + 1) / 2, n) * 1e3
+            pts.append((pf, r["measured"]["ttft_ms"]["mean"], sim.get(r["id"]), f"{w.get('label', '')} c={low}"))
+        if not pts:
+            continue
+        text = ", ".join(f"{lab} {real:.0f} ms (sim {s_:.0f}) against {pf:.0f} ms" for pf, real, s_, lab in pts)
+        if len(pts) == 2 and pts[0][0] != pts[1][0]:
+            line = lambda i: ((pts[1][i] - pts[0][i]) / (pts[1][0] - pts[0][0]))  # noqa: E731
+            kr, ks = line(1), line(2)
+            text += (f"; through both: real TTFT = {pts[0][1] - kr * pts[0][0]:.0f} ms + {kr:.2f} x prefill, "
+                     f"sim {pts[0][2] - ks * pts[0][0]:.0f} ms + {ks:.2f} x prefill")
+        out.append(f"{key[0]} x{key[1]}: {text}")
+    return ("TTFT at the lowest concurrency (client view), real and simulated, against the table's profile's fresh prefill "
+            "of the mean prompt: " + "; ".join(out) + ".")
 
 
 def main(argv=None) -> int:

@@ -161,7 +161,7 @@ def test_a_scaled_step_model_scales_every_step_time():
     from sim.hardware.profile import StepModel
 
     s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0, routed=9e-3, routed_share=0.05,
-                  host=1e-3, host_seq=2e-5, host_token=1e-7)
+                  host=1e-3, host_seq=2e-5, host_token=1e-7, single=2e-3)
     for shape in [(1, 1, 900.0, 900.0, 0.0), (32, 32, 32e4, 32e4, 31e4), (2048, 3, 2e6, 3e6, 1e6), (100, 1, 1e4, 100.0, 0.0)]:
         assert s.scaled(1.7).time(*shape) == pytest.approx(1.7 * s.time(*shape), rel=1e-12)
     assert s.scaled(1.7).p == s.p and s.coefficients[4] == 3e-8
@@ -171,12 +171,12 @@ def test_a_scaled_step_model_scales_every_step_time():
 @given(coef=st.lists(st.floats(0, 1e-2, allow_nan=False), min_size=9, max_size=9), p=st.sampled_from([math.inf, 1.5, 4.0, 9.3]),
        seqs=st.integers(1, 256), base=st.tuples(st.integers(0, 10**9), st.integers(0, 10**7), st.integers(0, 10**9)),
        share=st.floats(1e-3, 1.0), host=st.lists(st.floats(0, 1e-2) | st.just(0.0), min_size=3, max_size=3),
-       overlap=st.booleans())
-def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base, share, host, overlap):
+       overlap=st.booleans(), single=st.floats(0, 1e-2) | st.just(0.0))
+def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base, share, host, overlap, single):
     # a decode stretch's inner loop must give the floats step-by-step gets from time(),
-    # the host's time per step added or overlapped
+    # the host's time per step added or overlapped, a one-token step's extra included
     m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p, routed=coef[8], routed_share=share,
-                  host=host[0], host_seq=host[1], host_token=host[2], overlap=overlap)
+                  host=host[0], host_seq=host[1], host_token=host[2], overlap=overlap, single=single)
     got = m.decode_stretch(seqs, *map(float, base), 0.0, math.inf, math.inf, 40)
     assert got == [m.time(seqs, seqs, *(float(b + i * seqs) for b in base)) for i in range(40)]
 
@@ -213,3 +213,23 @@ def test_the_install_step_built_the_compiled_stretch():
     from sim.hardware import _steps, stretch
 
     assert (stretch.decode_stretch, stretch.account_steps) == (_steps.decode_stretch, _steps.account_steps)
+
+
+def test_a_one_token_step_pays_single_and_no_other_step_does():
+    """`single` (step_time, optional): the extra of a step of exactly one token (a lone decode's
+    one-row GEMMs); two tokens, a prefill or a batch of decodes do without it; absent is 0, the
+    model before it; the run's lower bound on a step (sim/run/bound.py) does not count it."""
+    from sim.hardware.profile import StepModel
+    from sim.run.bound import step_floor
+
+    base = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, w=4e-3, launch=6e-3, p=4.0)
+    one = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, w=4e-3, launch=6e-3, p=4.0, single=5e-3)
+    assert one.time(1, 1, 4096.0, 4096.0) == pytest.approx(base.time(1, 1, 4096.0, 4096.0) + 5e-3, rel=1e-12)
+    for shape in [(2, 2, 8192.0, 8192.0), (512, 1, 512 * 512.0, 512.0), (64, 64, 64 * 4096.0, 64 * 4096.0)]:
+        assert one.time(*shape) == base.time(*shape)
+    assert one.time(1, 1, 4096.0, 4096.0) > one.time(2, 2, 8192.0, 8192.0)  # a lone decode can cost more than two
+    p, b = _gpu(single=5e-3), _gpu()
+    assert p.step.single == 5e-3 and p.step_time(1, 1, 100.0, 100.0) == pytest.approx(b.step_time(1, 1, 100.0, 100.0) + 5e-3)
+    assert step_floor(p) == step_floor(b) > 0
+    with pytest.raises(InputError, match="'step_time.single' is -1.0"):
+        _gpu(single=-1.0)

@@ -310,3 +310,26 @@ def test_before_0_11_the_distributed_init_buffers_count():
                       gpu_memory_utilization=0.9, max_num_batched_tokens=8192, max_num_seqs=1024,
                       vllm_version=kv_pool_table.version_of(case), non_torch_bytes=p.non_torch_bytes - DIST_INIT_BYTES[4])
     assert without.tokens / case["figure"]["value"] - 1 > 0.10
+
+
+def test_a_profile_with_an_fp8_kv_cache_gets_the_pool_vllm_logged():
+    """`sim profile roofline --kv-cache-dtype fp8` (roofline_profile's kv_cache_dtype) sizes the pool
+    at 1 B a KV element: the collected vLLM 0.19.0 start-up line of Qwen2.5-7B served with
+    --kv-cache-dtype fp8 on an H100 ("GPU KV cache size: 2,192,000 tokens") within 3%, and auto's
+    pool of the same deployment half of it (within a block)."""
+    d = json.loads(kv_pool_table.CASES.read_text())
+    case = next(c for c in d["cases"] if c["id"] == "h100-qwen2.5-7b-kvfp8")
+    shape = {k: v for k, v in d["models"][case["model"]].items() if k != "kv_dtype_bytes"}
+    spec = {**roofline.find_model("qwen3-8b")[1], **shape, "aliases": []}
+    kw = dict(tp=case["tp"], gpu_memory_utilization=case["gpu_memory_utilization"], max_model_len=case["max_model_len"],
+              max_num_batched_tokens=case["max_num_batched_tokens"], max_num_seqs=case["max_num_seqs"], model_spec=spec,
+              vllm_version=case["vllm_version"].split(" ")[0])
+    fp8, _ = roofline.roofline_profile("H100", "qwen2.5-7b", kv_cache_dtype="fp8", **kw)
+    auto, _ = roofline.roofline_profile("H100", "qwen2.5-7b", **kw)
+    assert fp8["kv_pool"]["inputs"]["kv_dtype_bytes"] == 1 and fp8["model"]["kv_dtype_bytes"] == 1
+    assert fp8["kv_pool"]["inputs"]["vllm_version"] == "0.19.0" and fp8["engine"]["version"].startswith("0.19.0")
+    assert abs(fp8["kv_pool"]["tokens"] / case["figure"]["value"] - 1) <= 0.03
+    assert abs(fp8["engine"]["num_gpu_blocks"] - 2 * auto["engine"]["num_gpu_blocks"]) <= 1
+    assert fp8["kv_bytes_per_block"] * 2 == auto["kv_bytes_per_block"]
+    with pytest.raises(InputError, match="--kv-cache-dtype 'fp16'"):
+        roofline.roofline_profile("H100", "qwen2.5-7b", kv_cache_dtype="fp16", **kw)

@@ -277,7 +277,7 @@ def test_aiconfigurator_reference_for_the_bundled_h100_profile(capsys):
 @needs_aic
 def test_aiconfigurator_judges_fp8_weights_on_its_fp8_checkpoint_and_tp_on_its_tp():
     """An FP8 roofline is judged against aiconfigurator's FP8 checkpoint of the model, a bf16
-    one against the bf16 checkpoint, each at the profile's tp; an FP8 KV cache is refused."""
+    one against the bf16 checkpoint, each at the profile's tp; a KV cache neither bf16 nor FP8 is refused."""
     from sim.hardware import roofline
 
     fp8 = parse_profile(roofline.roofline_profile("H100", "qwen3-30b-a3b-fp8")[0], "q8")
@@ -285,9 +285,10 @@ def test_aiconfigurator_judges_fp8_weights_on_its_fp8_checkpoint_and_tp_on_its_t
     r8, r = pc.aiconfigurator_reference(fp8), pc.aiconfigurator_reference(bf16)
     assert (r8["model"], r8["tp"]) == ("Qwen/Qwen3-30B-A3B-FP8", 1) and (r["model"], r["tp"]) == ("Qwen/Qwen3-30B-A3B", 4)
     assert r["source"].endswith(", tp 4")
-    glm = parse_profile(roofline.roofline_profile("H100", "glm-4.5-fp8", 8)[0], "glm")
-    with pytest.raises(InputError, match="keeps its KV cache in FP8; only a bf16 KV cache is compared"):
-        pc.aiconfigurator_reference(glm)
+    raw = roofline.roofline_profile("H100", "qwen3-30b-a3b-fp8")[0]
+    raw["model"]["kv_dtype_bytes"] = 4
+    with pytest.raises(InputError, match="kv_dtype_bytes=4; only a bf16 \\(2\\) or FP8 \\(1\\) KV cache is compared"):
+        pc.aiconfigurator_reference(parse_profile(raw, "q4"))
 
 
 @needs_aic

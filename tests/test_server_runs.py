@@ -90,10 +90,7 @@ def test_the_explain_lines_price_the_deployment_as_the_table_does():
     step of the real number in decode, priced by the table's (measured) profile."""
     d = srt.load_data(DATA)
     run = d["runs"][0]
-    e = run["engine"]
-    eng = dict(gpu_memory_utilization=e["gpu_memory_utilization"], max_num_batched_tokens=e["max_num_batched_tokens"],
-               max_num_seqs=e["max_num_seqs"])
-    prof, src = srt._profile(run["gpu"], run["model"], run["tp"], True, **eng)
+    prof, src = srt._profile(run["gpu"], run["model"], run["tp"], True, **srt.engine_args(run))
     assert src.startswith("measured-kernels")
     real = {"ttft": 100.0, "tpot": 10.0, "e2el": 400.0}
     rows = [{"run": run["id"], "view": "client", "metric": m, "real_ms": v, "sim_ms": v / 2} for m, v in real.items()]
@@ -118,3 +115,25 @@ def test_roofline_takes_a_model_shape_outside_the_zoo():
     assert b["provenance"]["source"] == "roofline"  # measured kernels are the zoo's: not used for a shape of its own
     assert b["kv_pool"]["weights_bytes"] < 0.6 * a["kv_pool"]["weights_bytes"]
     assert b["step_time"]["c0"] < a["step_time"]["c0"] and b["engine"]["num_gpu_blocks"] > a["engine"]["num_gpu_blocks"]
+
+
+def test_each_run_is_built_with_its_documented_kv_cache_and_release():
+    """The publisher's launch scripts (pinned to a commit) state an FP8 KV cache and vLLM 0.10.2's image:
+    every run says so, and the profile the table builds has a 1-byte KV pool sized by 0.10.2's
+    accounting, twice the blocks of the same deployment with vLLM's default KV dtype."""
+    d = srt.load_data(DATA)
+    for r in d["runs"]:
+        e = r["engine"]
+        assert re.match(r"https://github\.com/SemiAnalysisAI/InferenceX/blob/[0-9a-f]{40}/benchmarks/70b_fp8_", e["settings_from"])
+        assert e["kv_cache_dtype"] == "fp8" and r["vllm_version"] == "0.10.2"
+    run = next(r for r in d["runs"] if r["gpu"] == "B200" and r["tp"] == 1)
+    assert run["engine"]["max_num_seqs"] == 512  # the B200 script's, not the client's concurrency
+    from sim.hardware.roofline import roofline_profile
+
+    args = srt.engine_args(run)
+    prof, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"], measured=True, **args)
+    pool = prof["kv_pool"]["inputs"]
+    assert pool["kv_dtype_bytes"] == 1 and pool["vllm_version"] == "0.10.2" and pool["max_num_seqs"] == 512
+    auto, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"], measured=True, **{**args, "kv_cache_dtype": "auto"})
+    assert abs(prof["engine"]["num_gpu_blocks"] - 2 * auto["engine"]["num_gpu_blocks"]) <= 1
+    assert prof["engine"]["max_model_len"] == run["engine"]["max_model_len"]

@@ -38,6 +38,9 @@ def register(sub) -> None:
                    help="vLLM's token budget; sizes the profile run's activation peak (default: vLLM's for the GPU)")
     r.add_argument("--max-num-seqs", type=int_flag(1, COUNT_MAX), default=None, help="vLLM's; sizes the sampler's dummy run (default: vLLM's)")
     r.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: vLLM then reserves no graph pool")
+    r.add_argument("--kv-cache-dtype", choices=roofline.KV_CACHE_DTYPES, default="auto",
+                   help="vLLM's: auto (the model's) or fp8 (1 B a KV element: twice the pool, half the KV a step reads; "
+                        "measured kernels of an FP8 KV cache where shipped, else the roofline)")
     r.add_argument("--max-model-len", type=int_flag(1, COUNT_MAX), default=None,
                    help="default: the model's, capped to what the KV cache holds")
     r.add_argument("--roofline", action="store_true",
@@ -84,7 +87,7 @@ def run_roofline(args) -> int:
     profile, notes = roofline.roofline_profile(args.gpu, args.model, args.tp, args.gpu_memory_utilization, args.max_model_len,
                                              ep=args.ep, max_num_batched_tokens=args.max_num_batched_tokens,
                                              max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
-                                             measured=not args.roofline)
+                                             measured=not args.roofline, kv_cache_dtype=args.kv_cache_dtype)
     text = json.dumps(profile, indent=1) + "\n"
     report = sys.stdout if args.out else sys.stderr  # keep stdout pure JSON when it carries the profile
     if args.out:

@@ -359,9 +359,10 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     if profile.model.get("dtype_bytes", 2) not in (1, 2):
         raise InputError(f"aiconfigurator reference: profile {profile.name!r} has dtype_bytes="
                          f"{profile.model.get('dtype_bytes')}; only bf16 (2) and FP8 (1) models are compared")
-    if profile.model.get("kv_dtype_bytes", 2) != 2:
-        raise InputError(f"aiconfigurator reference: profile {profile.name!r} keeps its KV cache in FP8; "
-                         "only a bf16 KV cache is compared")
+    kv = profile.model.get("kv_dtype_bytes", 2)
+    if kv not in (1, 2):
+        raise InputError(f"aiconfigurator reference: profile {profile.name!r} has kv_dtype_bytes={kv}; "
+                         "only a bf16 (2) or FP8 (1) KV cache is compared")
     tp, ep = (int(profile.model.get(k) or 1) for k in ("tensor_parallel_size", "expert_parallel_size"))
     if ep > 1:
         raise InputError(f"aiconfigurator reference: profile {profile.name!r} is expert-parallel (ep {ep}, data-parallel "
@@ -374,11 +375,12 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     log.setLevel(logging.ERROR)  # its database warns of fallback rows for ops this model does not use
     try:
         version = perf_database.get_latest_database_version(system, AIC_BACKEND)
-        # the KV cache and attention in bf16, as the profile keeps them (vLLM's kv-cache-dtype auto);
-        # aiconfigurator's default for an FP8 checkpoint is an FP8 KV cache. The GEMMs' mode is
-        # the checkpoint's (fp8_block for block-FP8, fp8_static for ModelOpt's per-tensor FP8).
+        # the KV cache as the profile keeps it (bf16: vLLM's kv-cache-dtype auto; FP8: --kv-cache-dtype
+        # fp8, whose vLLM attention kernels the database measures with bf16 math on FP8 KV);
+        # aiconfigurator's default for an FP8 checkpoint is an FP8 KV cache, so it is always told. The
+        # GEMMs' mode is the checkpoint's (fp8_block for block-FP8, fp8_static for ModelOpt's per-tensor FP8).
         h = engine.EngineHandle.compile(hf_id, system, AIC_BACKEND, backend_version=version, tp_size=tp, moe_tp_size=tp,
-                                        kvcache_quant_mode="bfloat16", fmha_quant_mode="bfloat16")
+                                        kvcache_quant_mode="fp8" if kv == 1 else "bfloat16", fmha_quant_mode="bfloat16")
         out = []
         for p in pts:
             if p.kind == "prefill":

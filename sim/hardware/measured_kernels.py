@@ -26,6 +26,7 @@ ABOUT = ("Step-time coefficients (sim/hardware/profile.py's GPU step model: c0..
          "Only kernel data set these numbers; no end-to-end server run.")
 LICENCE = ("aiconfigurator-core is Apache-2.0 (SPDX header of its systems/data files: Copyright (c) NVIDIA CORPORATION & "
            "AFFILIATES); this file holds coefficients fitted to its data, not the data")
+KV_FP8_TABLE = "kv_fp8_models"  # per GPU: fits on steps with vLLM's --kv-cache-dtype fp8 (attention reads FP8 KV)
 COEF_KEYS = ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "p")
 
 
@@ -42,9 +43,10 @@ def source_text(gpu: str) -> str:
     return f"measured-kernels ({d['package'].replace('aiconfigurator-core', 'aiconfigurator')} database, vLLM {d['gpus'][gpu]['vllm']})"
 
 
-def step_fit(gpu: str, model: str, tp: int) -> dict | None:
-    """The fitted entry {coef, points, heldout, train} of a GPU, model and tp, or None."""
-    return load()["gpus"].get(gpu, {}).get("models", {}).get(model, {}).get(str(tp))
+def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False) -> dict | None:
+    """The fitted entry {coef, points, heldout, train} of a GPU, model and tp (kv_fp8: fitted on
+    steps with an FP8 KV cache, the `kv_fp8_models` table), or None."""
+    return load()["gpus"].get(gpu, {}).get(KV_FP8_TABLE if kv_fp8 else "models", {}).get(model, {}).get(str(tp))
 
 
 def collective(gpu: str, op: str, n: int) -> dict | None:
@@ -69,10 +71,12 @@ def collectives_text(parts: dict, layout: str, n: int) -> str:
             f"aiconfigurator's {mc['source']} (fit MAPE {mc['fit_mape_pct']}%); in c0 (latency) and c1 (bytes per token)")
 
 
-def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes: list[str]) -> list[str]:
+def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes: list[str],
+                 kv_fp8: bool = False) -> list[str]:
     """Put the measured step coefficients of (gpu, model, tp) into a roofline profile where
-    the file has them (a tp layout); say which in provenance.source. Returns the notes."""
-    fit = step_fit(gpu, model, n) if layout == "tp" else None
+    the file has them (a tp layout; kv_fp8: those fitted with an FP8 KV cache, never the bf16
+    KV ones, whose attention reads twice the bytes); say which in provenance.source. Returns the notes."""
+    fit = step_fit(gpu, model, n, kv_fp8) if layout == "tp" else None
     prov = profile["provenance"]
     if fit is None:
         prov["source"] = "roofline"
@@ -83,7 +87,7 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     prov["source"] = src
     prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on the "
                       f"vLLM {d['gpus'][gpu]['vllm']} kernels of {d['package']}'s database for {d['gpus'][gpu]['system']} "
-                      "(GEMMs, attention, MoE, all-reduce, as its engine composes a step; benchmarks/measured_kernels.py, "
+                      f"(GEMMs, attention{' with an FP8 KV cache' if kv_fp8 else ''}, MoE, all-reduce, as its engine composes a step; benchmarks/measured_kernels.py, "
                       "sim/hardware/specs/measured_kernels.json); engine limits and host link as the roofline's. "
                       "Written by `sim profile roofline`.")
     for k in ("c0", "c1", "c2", "c3", "c4", "c5", "constants", "moe", "collectives"):

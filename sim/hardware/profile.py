@@ -34,12 +34,18 @@ uniform), so c0 is joined by
 
     routed * (1 - (1 - routed_share)^tokens)     routed: s to stream every routed expert once
 
+A step of exactly one token (a lone decode) adds `single` (optional, absent = 0): its GEMMs run
+one row, which FP8 GEMMs on Blackwell price at up to twice two rows (measured kernels,
+benchmarks/measured_kernels.py), a dip no smooth term follows. It sits in the fixed part:
+
+    t_gpu += single                      if tokens == 1
+
 Required keys:
   model:   {name, num_layers, num_kv_heads, head_dim, dtype_bytes}
   engine:  {block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs,
             enable_chunked_prefill, max_model_len}
   step_time: {c0, c1, c2, c3, c4, c5 (optional, 0), w, launch (optional, 0 s), p (optional, hard max),
-              routed (optional, 0 s), routed_share (optional, 1)}
+              routed (optional, 0 s), routed_share (optional, 1), single (optional, 0 s)}
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
   {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
@@ -103,6 +109,7 @@ class StepModel:
     host_seq: float = 0.0
     host_token: float = 0.0
     overlap: bool = False  # asynchronous scheduling: the host's work hides behind the device's
+    single: float = 0.0  # s: extra of a one-token step (one-row GEMMs; 0 = off)
 
     def host_time(self, tokens: int, seqs: int) -> float:
         return self.host + self.host_seq * seqs + self.host_token * tokens
@@ -112,10 +119,9 @@ class StepModel:
         return bool(self.host or self.host_seq or self.host_token)
 
     def fixed(self, tokens: int) -> float:
-        """c0 plus the routed experts a step of `tokens` tokens reads."""
-        if self.routed == 0:
-            return self.c0
-        return self.c0 + self.routed * (1.0 - (1.0 - self.routed_share) ** tokens)
+        """c0 plus the routed experts a step of `tokens` tokens reads (plus `single` for one token)."""
+        c = self.c0 if self.routed == 0 else self.c0 + self.routed * (1.0 - (1.0 - self.routed_share) ** tokens)
+        return c + self.single if tokens == 1 and self.single else c
 
     @property
     def coefficients(self) -> tuple[float, float, float, float, float, float]:
@@ -123,7 +129,7 @@ class StepModel:
 
     def time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
         gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
-        c0 = self.c0 if self.routed == 0 else self.fixed(tokens)
+        c0 = self.c0 if self.routed == 0 and not self.single else self.fixed(tokens)
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         if self.launch and tokens > seqs:
             t = _smax(self.launch, t, self.p)
@@ -148,7 +154,8 @@ class StepModel:
     def scaled(self, factor: float) -> StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
         return replace(self, **{k: getattr(self, k) * factor
-                                for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed", "host", "host_seq", "host_token")})
+                                for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed", "host", "host_seq", "host_token",
+                                          "single")})
 
 
 @dataclass(frozen=True)
@@ -261,6 +268,7 @@ class _Step(Model):
     p: JSONFloat | None = Field(None, ge=1)
     routed: JSONFloat = Field(0.0, ge=0)
     routed_share: JSONFloat = Field(1.0, gt=0, le=1)
+    single: JSONFloat = Field(0.0, ge=0)
 
 
 class _Host(Model):  # vLLM's host work per step, measured apart (benchmarks/vllm_host_time.py --into)
@@ -315,7 +323,7 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
     st = m.step_time
     host = m.host or _Host()
     step = StepModel(st.c0, st.c1, st.c2, st.c3, st.c4, st.c5, st.w, st.launch, math.inf if st.p is None else st.p,
-                     st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s)
+                     st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s, single=st.single)
     if step.c0 + step.c1 <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
     kv = m.kv_bytes_per_block

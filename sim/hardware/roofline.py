@@ -52,6 +52,7 @@ FIT_FILE = SPEC_DIR / "roofline_fit.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MEASUREMENTS_DIR = Path(__file__).parent / "measurements"  # shipped probe files, provenance in its README.md
 DEFAULT_MEASUREMENTS = MEASUREMENTS_DIR / "h100" / "llama3.1-8b-shape-torch-probes.json"
+KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's --kv-cache-dtype values modelled (fp8 = e4m3, 1 B an element)
 KINDS = ("fresh_prefill", "cached_prefill", "decode")
 # The efficiencies fitted on the probes, with their bounds (efficiencies cannot exceed 1).
 EFF_NAMES = ("eff_mem", "eff_kv", "eff_gemm", "eff_attn", "step_overhead_s")
@@ -334,8 +335,9 @@ def check_layout(mname: str, model: dict, tp: int, ep: int) -> tuple[str, int]:
 
 def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_memory_utilization: float,
                   max_model_len: int | None, block_size: int = 16, max_num_batched_tokens: int | None = None,
-                  max_num_seqs: int | None = None, enforce_eager: bool = False) -> tuple[dict, list[str]]:
-    """The engine section as vLLM 0.32 would set it up (sim/hardware/limits.py's arithmetic
+                  max_num_seqs: int | None = None, enforce_eager: bool = False,
+                  vllm_version: str | None = None) -> tuple[dict, list[str]]:
+    """The engine section as vLLM 0.32 (or `vllm_version`'s accounting, sim/hardware/kv_pool.py) would set it up (sim/hardware/limits.py's arithmetic
     with this module's weight and KV bytes: FP8, MoE layouts, sliding windows), and notes.
     ep: each of the n GPUs is its own data-parallel rank (own KV, batch and token budget);
     the replica's pool is their sum, a sequence fits one GPU's share."""
@@ -355,7 +357,8 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
     d_seqs = d_seqs if max_num_seqs is None else max_num_seqs
     pool = kv_pool(mem, model, tp=n if layout == "tp" else 1, ep=n if layout == "ep" else 1,
                    gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=d_tokens, max_num_seqs=d_seqs,
-                   enforce_eager=enforce_eager, block_size=block_size, gpu=gname)
+                   enforce_eager=enforce_eager, block_size=block_size, gpu=gname,
+                   **({"vllm_version": vllm_version} if vllm_version else {}))
     act, kv_mem, blocks = pool.activation_bytes, pool.available_bytes, pool.blocks
     fits = blocks * block_size  # one sequence's room: one rank's pool
     if fits < block_size:
@@ -379,10 +382,10 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
                          f"less than --max-model-len {max_len}; use more GPUs, a higher utilization or a shorter max_model_len")
     ranks = n if layout == "ep" else 1
     return {
-        "name": "vllm", "version": "0.32 (computed)", "block_size": block_size, "num_gpu_blocks": blocks * ranks,
+        "name": "vllm", "version": f"{vllm_version or '0.32'} (computed)", "block_size": block_size, "num_gpu_blocks": blocks * ranks,
         "max_num_batched_tokens": d_tokens * ranks, "max_num_seqs": d_seqs * ranks, "max_model_len": int(max_len),
         "enable_chunked_prefill": True, "enable_prefix_caching": True,
-        "computed": (f"computed, not read from an engine: vLLM 0.32's start-up arithmetic (sim/hardware/limits.py) for "
+        "computed": (f"computed, not read from an engine: vLLM {vllm_version or '0.32'}'s start-up arithmetic (sim/hardware/limits.py) for "
                      f"{mem / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, {layout}={n}: minus weights "
                      f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {pool.non_torch_bytes / GiB:.2f} GiB, "
                      f"CUDA graphs {pool.cudagraph_bytes / GiB:.2f} GiB (sim/hardware/kv_pool.py; every term in the profile's kv_pool); "
@@ -395,20 +398,27 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
 def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_utilization: float = 0.9,
                      max_model_len: int | None = None, ep: int = 1, max_num_batched_tokens: int | None = None,
                      max_num_seqs: int | None = None, enforce_eager: bool = False, measured: bool = False,
-                     model_spec: dict | None = None) -> tuple[dict, list[str]]:
+                     model_spec: dict | None = None, kv_cache_dtype: str = "auto",
+                     vllm_version: str | None = None) -> tuple[dict, list[str]]:
     """(profile dict in sim/hardware/profile.py's schema, notes to show the user). measured: step times
     from measured kernels where sim/hardware/measured_kernels.py has the GPU, model and tp (`sim
     profile roofline` asks for them); provenance.source says which. model_spec: a model shape
     (models.json's fields) that is not in models.json, named model_name; always the roofline
-    (measured kernels are keyed by the zoo's names)."""
+    (measured kernels are keyed by the zoo's names). kv_cache_dtype: vLLM's --kv-cache-dtype, auto
+    (the model's own KV dtype) or fp8 (1 B a KV element: the pool, the KV bytes a step reads, and
+    measured kernels of an FP8 KV cache). vllm_version: whose start-up accounting sizes the pool."""
     gname, gpu = find_gpu(gpu_name)
     mname, model = (model_name, model_spec) if model_spec is not None else find_model(model_name)
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(f"--kv-cache-dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+    if kv_cache_dtype == "fp8":
+        model = {**model, "kv_dtype_bytes": 1}
     layout, n = check_layout(mname, model, tp, ep)
     if not 0 < gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
     engine, notes = engine_limits(gname, gpu, model, layout, n, gpu_memory_utilization, max_model_len,
                                   max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                  enforce_eager=enforce_eager)
+                                  enforce_eager=enforce_eager, vllm_version=vllm_version)
     kv_pool_section = engine.pop("kv_pool")
     mem = gpu["memory_bytes"]
 
@@ -474,7 +484,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
         "c4": f"KV read per context token: {glob * 2 * (heads if layout == 'tp' else heads / n) * model['head_dim'] * kvb:.0f} B per GPU"
               f"{' (full-attention layers)' if local else ''} / (BW x eff_kv)",
         "c5": "= c2: new tokens attend all cached keys (no causal half)",
-        "engine": "vLLM 0.32 start-up arithmetic (sim/hardware/kv_pool.py; every term and its source in kv_pool)",
+        "engine": f"vLLM {vllm_version or '0.32'} start-up arithmetic (sim/hardware/kv_pool.py; every term and its source in kv_pool)",
         "kv_bytes_per_block": ("per GPU (each tensor-parallel rank holds and moves its own KV heads)" if layout == "tp"
                                else "all KV heads of a block (a sequence's blocks live on the GPU that serves it; offload "
                                     "and disaggregation transfers are priced on one GPU's link, though the N GPUs' links "
@@ -534,7 +544,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
     if measured and model_spec is None:
         from sim.hardware.measured_kernels import use_measured
 
-        notes = use_measured(profile, gname, mname, layout, n, notes)
+        notes = use_measured(profile, gname, mname, layout, n, notes, kv_fp8=kv_dtype_bytes(model) == 1)
     return profile, notes
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -83,7 +83,8 @@ def step_floor(profile) -> float:
     terms = (*st.coefficients, st.w, st.launch)
     if not all(math.isfinite(x) and x >= 0 for x in terms):
         return 0.0
-    return max(0.0, float(st.time(1, 1, 0.0, 0.0, 0.0)))
+    # a one-token step's `single` is no floor: a step of two tokens does without it
+    return max(0.0, float(replace(st, single=0.0).time(1, 1, 0.0, 0.0, 0.0)))
 
 
 class Stopped(Exception):
