@@ -691,3 +691,22 @@ def test_a_dropped_pin_offloads_the_old_context_under_its_own_keys():
     rows = [simulate(trace, "rebuild-priced-ttl", prof, arrivals, scheduler=k, offload="cpu:1MiB@0.004096", replicas=2,
                      router="round_robin", async_scheduling=True).turns[TWIN_COLUMNS] for k in ("simpy", "vllm")]
     assert rows[0].equals(rows[1])
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_handed_over_call_queues_behind_the_decode_replicas_earlier_call(async_scheduling):
+    """Found by the async random-configuration twin property (1P1D, one sequence at a time):
+    six one-token calls at t=0; three are prefilled remotely and reach the decode replica
+    after their prefill, three wait there from the start. The policy ties them (same
+    arrival); vLLM's waiting queue keeps the order they reached the engine, so the local
+    p005 runs before the handed-over p000, which the SimPy replica used to order by the
+    workload's numbering."""
+    c = dict(trace=make_trace([[(1, 1, None, None)]] * 6, shared_prefix=0), arrivals=[0.0] * 6, blocks=30, budget=16,
+             seqs=1, chunked=True, replicas=1, router="round_robin", offload=None, cache="vllm", disagg="1P1D",
+             local_prefill=0, slow_link=False)
+    runs = {k: _simulate(c, "client-ttl", scheduler=k, async_scheduling=async_scheduling).turns.set_index("program_id")
+            for k in ("simpy", "vllm")}
+    assert runs["simpy"][TWIN_COLUMNS[1:]].equals(runs["vllm"][TWIN_COLUMNS[1:]])
+    t = runs["simpy"]
+    assert t.loc["p000", "computed_prompt_tokens"] == 2 and t.loc["p005", "computed_prompt_tokens"] == 1  # remote, local
+    assert t.loc["p005", "scheduled"] < t.loc["p000", "first_token"]
