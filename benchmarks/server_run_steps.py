@@ -66,12 +66,8 @@ def judged_profile(data: dict, run: dict):
     from sim.hardware.profile import parse_profile
     from sim.hardware.roofline import roofline_profile
 
-    e = run["engine"]
-    raw, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"],
-                              gpu_memory_utilization=e.get("gpu_memory_utilization") or 0.9,
-                              max_num_batched_tokens=e.get("max_num_batched_tokens"),
-                              max_num_seqs=e.get("max_num_seqs"), measured=True,
-                              model_spec=srt.model_spec(data, run["model"]))
+    raw, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"], measured=True,
+                              model_spec=srt.model_spec(data, run["model"]), **srt.engine_args(run))
     return parse_profile(raw, run["id"]), raw["provenance"].get("source", "")
 
 
