@@ -162,7 +162,7 @@ class Cluster:
             target.submit(call)
             return
         # a remote prefill: the prompt with one output token, on the least loaded prefill replica
-        pre = Call(req=dataclasses.replace(call.req), seq_no=call.seq_no, prompt_len=call.prompt_len, max_output=1,
+        pre = Call(req=dataclasses.replace(call.req), prompt_len=call.prompt_len, max_output=1,
                    block_size=call.block_size, shared_prefix=call.shared_prefix, content=call.content)
         self._handoffs[id(pre)] = (call, target)
         self.prefill[least_loaded(self.prefill)].submit(pre)

@@ -10,12 +10,12 @@ from sim.kv.content import ContentKeys
 @dataclass(eq=False, slots=True)  # slots: the engine reads its fields on every step
 class Call:
     req: Request  # what the policy sees
-    seq_no: int  # arrival order (the workload's, then the serving replica's): the waiting queue's tie-breaker
     prompt_len: int
     max_output: int
     block_size: int = 16
     shared_prefix: int = 0  # leading tokens shared by every program (system prompt)
     content: ContentKeys | None = None  # the program's block keys (sim/kv/content.py); made here if not given
+    seq_no: int = 0  # order of arrival at its replica (set as it is delivered): the waiting queue's tie-breaker
     num_output: int = 0  # tokens sampled so far
     num_computed: int = 0  # tokens whose KV is in `blocks`
     blocks: list[int] = field(default_factory=list)

@@ -71,7 +71,6 @@ class Workload:
         self.block_size = block_size
         self.programs: list[tuple[str, list[dict], float]] = []
         self._events: dict[int, object] = {}
-        self._seq = 0
         self.by_content = segments.COLUMN in trace
         # `trace`: checked columns (traces.schema.Columns) or a DataFrame; rows as plain dicts
         names = list(trace)
@@ -150,10 +149,9 @@ class Workload:
                 tool=None if last else r["tool"],
                 true_tool_duration=None if last else float(r["tool_duration_s"]), hint=row_hint(r),
             )
-            call = Call(req=req, seq_no=self._seq, prompt_len=prompt, max_output=int(r["output_tokens"]),
+            call = Call(req=req, prompt_len=prompt, max_output=int(r["output_tokens"]),
                         block_size=self.block_size, shared_prefix=shared, content=content)
             content.append_output(call.max_output)
-            self._seq += 1
             done = env.event()
             self._events[id(call)] = done
             self.engine.submit(call)
