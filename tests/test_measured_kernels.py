@@ -43,7 +43,9 @@ def test_the_shipped_file_names_its_source_and_covers_the_measured_gpus():
             R.find_model(m)
             for tp, fit in by_tp.items():
                 assert set(mk.COEF_KEYS) <= set(fit["coef"]) and all(v >= 0 for v in fit["coef"].values()), (g, m, tp)
-                assert fit["heldout"]["all"]["points"] > 50, (g, m, tp)
+                # a 4K-context model (Llama-2-7B) has the grid's points up to 4,096 tokens only: 36 held out
+                short = R.find_model(m)[1]["max_position_embeddings"] <= 4096
+                assert fit["heldout"]["all"]["points"] > (30 if short else 50), (g, m, tp)
 
 
 def test_held_out_error_per_gpu_and_kind():
