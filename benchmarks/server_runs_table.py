@@ -380,7 +380,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(DATA), help="the runs file (default benchmarks/data/server_runs.json)")
     ap.add_argument("--only", help="comma-separated run ids")
-    ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests)")
+    ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests; a trace run: its first quarter by arrival)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
                     help="write the table into docs/validation.md (or PAGE) in place of its marked block")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
