@@ -328,7 +328,8 @@ def _merged(old: dict, new: dict, gpu_order: list[str], model_order: list[str], 
             continue
         fitted = {**{m: v for m, v in was["models"].items() if m not in only_models}, **now["models"]}
         missing = {**{k: v for k, v in was["missing"].items() if model_of(k) not in only_models}, **now["missing"]}
-        out["gpus"][g] = {**now, "models": {m: fitted[m] for m in model_order if m in fitted},
+        # what this derive does not make (the GPU's kv_fp8_models) is kept
+        out["gpus"][g] = {**was, **now, "models": {m: fitted[m] for m in model_order if m in fitted},
                           "missing": {k: missing[k] for m in model_order for k in missing if model_of(k) == m}}
     return out
 

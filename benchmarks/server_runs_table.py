@@ -16,7 +16,16 @@ these runs. E2E is not published by every source: where a run gives mean TTFT an
 TPOT only, mean E2E is taken as TTFT + TPOT x (mean n - 1) on both sides (exact for equal
 output lengths n; the same identity applied to the simulator's own means).
 
---quick runs the first two runs at a quarter of their requests (the test's mode);
+A run of workload kind `trace` (real vLLM 0.11.0 servers on H100, guidellm sweeps:
+benchmarks/server_runs_ground_truth.py imports them) is replayed request by request: each
+request's arrival at the engine, prompt and output tokens and the shared prefix its client
+sent, the engine settings and block count its log states. Its measured statistics are per
+view: `engine` from vLLM's own per-request spans (TTFT and E2E from the arrival at the
+engine), `client` from the benchmark client's results where published; each simulated view
+is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never across views.
+
+--quick runs the first two runs at a quarter of their requests (the test's mode; a trace
+run given by --only: its first quarter of requests by arrival);
 --write-docs puts the table into docs/validation.md (or PAGE) in place of its block
 `<!-- server_runs_table: --data ./benchmarks/data/server_runs.json -->`.
 """
@@ -113,6 +122,13 @@ def lengths(w: dict, key: str, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def trace_of(run: dict, n: int, seed: int = 0) -> pd.DataFrame:
     w = run["workload"]
+    if w.get("kind") == "trace":
+        req = np.array(w["requests"][:n], dtype=float)
+        arrival, prompt, out = req[:, 0], req[:, 1].astype(np.int64), req[:, 2].astype(np.int64)
+        return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(len(req))], "turn": np.zeros(len(req), dtype=np.int64),
+                             "new_input_tokens": prompt, "output_tokens": out, "tool": [None] * len(req),
+                             "tool_duration_s": np.full(len(req), np.nan), "arrival_s": arrival - arrival[0],
+                             "shared_prefix_tokens": np.minimum(int(w.get("shared_prefix_tokens") or 0), prompt)})
     rng = np.random.default_rng(seed)
     return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(n)], "turn": np.zeros(n, dtype=np.int64),
                          "new_input_tokens": lengths(w, "input_tokens", n, rng),
@@ -124,16 +140,42 @@ def simulate(run: dict, profile_path: str, view: str, trace: pd.DataFrame) -> di
     from sim.run.config import EngineLimits, SimConfig, WorkloadConfig, build_run, execute
 
     w = run["workload"]
+    engine = EngineLimits(profile=profile_path, metrics_at=view, async_scheduling=bool(run["engine"].get("async_scheduling")))
+    if w["kind"] == "trace":  # open: each request at its recorded arrival
+        cfg = SimConfig(engine=engine)
+        return execute(build_run(cfg, trace=trace, arrivals=trace["arrival_s"].to_numpy())).summary
     if w["kind"] != "closed":
-        raise InputError(f"run {run['id']}: workload kind {w['kind']!r} is not rebuilt here (closed only)")
-    cfg = SimConfig(engine=EngineLimits(profile=profile_path, metrics_at=view,
-                                        async_scheduling=bool(run["engine"].get("async_scheduling"))),
-                    workload=WorkloadConfig(mode="closed", concurrency=int(w["concurrency"])))
+        raise InputError(f"run {run['id']}: workload kind {w['kind']!r} is not rebuilt here (closed or trace)")
+    cfg = SimConfig(engine=engine, workload=WorkloadConfig(mode="closed", concurrency=int(w["concurrency"])))
     return execute(build_run(cfg, trace=trace)).summary
+
+
+TRACE_METRICS = (("ttft", "mean"), ("ttft", "p99"), ("tpot", "mean"), ("e2el", "mean"), ("e2el", "p99"))
+
+
+def trace_rows(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
+    """A trace run's rows: per view it has measurements of, each of TRACE_METRICS, sim against real."""
+    w = run["workload"]
+    n = len(w["requests"]) if not quick else max(1, len(w["requests"]) // 4)
+    trace = trace_of(run, n)
+    out = []
+    for view, real in run["measured"].items():
+        path, which, unknown = build_profile(data, run, view, tmp)
+        s = simulate(run, path, view, trace)
+        for m, stat in TRACE_METRICS:
+            r, x = real[f"{m}_ms"][stat], s.get(f"{stat}_{m}_ms")
+            out.append({"run": run["id"], "gpu": run["gpu"], "tp": run["tp"], "model": run["model"], "label": w.get("label", ""),
+                        "concurrency": None, "profile": which, "unknown": unknown, "view": view, "metric": m, "stat": stat,
+                        "real_ms": r, "sim_ms": x, "error_pct": (x - r) / r * 100, "requests": n, "kind": "trace",
+                        "max_num_batched_tokens": run["engine"]["max_num_batched_tokens"],
+                        "shared_prefix_tokens": int(w.get("shared_prefix_tokens") or 0)})
+    return out
 
 
 def rows_of(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
     w = run["workload"]
+    if w["kind"] == "trace":
+        return trace_rows(data, run, quick, tmp)
     n = int(w.get("requests") or WAVES * w["concurrency"])
     if quick:
         n = max(w["concurrency"], n // 4)
@@ -160,7 +202,8 @@ def render(rows: list[dict]) -> str:
             "TPOT error | mean E2E (derived) error |", "|---|---|---:|---|---|---|---:|---|---:|---:|"]
     by = {}
     for r in rows:
-        by.setdefault((r["run"], r["view"]), {})[r["metric"].split(" ")[0]] = r
+        if r.get("kind") != "trace":
+            by.setdefault((r["run"], r["view"]), {})[r["metric"].split(" ")[0]] = r
     lines = []
     for (_, view), d in by.items():
         t, p, e = d["ttft"], d["tpot"], d["e2el"]
@@ -170,6 +213,42 @@ def render(rows: list[dict]) -> str:
     return "\n".join(head + lines)
 
 
+def render_trace(rows: list[dict]) -> str:
+    """The trace runs' table: per run and view, each metric's real / sim and error."""
+    head = ["| run | model | budget | shared prefix | requests | profile | view | " + " | ".join(
+        f"{m.upper()} {st} real / sim (ms) | error" for m, st in TRACE_METRICS) + " |",
+        "|---|---|---:|---:|---:|---|---|" + "---|---:|" * len(TRACE_METRICS)]
+    by = {}
+    for r in rows:
+        if r.get("kind") == "trace":
+            by.setdefault((r["run"], r["view"]), {})[(r["metric"], r["stat"])] = r
+    lines = []
+    for (run, view), d in by.items():
+        f = next(iter(d.values()))
+        cells = [f"{d[k]['real_ms']:.{2 if k[0] == 'tpot' else 0}f} / {d[k]['sim_ms']:.{2 if k[0] == 'tpot' else 0}f} | "
+                 f"{d[k]['error_pct']:+.1f}%" for k in TRACE_METRICS]
+        lines.append(f"| {run} | {f['model']} | {f['max_num_batched_tokens']} | {f['shared_prefix_tokens']} | {f['requests']} | "
+                     f"{f['profile']} | {view} | " + " | ".join(cells) + " |")
+    return "\n".join(head + lines)
+
+
+def trace_summary(rows: list[dict]) -> str:
+    """Per GPU x tp and view of the trace runs: how many meet issue 50's H100 bounds (mean E2E
+    within 3%, mean TTFT within 10%, p99 of TTFT and E2E within 10%), mean |error| per metric."""
+    groups = {}
+    for r in rows:
+        if r.get("kind") == "trace":
+            groups.setdefault((r["gpu"], r["tp"], r["view"]), {}).setdefault(r["run"], {})[(r["metric"], r["stat"])] = r["error_pct"]
+    out = []
+    for (g, tp, view), runs in groups.items():
+        ok = sum(abs(e[("e2el", "mean")]) <= 3 and abs(e[("ttft", "mean")]) <= 10 and abs(e[("ttft", "p99")]) <= 10
+                 and abs(e[("e2el", "p99")]) <= 10 for e in runs.values())
+        parts = ", ".join(f"{m} {st} {np.mean([abs(e[(m, st)]) for e in runs.values()]):.1f}%" for m, st in TRACE_METRICS)
+        out.append(f"{g} x{tp} traces, {view}: mean |error| {parts}; {ok} of {len(runs)} runs mean E2E within 3%, "
+                   "mean TTFT within 10% and p99 TTFT and E2E within 10%")
+    return "\n".join(out)
+
+
 def summary(rows: list[dict]) -> str:
     """Mean |error| per GPU x tp and view, and how many runs meet issue 50's bounds: mean E2E
     within 3% and TTFT within 10% on an H100, mean E2E within 10% elsewhere (p99 is not
@@ -177,6 +256,8 @@ def summary(rows: list[dict]) -> str:
     out = []
     groups = {}
     for r in rows:
+        if r.get("kind") == "trace":
+            continue
         g = groups.setdefault((r["gpu"], r["tp"], r["view"]), {})
         g.setdefault(r["metric"].split(" ")[0], []).append(r["error_pct"])
     for (g, tp, view), d in groups.items():
@@ -299,7 +380,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(DATA), help="the runs file (default benchmarks/data/server_runs.json)")
     ap.add_argument("--only", help="comma-separated run ids")
-    ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests)")
+    ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests; a trace run: its first quarter by arrival)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
                     help="write the table into docs/validation.md (or PAGE) in place of its marked block")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
@@ -326,17 +407,17 @@ def main(argv=None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    why = "" if args.no_explain else explain(data, runs, rows)
-    table = render(rows)
+    closed = [r for r in runs if r["workload"]["kind"] == "closed"]
+    closed_rows = [r for r in rows if r.get("kind") != "trace"]
+    why = "" if args.no_explain or not closed else explain(data, closed, closed_rows)
+    table = render(closed_rows) if closed_rows else ""
+    traced = render_trace(rows) if len(closed_rows) < len(rows) else ""
     unknown = sorted({u for r in rows for u in r["unknown"]})
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "
              "Requests and lengths as the source's client drew them (benchmarks/data/server_runs.json).")
-    print(table)
-    print()
-    print(summary(rows))
-    print(notes)
-    if why:
-        print(why)
+    for part in (table, summary(closed_rows), traced, trace_summary(rows), notes, why):
+        if part:
+            print(part + ("\n" if part in (table, traced) else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.write_docs:
@@ -345,8 +426,12 @@ def main(argv=None) -> int:
         body = (f"Made by `python benchmarks/server_runs_table.py --write-docs` (runs and sources: "
                 f"benchmarks/data/server_runs.json). {notes} The client view (the engine view's rows: the script's "
                 f"output):\n\n{render([r for r in rows if r['view'] == 'client'])}\n\n"
-                + summary(rows).replace("\n", "; ") + ".\n\n"
-                + why)
+                + summary(closed_rows).replace("\n", "; ") + ".\n\n"
+                + why
+                + ("\n\nReplayed request by request (workload kind trace: each request's arrival at the engine, prompt and "
+                   "output tokens, the client's shared prefix; the block count vLLM logged), both views, each against its own "
+                   "measurement (engine: vLLM's per-request spans; client: guidellm's results, where published):\n\n"
+                   + traced + "\n\n" + trace_summary(rows).replace("\n", "; ") + "." if traced else ""))
         write_block(args.write_docs, "server_runs_table", KEY, body)
         print(f"wrote {args.write_docs}", file=sys.stderr)
     return 0
