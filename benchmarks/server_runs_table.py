@@ -17,7 +17,7 @@ TPOT only, mean E2E is taken as TTFT + TPOT x (mean n - 1) on both sides (exact 
 output lengths n; the same identity applied to the simulator's own means).
 
 --quick runs the first two runs at a quarter of their requests (the test's mode);
---write-docs puts the table into docs/validation.md (or PAGE) in place of its block
+--write-docs puts the table into docs/reference/validation.md (or PAGE) in place of its block
 `<!-- server_runs_table: --data ./benchmarks/data/server_runs.json -->`.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from agentsim.errors import InputError  # noqa: E402
 DATA = ROOT / "benchmarks" / "data" / "server_runs.json"
 HOST = ROOT / "benchmarks" / "host" / "llama3.1-8b-h100-host.json"
 SERVER = ROOT / "benchmarks" / "host" / "cpu-micro-llama-server.json"
-PAGE = ROOT / "docs" / "validation.md"
+PAGE = ROOT / "docs" / "reference" / "validation.md"
 KEY = "--data ./benchmarks/data/server_runs.json"
 WAVES = 10  # requests per concurrency slot where the source does not state its prompt count (InferenceMAX's)
 COLUMNS = ("run", "GPU x tp", "model", "workload", "profile", "settings", "view", "metric", "real (ms)", "sim (ms)", "error")
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated run ids")
     ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
-                    help="write the table into docs/validation.md (or PAGE) in place of its marked block")
+                    help="write the table into docs/reference/validation.md (or PAGE) in place of its marked block")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--no-explain", action="store_true", help="skip the KV-pool and roofline-against-kernels lines")
     args = ap.parse_args(argv)
