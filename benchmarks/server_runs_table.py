@@ -26,7 +26,7 @@ is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never acros
 
 --quick runs the first two runs at a quarter of their requests (the test's mode; a trace
 run given by --only: its first quarter of requests by arrival);
---write-docs puts the table into docs/validation.md (or PAGE) in place of its block
+--write-docs puts the table into docs/reference/validation.md (or PAGE) in place of its block
 `<!-- server_runs_table: --data ./benchmarks/data/server_runs.json -->`.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from agentsim.errors import InputError  # noqa: E402
 DATA = ROOT / "benchmarks" / "data" / "server_runs.json"
 HOST = ROOT / "benchmarks" / "host" / "llama3.1-8b-h100-host.json"
 SERVER = ROOT / "benchmarks" / "host" / "cpu-micro-llama-server.json"
-PAGE = ROOT / "docs" / "validation.md"
+PAGE = ROOT / "docs" / "reference" / "validation.md"
 KEY = "--data ./benchmarks/data/server_runs.json"
 WAVES = 10  # requests per concurrency slot where the source does not state its prompt count (InferenceMAX's)
 COLUMNS = ("run", "GPU x tp", "model", "workload", "profile", "settings", "view", "metric", "real (ms)", "sim (ms)", "error")
@@ -382,7 +382,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated run ids")
     ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests; a trace run: its first quarter by arrival)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
-                    help="write the table into docs/validation.md (or PAGE) in place of its marked block")
+                    help="write the table into docs/reference/validation.md (or PAGE) in place of its marked block")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--no-explain", action="store_true", help="skip the KV-pool and roofline-against-kernels lines")
     args = ap.parse_args(argv)

@@ -179,7 +179,7 @@ def test_measured_collectives_replace_the_bandwidth_guess():
 def test_the_docs_tables_are_the_scripts():
     from benchmarks import measured_kernels as bm
 
-    page = (R.REPO_ROOT / "docs" / "profiles.md").read_text()
+    page = (R.REPO_ROOT / "docs" / "reference" / "profiles.md").read_text()
     for key, fn in (("heldout", bm.heldout_table), ("collectives", bm.collectives_table)):
         block = page.split(f"<!-- measured_kernels: --table {key} -->")[1].split("<!-- end measured_kernels -->")[0]
         assert block.strip() == fn(DATA).strip()
