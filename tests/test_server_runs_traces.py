@@ -1,5 +1,6 @@
 """The real vLLM 0.11.0 H100 server runs replayed request by request (workload kind trace):
 their import (benchmarks/server_runs_ground_truth.py), rebuild and judging (benchmarks/server_runs_table.py)."""
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -225,3 +226,40 @@ def test_the_import_refuses_a_folder_without_the_runs(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and "--src" in p.stderr
     assert DATA.read_bytes() == before
+
+
+def test_the_log_is_read_on_the_spans_clock_and_the_replay_counted_as_vllm_logs(tmp_path):
+    """benchmarks/server_runs_log.py: a vllm.log's stats lines (local time) put on the spans' clock by
+    the whole hours that match their Running counts; the replay's running, waiting, KV usage and
+    rates at an instant as vLLM's logger counts them."""
+    import pandas as pd
+
+    from benchmarks import server_runs_log as srl
+
+    folder = _fixture(tmp_path)
+    sp = gt.spans(folder / "traces.json")  # running 1000.004-1000.5, 1000.504-1001.7, 1002.004-1002.05
+
+    def line(utc, running):
+        local = dt.datetime.fromtimestamp(utc - 8 * 3600, dt.timezone.utc)
+        return (f"{local:%Y-%m-%d %H:%M:%S},{local.microsecond // 1000:03d} INFO vllm.v1.metrics.loggers: Engine 000: Avg "
+                f"prompt throughput: 40.0 tokens/s, Avg generation throughput: 1.5 tokens/s, Running: {running} reqs, Waiting: 0 "
+                "reqs, GPU KV cache usage: 0.5%, Prefix cache hit rate: 0.0%\n")
+    text = line(1000.3, 1) + line(1001.9, 0) + line(1002.02, 1) + line(1003.5, 0)
+    local, real = srl.stats_lines("noise\n" + text)
+    assert len(local) == 4 and local[0] == pytest.approx(1000.3 - 8 * 3600, abs=1e-3)
+    assert real[0].tolist() == [40.0, 1.5, 1, 0, 0.5, 0.0]
+    assert srl.clock_offset(local, real[:, 2], sp) == -8
+    # a replay of two calls: one waits 1 s, both decode 10 tokens over 2 s; blocks sampled each second
+    turns = pd.DataFrame({"arrival": [0.0, 0.0], "scheduled": [0.0, 1.0], "first_token": [0.5, 1.5], "finish": [2.5, 3.5],
+                          "output_tokens": [11, 11], "prompt_tokens": [100, 300]})
+    kv = pd.DataFrame({"t": [0.0, 1.0, 2.0, 3.0], "used_blocks": [10, 30, 30, 20]})
+    at = np.array([0.7, 1.2, 5.0, 20.0])
+    got = srl.replay_stats(turns, kv, 100, at + 50, 50.0)
+    # (prompt tokens/s: a prompt at its first token; output tokens/s: the first, then the rest evenly; running; waiting; KV %)
+    assert got[0, :5].tolist() == pytest.approx([10.0, (1 + 0.1 * 10) / 10, 1, 1, 10.0])
+    assert got[1, :5].tolist() == pytest.approx([10.0, (1 + 0.35 * 10) / 10, 2, 0, 30.0])
+    assert got[2, :5].tolist() == pytest.approx([40.0, 22 / 10, 0, 0, 20.0])  # the 10 s before: every token
+    assert got[3, :5].tolist() == pytest.approx([0.0, 0.0, 0, 0, 20.0])
+    p = subprocess.run([sys.executable, "benchmarks/server_runs_log.py", "--src", str(tmp_path / "none")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and "--src" in p.stderr
