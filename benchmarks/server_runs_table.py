@@ -22,7 +22,11 @@ request's arrival at the engine, prompt and output tokens and the shared prefix 
 sent, the engine settings and block count its log states. Its measured statistics are per
 view: `engine` from vLLM's own per-request spans (TTFT and E2E from the arrival at the
 engine), `client` from the benchmark client's results where published; each simulated view
-is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never across views.
+is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never across views; the
+engine view also in parts (render_parts: wait, prefill, decode, and the requests that ran alone),
+and, as a diagnostic that changes no profile, replayed with the prices those alone requests show
+(what_if). A vLLM release before 0.19 is replayed with its admission rule (a waiting request
+admitted when its first chunk fits: sim/hardware/roofline.py full_isl_admission).
 
 --quick runs the first two runs at a quarter of their requests (the test's mode; a trace
 run given by --only: its first quarter of requests by arrival);
