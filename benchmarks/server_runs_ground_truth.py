@@ -9,9 +9,11 @@ checkout of https://github.com/inference-sim/inference-sim at COMMIT. Taken per 
 settings the log's start-up lines state (vLLM's non-default args, the block count vLLM allocated),
 each request's arrival at the engine, prompt and output tokens (the OTel `llm_request` spans vLLM
 exported), the shared prefix the client's data config states, and the statistics of the measured
-latencies: as the engine saw them (the spans: TTFT, E2E, TPOT = (E2E - TTFT) / (output - 1)) and,
-where guidellm's results are published, as the client saw them (its per-request TTFT and latency,
-TPOT over the engine's token count). Per-request latencies are not stored, only their statistics.
+latencies: as the engine saw them (the spans: TTFT, E2E, TPOT = (E2E - TTFT) / (output - 1), and
+their parts: the wait before the first scheduling, the prefill, the decode) and, where guidellm's
+results are published, as the client saw them (its per-request TTFT and latency, TPOT over the
+engine's token count). Per-request latencies are not stored, only their statistics, and which
+requests ran alone on the engine (`alone`: the step prices without queueing or batching).
 """
 from __future__ import annotations
 
@@ -59,6 +61,9 @@ NOT_JUDGED = {"what": "inference-sim/inference-sim eval/ground_truth dec11-train
               "why": "only vllm.log is published for them: no per-request data to replay or judge (their KV pool start-up "
                      "lines are usable)"}
 STATS = ("mean", "median", "p99")
+ENGINE_STATS = ("engine: vLLM's OTel llm_request spans (TTFT and E2E from the request's arrival at the engine; wait, prefill "
+                "and decode: arrival -> first scheduled -> first token -> last, from the engine core's stamps; alone: the "
+                "requests no other overlapped, the server's first left out); ")
 
 
 def _stats(x) -> dict:
@@ -100,7 +105,10 @@ def spans(path: Path) -> list[dict]:
                     a = {x["key"]: next(iter(x["value"].values())) for x in sp["attributes"]}
                     out.append({"t": int(sp["startTimeUnixNano"]) / 1e9, "id": a["gen_ai.request.id"],
                                 "prompt": int(a["gen_ai.usage.prompt_tokens"]), "out": int(a["gen_ai.usage.completion_tokens"]),
-                                "ttft": float(a["gen_ai.latency.time_to_first_token"]), "e2e": float(a["gen_ai.latency.e2e"])})
+                                "ttft": float(a["gen_ai.latency.time_to_first_token"]), "e2e": float(a["gen_ai.latency.e2e"]),
+                                # the engine core's own stamps: queued -> scheduled, scheduled -> first token -> last
+                                **{k: float(a[f"gen_ai.latency.time_in_{k}"]) for k in ("queue", "model_prefill", "model_decode")
+                                   if f"gen_ai.latency.time_in_{k}" in a}})
     return sorted(out, key=lambda s: s["t"])
 
 
@@ -108,6 +116,32 @@ def _tpot(ttft, e2e, out) -> np.ndarray:
     ttft, e2e, out = map(np.asarray, (ttft, e2e, out))
     m = out > 1
     return (e2e[m] - ttft[m]) / (out[m] - 1)
+
+
+PARTS = ("queue", "model_prefill", "model_decode")
+
+
+def parts(sp: list[dict], where: str) -> dict:
+    """The engine's TTFT and E2E in parts, per request: `wait_ms` from the arrival vLLM stamps (the
+    API server's, after tokenizing) to the first scheduling = TTFT - prefill (the hand-off to the
+    engine core, the wait for the step it runs, the queue; and the first token's way back),
+    `prefill_ms` first scheduling -> first token, `decode_ms` first token -> last; and `alone`:
+    the requests no other request overlapped (arrival to finish), but the server's first (warm-up:
+    Llama-2-7B's took 272 ms against 30-40 ms for its likes), with the means of their prefill,
+    decode time per output token after the first, and hand-off (TTFT - queue - prefill)."""
+    if any(k not in s for s in sp for k in PARTS):
+        raise InputError(f"{where}: an llm_request span without gen_ai.latency.time_in_queue / time_in_model_prefill / "
+                         "time_in_model_decode: not vLLM's request spans")
+    prefill = [s["model_prefill"] for s in sp]
+    alone = [i for i, s in enumerate(sp) if i > 0 and not any(
+        j != i and x["t"] < s["t"] + s["e2e"] and x["t"] + x["e2e"] > s["t"] for j, x in enumerate(sp))]
+    multi = [i for i in alone if sp[i]["out"] > 1]
+    mean = lambda x: round(float(np.mean(x)) * 1e3, 3) if len(x) else None  # noqa: E731
+    return {"wait_ms": _stats([s["ttft"] - p for s, p in zip(sp, prefill)]), "prefill_ms": _stats(prefill),
+            "decode_ms": _stats([s["model_decode"] for s in sp]),
+            "alone": {"requests": alone, "prefill_ms": mean([sp[i]["model_prefill"] for i in alone]),
+                      "decode_per_token_ms": mean([sp[i]["model_decode"] / (sp[i]["out"] - 1) for i in multi]),
+                      "handoff_ms": mean([sp[i]["ttft"] - sp[i]["queue"] - sp[i]["model_prefill"] for i in alone])}}
 
 
 def client_stats(path: Path, by_id: dict) -> dict:
@@ -139,7 +173,8 @@ def import_run(folder: Path) -> tuple[dict, dict]:
     by_id = {s["id"]: s for s in sp}
     measured = {"engine": {"requests": len(sp), "ttft_ms": _stats([s["ttft"] for s in sp]),
                            "tpot_ms": _stats(_tpot([s["ttft"] for s in sp], [s["e2e"] for s in sp], [s["out"] for s in sp])),
-                           "e2el_ms": _stats([s["e2e"] for s in sp])}}
+                           "e2el_ms": _stats([s["e2e"] for s in sp]),
+                           **parts(sp, str(folder / "traces.json"))}}
     if (folder / "guidellm-results.json").is_file():
         measured["client"] = client_stats(folder / "guidellm-results.json", by_id)
     url = f"{BASE}/{name}"
@@ -156,10 +191,8 @@ def import_run(folder: Path) -> tuple[dict, dict]:
                         "columns": ["arrival_s", "prompt_tokens", "output_tokens"],
                         "requests": [[round(s["t"] - t0, 4), s["prompt"], s["out"]] for s in sp]},
            "measured": measured,
-           "measured_stats": "engine: vLLM's OTel llm_request spans (TTFT and E2E from the request's arrival at the engine); "
-                             "client: guidellm's per-request TTFT and latency" if "client" in measured else
-                             "engine: vLLM's OTel llm_request spans (TTFT and E2E from the request's arrival at the engine); "
-                             "no client results published"}
+           "measured_stats": ENGINE_STATS + ("client: guidellm's per-request TTFT and latency" if "client" in measured else
+                                             "no client results published")}
     pool = {"case": name, "gpu": "H100", "tp": 1, "model": model, "util": run["engine"]["gpu_memory_utilization"],
             "max_num_batched_tokens": run["engine"]["max_num_batched_tokens"], "kv_tokens": log["kv_tokens"],
             "num_gpu_blocks": log["num_gpu_blocks"], "available_gib": log["available_gib"], "weights_gib": log["weights_gib"],
@@ -190,6 +223,8 @@ def main(argv=None) -> int:
     text = json.dumps(d, indent=1) + "\n"
     # a request [arrival, prompt, output] on one line
     text = re.sub(r"\[\n\s+(-?[\d.]+),\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2, \3]", text)
+    # the requests that ran alone on one line
+    text = re.sub(r'"requests": \[\n((?:\s+\d+,?\n)+)\s+\]', lambda m: '"requests": [' + ", ".join(m[1].split()).replace(",,", ",") + "]", text)
     path.write_text(text)
     for _, p in out:
         print(json.dumps(p))

@@ -22,7 +22,11 @@ request's arrival at the engine, prompt and output tokens and the shared prefix 
 sent, the engine settings and block count its log states. Its measured statistics are per
 view: `engine` from vLLM's own per-request spans (TTFT and E2E from the arrival at the
 engine), `client` from the benchmark client's results where published; each simulated view
-is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never across views.
+is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never across views; the
+engine view also in parts (render_parts: wait, prefill, decode, and the requests that ran alone),
+and, as a diagnostic that changes no profile, replayed with the prices those alone requests show
+(what_if). A vLLM release before 0.19 is replayed with its admission rule (a waiting request
+admitted when its first chunk fits: sim/hardware/roofline.py full_isl_admission).
 
 --quick runs the first two runs at a quarter of their requests (the test's mode; a trace
 run given by --only: its first quarter of requests by arrival);
@@ -136,32 +140,80 @@ def trace_of(run: dict, n: int, seed: int = 0) -> pd.DataFrame:
                          "tool_duration_s": np.full(n, np.nan), "arrival_s": np.zeros(n)})
 
 
-def simulate(run: dict, profile_path: str, view: str, trace: pd.DataFrame) -> dict:
+def replay(run: dict, profile_path: str, view: str, trace: pd.DataFrame):
+    """The run simulated on the profile: sim.run.simulate's Result (summary and per-call rows)."""
     from sim.run.config import EngineLimits, SimConfig, WorkloadConfig, build_run, execute
 
     w = run["workload"]
     engine = EngineLimits(profile=profile_path, metrics_at=view, async_scheduling=bool(run["engine"].get("async_scheduling")))
     if w["kind"] == "trace":  # open: each request at its recorded arrival
         cfg = SimConfig(engine=engine)
-        return execute(build_run(cfg, trace=trace, arrivals=trace["arrival_s"].to_numpy())).summary
+        return execute(build_run(cfg, trace=trace, arrivals=trace["arrival_s"].to_numpy()))
     if w["kind"] != "closed":
         raise InputError(f"run {run['id']}: workload kind {w['kind']!r} is not rebuilt here (closed or trace)")
     cfg = SimConfig(engine=engine, workload=WorkloadConfig(mode="closed", concurrency=int(w["concurrency"])))
-    return execute(build_run(cfg, trace=trace)).summary
+    return execute(build_run(cfg, trace=trace))
+
+
+def simulate(run: dict, profile_path: str, view: str, trace: pd.DataFrame) -> dict:
+    return replay(run, profile_path, view, trace).summary
+
+
+def sim_parts(res, alone: list[int]) -> dict:
+    """The simulated requests' parts as parts() of benchmarks/server_runs_ground_truth.py takes the
+    real ones: mean wait (arrival -> first scheduled), prefill (-> first token) and decode (-> last
+    token), ms; and over the requests `alone` (indices by arrival) the mean prefill and decode per
+    output token after the first."""
+    t = res.turns.sort_values("program_id")  # r000000, r000001, ...: by arrival
+    wait, prefill, decode = (t["scheduled"] - t["arrival"]).to_numpy(), (t["first_token"] - t["scheduled"]).to_numpy(), \
+        (t["finish"] - t["first_token"]).to_numpy()
+    a = np.asarray([i for i in alone if i < len(t)], dtype=int)
+    n = t["output_tokens"].to_numpy()[a]
+    return {"wait": wait.mean() * 1e3, "prefill": prefill.mean() * 1e3, "decode": decode.mean() * 1e3,
+            "alone prefill": prefill[a].mean() * 1e3 if len(a) else None,
+            "alone computed": float(t["computed_prompt_tokens"].to_numpy()[a].mean()) if len(a) else None,
+            "alone decode per token": (decode[a][n > 1] / (n[n > 1] - 1)).mean() * 1e3 if (n > 1).any() else None}
+
+
+PARTS = (("wait", "wait_ms"), ("prefill", "prefill_ms"), ("decode", "decode_ms"))
+
+
+def parts_row(run: dict, res, n: int) -> dict | None:
+    """Real against simulated parts of a trace run's engine view (None where the data has no parts)."""
+    real = run["measured"]["engine"]
+    if "alone" not in real:
+        return None
+    alone = [i for i in real["alone"]["requests"] if i < n]
+    sim = sim_parts(res, alone)
+    row = {"run": run["id"], "model": run["model"], "requests": n, "alone": len(alone), "handoff_ms": real["alone"]["handoff_ms"],
+           "e2el_ms": real["e2el_ms"]["mean"]}
+    for k, key in PARTS:
+        row[k] = (real[key]["mean"], sim[k])
+    if n == len(run["workload"]["requests"]):  # the alone means are over every alone request
+        row["alone prefill"] = (real["alone"]["prefill_ms"], sim["alone prefill"])
+        row["alone computed"] = sim["alone computed"]
+        row["alone decode per token"] = (real["alone"]["decode_per_token_ms"], sim["alone decode per token"])
+    return row
 
 
 TRACE_METRICS = (("ttft", "mean"), ("ttft", "p99"), ("tpot", "mean"), ("e2el", "mean"), ("e2el", "p99"))
 
 
-def trace_rows(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
-    """A trace run's rows: per view it has measurements of, each of TRACE_METRICS, sim against real."""
+def trace_rows(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = None) -> list[dict]:
+    """A trace run's rows: per view it has measurements of, each of TRACE_METRICS, sim against real;
+    the engine view's parts (parts_row) appended to `parts` where given."""
     w = run["workload"]
     n = len(w["requests"]) if not quick else max(1, len(w["requests"]) // 4)
     trace = trace_of(run, n)
     out = []
     for view, real in run["measured"].items():
         path, which, unknown = build_profile(data, run, view, tmp)
-        s = simulate(run, path, view, trace)
+        res = replay(run, path, view, trace)
+        s = res.summary
+        if view == "engine" and parts is not None:
+            row = parts_row(run, res, n)
+            if row is not None:
+                parts.append(row)
         for m, stat in TRACE_METRICS:
             r, x = real[f"{m}_ms"][stat], s.get(f"{stat}_{m}_ms")
             out.append({"run": run["id"], "gpu": run["gpu"], "tp": run["tp"], "model": run["model"], "label": w.get("label", ""),
@@ -172,10 +224,10 @@ def trace_rows(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
     return out
 
 
-def rows_of(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
+def rows_of(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = None) -> list[dict]:
     w = run["workload"]
     if w["kind"] == "trace":
-        return trace_rows(data, run, quick, tmp)
+        return trace_rows(data, run, quick, tmp, parts)
     n = int(w.get("requests") or WAVES * w["concurrency"])
     if quick:
         n = max(w["concurrency"], n // 4)
@@ -195,6 +247,14 @@ def rows_of(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
                         "metric": m[:-3] + (" (derived)" if m == "e2el_ms" else ""), "stat": "mean", "real_ms": real[m],
                         "sim_ms": sim[m], "error_pct": (sim[m] - real[m]) / real[m] * 100, "requests": n})
     return out
+
+
+PARTS_NOTE = ("The engine view in parts (real: vLLM's per-request stamps; alone: requests no other overlapped, the "
+              "server's first left out; hand-off: vLLM's arrival stamp to the engine core's queue and the first token's way "
+              "back, which the simulator does not price):")
+WHAT_IF_NOTE = ("What the runs' own prices explain (a diagnostic, no profile is changed): replayed with each scheduled token "
+                "dearer by the alone requests' miss per prefilled token, then also with vLLM 0.32's host time per step "
+                "(benchmarks/host/); mean and p99 TTFT and mean E2E error:")
 
 
 def render(rows: list[dict]) -> str:
@@ -230,6 +290,66 @@ def render_trace(rows: list[dict]) -> str:
         lines.append(f"| {run} | {f['model']} | {f['max_num_batched_tokens']} | {f['shared_prefix_tokens']} | {f['requests']} | "
                      f"{f['profile']} | {view} | " + " | ".join(cells) + " |")
     return "\n".join(head + lines)
+
+
+def render_parts(parts: list[dict]) -> str:
+    """Per trace run (engine view): the requests that ran alone (step prices without queueing or
+    batching) and every request's wait, prefill and decode, real against simulated; the mean E2E
+    error split into what each part adds (points of the real mean E2E)."""
+    head = ["| run | alone | alone: prefill real / sim (ms) | error | alone: decode per output token real / sim (ms) | error | "
+            "alone: hand-off (ms) | wait real / sim (ms) | prefill real / sim (ms) | decode real / sim (ms) | "
+            "mean E2E error from wait / prefill / decode |", "|---|---:|---|---:|---|---:|---:|---|---|---|---|"]
+    lines = []
+    for r in parts:
+        cells = []
+        for k in ("alone prefill", "alone decode per token"):
+            real, sim = r.get(k, (None, None))
+            cells.append(f"{real:.2f} / {sim:.2f} | {(sim - real) / real * 100:+.1f}%" if real and sim else "- | -")
+        pts = [(r[k][1] - r[k][0]) / r["e2el_ms"] * 100 for k, _ in PARTS]
+        lines.append(f"| {r['run']} | {r['alone']} | " + " | ".join(cells) + f" | {r['handoff_ms']:.1f} | "
+                     + " | ".join(f"{r[k][0]:.0f} / {r[k][1]:.0f}" for k, _ in PARTS) + " | "
+                     + " / ".join(f"{x:+.1f}" for x in pts) + " |")
+    return "\n".join(head + lines)
+
+
+WHAT_IF = (("as replayed", None), ("prefill priced as measured alone", "prefill"), ("and vLLM 0.32's host time per step", "host"))
+
+
+def what_if(data: dict, runs: list[dict], parts: list[dict], tmp: Path) -> str:
+    """How much of each trace run's engine-view miss the prices the runs themselves show explain (a
+    diagnostic, not a profile: nothing here is kept): replayed again with every scheduled token dearer
+    by what the requests that ran alone miss per prefilled token ((real - simulated prefill) /
+    prefilled tokens: the price of a prefill chunk, whatever its size, a decode token charged the
+    same), and with that and the host section (benchmarks/host/llama3.1-8b-h100-host.json: vLLM
+    0.32's engine-core CPU time per step, measured on CPUs here) added to every step, as a
+    synchronous engine (vLLM 0.11.0's default) pays it."""
+    by = {r["run"]: r for r in parts if r.get("alone prefill")}
+    lines = ["| run | alone miss per prefilled token (us) | " + " | ".join(f"{name}: TTFT mean / p99, E2E mean" for name, _ in WHAT_IF)
+             + " |", "|---|---:|" + "---|" * len(WHAT_IF)]
+    host = json.loads(HOST.read_text())["host"]
+    for run in runs:
+        r = by.get(run["id"])
+        if r is None:
+            continue
+        miss = (r["alone prefill"][0] - r["alone prefill"][1]) / 1e3 / r["alone computed"]  # s per prefilled token
+        path, _, _ = build_profile(data, run, "engine", tmp)
+        base = json.loads(Path(path).read_text())
+        trace = trace_of(run, len(run["workload"]["requests"]))
+        real = run["measured"]["engine"]
+        cells = []
+        for name, change in WHAT_IF:
+            prof = json.loads(json.dumps(base))
+            if change in ("prefill", "host"):  # a synchronous step adds the host section's time (sim/hardware/profile.py)
+                h = host if change == "host" else {"step_s": 0.0, "per_seq_s": 0.0, "per_token_s": 0.0}
+                prof["host"] = {**h, "per_token_s": h["per_token_s"] + miss}
+            alt = tmp / f"{run['id']}-what-if.json"
+            alt.write_text(json.dumps(prof))
+            sm = simulate(run, str(alt), "engine", trace)
+            err = [(sm[f"{st}_{m}_ms"] - real[f"{m}_ms"][st]) / real[f"{m}_ms"][st] * 100
+                   for m, st in (("ttft", "mean"), ("ttft", "p99"), ("e2el", "mean"))]
+            cells.append(" / ".join(f"{e:+.1f}%" for e in err))
+        lines.append(f"| {run['id']} | {miss * 1e6:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def trace_summary(rows: list[dict]) -> str:
@@ -400,10 +520,12 @@ def main(argv=None) -> int:
             runs = [r for r in runs if r["id"] in want]
         if args.quick:
             runs = runs[:2]
-        rows = []
+        rows, parts = [], []
         with tempfile.TemporaryDirectory() as tmp:
             for r in runs:
-                rows += rows_of(data, r, args.quick, Path(tmp))
+                rows += rows_of(data, r, args.quick, Path(tmp), parts)
+            traced_runs = [r for r in runs if r["workload"]["kind"] == "trace"]
+            gap = what_if(data, traced_runs, parts, Path(tmp)) if parts and not (args.quick or args.no_explain) else ""
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -415,9 +537,10 @@ def main(argv=None) -> int:
     unknown = sorted({u for r in rows for u in r["unknown"]})
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "
              "Requests and lengths as the source's client drew them (benchmarks/data/server_runs.json).")
-    for part in (table, summary(closed_rows), traced, trace_summary(rows), notes, why):
+    parted = render_parts(parts) if parts else ""
+    for part in (table, summary(closed_rows), traced, trace_summary(rows), parted, gap, notes, why):
         if part:
-            print(part + ("\n" if part in (table, traced) else ""))
+            print(part + ("\n" if part in (table, traced, parted, gap) else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.write_docs:
@@ -431,7 +554,9 @@ def main(argv=None) -> int:
                 + ("\n\nReplayed request by request (workload kind trace: each request's arrival at the engine, prompt and "
                    "output tokens, the client's shared prefix; the block count vLLM logged), both views, each against its own "
                    "measurement (engine: vLLM's per-request spans; client: guidellm's results, where published):\n\n"
-                   + traced + "\n\n" + trace_summary(rows).replace("\n", "; ") + "." if traced else ""))
+                   + traced + "\n\n" + trace_summary(rows).replace("\n", "; ") + "." if traced else "")
+                + (f"\n\n{PARTS_NOTE}\n\n{parted}" if parted else "")
+                + (f"\n\n{WHAT_IF_NOTE}\n\n{gap}" if gap else ""))
         write_block(args.write_docs, "server_runs_table", KEY, body)
         print(f"wrote {args.write_docs}", file=sys.stderr)
     return 0

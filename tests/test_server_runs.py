@@ -28,8 +28,12 @@ def test_every_run_names_a_source_url_and_licence():
         # a trace run's statistics are per view (engine, client); a closed run's are the client's
         views = r["measured"].values() if r["workload"]["kind"] == "trace" else [r["measured"]]
         for view in views:
-            for stats in (v for v in view.values() if isinstance(v, dict)):
+            for stats in (v for k, v in view.items() if isinstance(v, dict) and k != "alone"):
                 assert all(v > 0 for v in stats.values()), r["id"]
+            if "alone" in view:  # which requests ran alone (indices by arrival) and their means
+                a = view["alone"]
+                assert a["requests"] == sorted(set(a["requests"])) and 0 < a["requests"][0], r["id"]
+                assert all(a[k] > 0 for k in ("prefill_ms", "decode_per_token_ms", "handoff_ms")), r["id"]
     ids = [r["id"] for r in d["runs"]]
     assert len(ids) == len(set(ids))
 
