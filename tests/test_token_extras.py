@@ -105,3 +105,24 @@ def test_token_extras_apply_to_a_derive_only_and_never_mix_within_a_gpu(tmp_path
     with pytest.raises(InputError):
         bm.derive(out, None, ["llama3.1-8b"], "auto", token_extras=False)
     assert json.loads(out.read_text())["gpus"]["H100"]["token_extras"] is True  # nothing written
+
+
+@needs_aic
+def test_the_prefill_terms_table_adds_up_to_aiconfigurators_step(capsys):
+    """benchmarks/prefill_terms.py: its op groups sum to aiconfigurator's prefill step, its left-out
+    rotary and KV write is aic_token_extras_s, and the H100 probe rows come from the shipped file."""
+    from benchmarks import prefill_terms as bt
+
+    rows = bt.terms("H100", "llama3.1-8b", 1, [2000, 8000])
+    probes = {p["n"]: p["median_s"] for p in json.loads(
+        (bt.ROOT / "sim/hardware/measurements/h100/llama3.1-8b-shape-torch-probes.json").read_text())["probes"]
+        if p["kind"] == "prefill" and not p["k"]}
+    shape = pc.model_shape(parse_profile(R.roofline_profile("H100", "llama3.1-8b", 1)[0], "x").model)
+    for r in rows:
+        assert sum(r["groups"].values()) == pytest.approx(r["aic_s"], rel=1e-4)
+        assert r["extras_s"] == pc.aic_token_extras_s(shape, 1, r["n"], BW)
+        assert r["probe_s"] == probes[r["n"]] and r["probe_attention_s"] > 0
+        assert 0 < r["final_norm_s"] < 0.001 * r["aic_s"]  # the last norm is negligible
+    assert bt.main(["--n", "2000,x"]) == 2 and bt.main(["--n", "0"]) == 2 and bt.main(["--gpu", "Z"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("error: ") for e in err)
