@@ -476,8 +476,9 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None,
         log.setLevel(level)
     if Path(hf_id).is_dir():  # a config written from the zoo's shape (_zoo_config)
         hf_id = f"{Path(hf_id).name.replace('--', '/', 1)} (config.json from the zoo's shape)"
-    return out, {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
-                 "package": f"{AIC_PACKAGE} {AIC_VERSION}", "token_extras": token_extras}
+    used = {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
+            "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
+    return out, {**used, "token_extras": True} if token_extras else used
 
 
 def aiconfigurator_reference(profile) -> dict:
