@@ -90,7 +90,8 @@ def table(gpu: str, model: str, tp: int, rows: list[dict]) -> str:
     for g, _ in GROUPS:
         line(g, [f"{r['groups'][g] * 1e3:.2f}" for r in rows])
     line("**aiconfigurator's step**", [f"**{r['aic_s'] * 1e3:.2f}**" for r in rows])
-    line("left out: rotary + KV write of n - 1 tokens", [f"{r['extras_s'] * 1e3:.2f} ({r['extras_s'] / r['aic_s']:+.1%})" for r in rows])
+    line("left out: rotary + KV write of n - 1 tokens",
+         [f"{r['extras_s'] * 1e3:.2f} ({r['extras_s'] / r['aic_s']:+.1%})" for r in rows])
     line("left out: final add+RMSNorm", [f"{r['final_norm_s'] * 1e3:.3f} ({r['final_norm_s'] / r['aic_s']:+.2%})" for r in rows])
     if any(r["probe_s"] for r in rows):
         layers = roofline.find_model(model)[1]["num_layers"]
