@@ -126,3 +126,14 @@ def test_the_prefill_terms_table_adds_up_to_aiconfigurators_step(capsys):
     assert bt.main(["--n", "2000,x"]) == 2 and bt.main(["--n", "0"]) == 2 and bt.main(["--gpu", "Z"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("error: ") for e in err)
+
+
+def test_a_gpu_derived_with_token_extras_says_so_in_its_source(monkeypatch):
+    from sim.hardware import measured_kernels as mk
+
+    shipped = mk.load()
+    assert not any(d.get("token_extras") for d in shipped["gpus"].values())  # the shipped file is derived without
+    plain = mk.source_text("H100")
+    data = {**shipped, "gpus": {**shipped["gpus"], "H100": {**shipped["gpus"]["H100"], "token_extras": True}}}
+    monkeypatch.setattr(mk, "load", lambda: data)
+    assert mk.source_text("H100") == plain[:-1] + ", rotary and KV write of every token)"
