@@ -376,7 +376,38 @@ def _zoo_config(model: dict, want: dict, quant: str | None, common) -> str | Non
     return str(out)
 
 
-def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[list[Probe], dict]:
+# aiconfigurator 0.12.0's context attention (its Rust ContextAttentionOp.query, mirroring operations/attention.py)
+# adds vLLM's rotary embedding and KV-cache write, which its measured attention kernel leaves out, through its
+# analytic memory-op formula (bytes / (mem_bw x mem_bw_empirical_scaling_factor) + a constant, times 1.1), but
+# with one token's bytes (q and k for the rotary, read and written; k and v for the write) whatever the step's
+# token count: they come out a constant 13.2 us a layer on H100 (its per-op breakdown at 1K-8K tokens).
+AIC_EXTRAS_FACTOR = 1.1  # its "correction factor for the fused extras"
+
+
+def aic_mem_bw(system: str) -> float:
+    """aiconfigurator's effective memory bandwidth (bytes/s) for its memory-op formula: its system file's
+    mem_bw x mem_bw_empirical_scaling_factor."""
+    import yaml
+    import aiconfigurator_core
+
+    gpu = yaml.safe_load((Path(aiconfigurator_core.__file__).parent / "systems" / f"{system}.yaml").read_text())["gpu"]
+    return float(gpu["mem_bw"]) * float(gpu["mem_bw_empirical_scaling_factor"])
+
+
+def aic_token_extras_s(shape: dict, tp: int, tokens: int, mem_bw: float) -> float:
+    """Seconds of a step's rotary embedding and KV-cache write that aiconfigurator leaves out: its own byte
+    counts for the other tokens - 1 of the step (it prices one), on every layer, at its effective bandwidth
+    mem_bw (aic_mem_bw). shape: model_shape's keys; tp: the GPUs the heads are split over (KV heads
+    replicated below one a GPU)."""
+    hd = shape["head_dim"]
+    q = shape["num_attention_heads"] // tp * hd
+    kv = max(shape["num_kv_heads"] // tp, 1) * hd
+    per_token = 2 * (q + kv) * 2 + 2 * kv * 2  # rotary: bf16 q and k, read and written; write: bf16 k and v
+    return AIC_EXTRAS_FACTOR * shape["num_layers"] * max(tokens - 1, 0) * per_token / mem_bw
+
+
+def aiconfigurator_points(profile, points: list[Probe] | None = None,
+                          token_extras: bool = False) -> tuple[list[Probe], dict]:
     """The points (AIC_GRID by default, those beyond the profile's max_model_len left out),
     their seconds estimated by aiconfigurator for the profile's GPU and model under vLLM, and
     what was used, on the profile's tensor-parallel size (its model's tensor_parallel_size;
@@ -384,7 +415,10 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     predict_decode_latency(B, ctx, osl=2), one decode step; mixed: its engine's mixed-step
     parts, the shared GEMMs of n + B tokens and the chunk's attention at (isl n + k, prefix
     k, times ceil((n + k) / n): its engine spreads a prefill's attention over its chunks),
-    plus the decode attention of B sequences at isl ctx (its mixed step takes one isl)."""
+    plus the decode attention of B sequences at isl ctx (its mixed step takes one isl).
+    token_extras: a step with prefill tokens also pays the rotary and KV-cache write of all its tokens
+    (n, plus B in a mixed step) that aiconfigurator prices for one (aic_token_extras_s); decode steps as it
+    prices them."""
     device = str(profile.raw.get("device", ""))
     system = aic_system(device)
     engine, perf_database, utils = _aic()
@@ -407,6 +441,7 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     hf_id = aic_model(profile.model, utils)
     limit = profile.engine.max_model_len
     pts = [p for p in (AIC_GRID if points is None else points) if max(p.n + p.k, p.ctx) <= limit]
+    shape, bw = (model_shape(profile.model), aic_mem_bw(system)) if token_extras else (None, None)
     log = logging.getLogger("aiconfigurator_core")
     level = log.level
     log.setLevel(logging.ERROR)  # its database warns of fallback rows for ops this model does not use
@@ -430,7 +465,10 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
                 # its context attention arrives divided by ceil(isl / chunk), the chunks of a whole
                 # prefill of isl: times that, it is this chunk's (n new over n + k keys)
                 ms = shared + ctx_attn * math.ceil((p.n + p.k) / p.n) + dec_attn
-            out.append(Probe(p.kind, p.n, p.k, p.B, p.ctx, seconds={STAT: ms / 1e3}))
+            sec = ms / 1e3
+            if token_extras and p.kind != "decode":
+                sec += aic_token_extras_s(shape, tp, p.n + (p.B if p.kind == "mixed" else 0), bw)
+            out.append(Probe(p.kind, p.n, p.k, p.B, p.ctx, seconds={STAT: sec}))
     except (ValueError, RuntimeError, KeyError) as e:
         raise InputError(f"aiconfigurator {AIC_VERSION} could not estimate {system} / {hf_id} under {AIC_BACKEND}: "
                          f"{e}".replace("\n", " ")) from None
@@ -438,8 +476,9 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
         log.setLevel(level)
     if Path(hf_id).is_dir():  # a config written from the zoo's shape (_zoo_config)
         hf_id = f"{Path(hf_id).name.replace('--', '/', 1)} (config.json from the zoo's shape)"
-    return out, {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
-                 "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
+    used = {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
+            "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
+    return out, {**used, "token_extras": True} if token_extras else used
 
 
 def aiconfigurator_reference(profile) -> dict:

@@ -40,7 +40,10 @@ def load() -> dict:
 
 def source_text(gpu: str) -> str:
     d = load()
-    return f"measured-kernels ({d['package'].replace('aiconfigurator-core', 'aiconfigurator')} database, vLLM {d['gpus'][gpu]['vllm']})"
+    # a GPU derived with --token-extras (benchmarks/measured_kernels.py) says so: its prefill prices differ
+    extras = ", rotary and KV write of every token" if d["gpus"][gpu].get("token_extras") else ""
+    return (f"measured-kernels ({d['package'].replace('aiconfigurator-core', 'aiconfigurator')} database, "
+            f"vLLM {d['gpus'][gpu]['vllm']}{extras})")
 
 
 def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False) -> dict | None:
