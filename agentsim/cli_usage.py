@@ -1,4 +1,4 @@
-"""Keep the usage blocks of docs/cli.md equal to what `sim CMD --help` prints.
+"""Keep the usage blocks of docs/reference/cli.md equal to what `sim CMD --help` prints.
 
     python -m agentsim.cli_usage            # rewrite them in place
     python -m agentsim.cli_usage --check    # exit 1 naming the stale ones (tests/test_docs.py)
@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-CLI_MD = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+CLI_MD = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
 WIDTH = 100
 _BLOCK = re.compile(r"^(    )usage: sim ((?:[a-z-]+ ?){1,2}).*\n(?:^\1 +\S.*\n)*", re.MULTILINE)
 _REQUIRES = re.compile(r"(?<=<!-- requires -->\n).*?(?=<!-- end requires -->)", re.DOTALL)

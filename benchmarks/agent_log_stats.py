@@ -11,7 +11,7 @@ Markdown tables: per agent, sessions, LLM calls per session, new tokens per call
 context before it, output tokens and the reasoning share; per agent and tool, the tool's
 wall time (count, mean, p50, p90, p99, max in seconds). Only statistics leave the logs.
 
---write-docs puts them into docs/traces.md (or PAGE) between `<!-- agent_log_stats: FLAGS -->`
+--write-docs puts them into docs/reference/traces.md (or PAGE) between `<!-- agent_log_stats: FLAGS -->`
 and `<!-- end agent_log_stats -->`. --write-specs writes the measured specs
 (traces/data/specs/): claude-code (AgentCgroup GLM-local main chains), codex (TraceLab's
 one Codex session) and, with --mini-swe, mini-swe-agent, each with the context carry-over its
@@ -40,7 +40,7 @@ from benchmarks.docs_tables import DOCS, external_logs, write_block  # noqa: E40
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOGS = "$AGENTSIM_EXTERNAL_TRACES"  # a folder with agentcgroup/ and tracelab/ (their repositories' data)
-PAGE = DOCS / "traces.md"
+PAGE = DOCS / "reference" / "traces.md"
 AGENTCGROUP = {"repo": "https://github.com/eunomia-bpf/agentcgroup", "commit": "5af9e7b8f37a93513206c331c7ec0ff149e89f27",
                "licence": "GPL-2.0"}
 TRACELAB = {"repo": "https://github.com/uw-syfi/TraceLab", "commit": "0b8a262ba69602869133b65972d51a388bde45e1",

@@ -14,7 +14,7 @@ call's blocks return a step later. Per policy, means over the seeds: mean and p9
 mean TTFT and TPOT, steps, preemptions, pins hit, synchronous / asynchronous; and the
 range over seeds of the mean-JCT difference.
 
---write-docs puts the table into docs/validation.md (or PAGE) between
+--write-docs puts the table into docs/reference/validation.md (or PAGE) between
 `<!-- async_scheduling: FLAGS -->` and `<!-- end async_scheduling -->`.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--profile", default=None)
     ap.add_argument("--scheduler", choices=("simpy", "vllm"), default="simpy")
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "validation.md"), default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "validation.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     spec = {"workload": {"trace": a.trace, "programs": a.programs, "jps": a.jps},
             "engine": {"num_gpu_blocks": a.num_gpu_blocks, **({"profile": a.profile} if a.profile else {})}}

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--lo", type=float, default=0.94)
     ap.add_argument("--hi", type=float, default=1.06)
     ap.add_argument("--step", type=float, default=0.01)
-    ap.add_argument("--write-docs", nargs="?", const=str(ROOT / "docs" / "validation.md"), default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(ROOT / "docs" / "reference" / "validation.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     shape = SHAPES[a.shape]
     trace = shape.cut(read_trace(shape.trace)[0])

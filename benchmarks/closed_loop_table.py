@@ -9,7 +9,7 @@ closed --concurrency N`), a new program starting when one finishes, on one repli
 Prints one Markdown table: a row per concurrency, a column per policy, each cell the run's
 steps per minute, its ratio to the first policy's, and its preemptions. A closed loop draws
 nothing at random (programs start in trace order), so each cell is one run. --write-docs
-puts the table into docs/results.md (or PAGE) between `<!-- closed_loop_table: FLAGS -->`
+puts the table into docs/reference/results.md (or PAGE) between `<!-- closed_loop_table: FLAGS -->`
 and `<!-- end closed_loop_table -->` (benchmarks/docs_tables.py).
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--concurrency", default="16,32,64,128")
     ap.add_argument("--policies", default="vllm,thunderagent,continuum")
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "results.md"), default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "results.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     text = table(a)
     print(text)

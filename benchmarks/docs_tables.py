@@ -10,15 +10,16 @@ that redoes it), each marker on its own line:
 `write_block(page, script, key, body)` replaces what lies between the two lines; every
 other byte of the page is kept, and the page is replaced atomically.
 
-Run as a script, it redoes every marked table of docs/ by its marker's command, or with
+Run as a script, it redoes every marked table of docs/ (the tables live on the reference
+pages, docs/reference/) by its marker's command, or with
 --check says which tables that command no longer gives (exit 1), the pages untouched:
 
     python benchmarks/docs_tables.py [--check] [--only SCRIPT[,SCRIPT]] [--match TEXT]
 
 Not redone: sim_speed and tune_speed (wall-clock timings) and clock_sensitivity (a real vLLM engine);
 a table whose input file is missing (e.g. /tmp/real300.parquet, built as
-docs/results.md says) is skipped with its name. The twin-check tables of
-docs/validation.md are benchmarks/twin_check.py's (`Run:` line in each).
+docs/reference/results.md says) is skipped with its name. The twin-check tables of
+docs/reference/validation.md are benchmarks/twin_check.py's (`Run:` line in each).
 """
 from __future__ import annotations
 
@@ -81,9 +82,10 @@ class Block:
 
 
 def marked_blocks(docs: Path = DOCS) -> list[Block]:
-    """Every `<!-- NAME: KEY -->` ... `<!-- end NAME -->` block of the pages in docs."""
+    """Every `<!-- NAME: KEY -->` ... `<!-- end NAME -->` block of the pages in docs and its
+    sub-folders."""
     out = []
-    for page in sorted(docs.glob("*.md")):
+    for page in sorted(docs.rglob("*.md")):
         text = page.read_text()
         for m in re.finditer(r"^<!-- ([a-z0-9_]+): (.*) -->$", text, re.M):
             end = re.compile(rf"^<!-- end {m[1]} -->$", re.M).search(text, m.end())

@@ -17,7 +17,7 @@ switches, policies/infercept.py), each switched off towards Continuum:
   resume order         resume_order=continuum: preempted, pinned, program arrival
 --one-on adds rows with all ingredients off but one. No offload (there are no swaps).
 Each cell is the mean JCT over the seeds (Poisson arrivals). Prints a Markdown table;
---write-docs also puts it into docs/results.md (or PAGE) in place of the block marked
+--write-docs also puts it into docs/reference/results.md (or PAGE) in place of the block marked
 `<!-- infercept_ablation: FLAGS -->` ... `<!-- end infercept_ablation -->`
 (benchmarks/docs_tables.py).
 """
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
     ap.add_argument("--one-on", action="store_true", help="also all ingredients off but one")
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "results.md"), default=None, metavar="PAGE",
-                    help="also replace the table in PAGE (default docs/results.md) between "
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "results.md"), default=None, metavar="PAGE",
+                    help="also replace the table in PAGE (default docs/reference/results.md) between "
                          "`<!-- infercept_ablation: FLAGS -->` and `<!-- end infercept_ablation -->`")
     a = ap.parse_args(argv)
     traces = a.traces.split(",")

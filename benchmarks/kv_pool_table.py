@@ -3,7 +3,7 @@
 
     python benchmarks/kv_pool_table.py [--cases FILE] [--write-docs [PAGE]]
 
---write-docs puts the table into docs/profiles.md (or PAGE) in place of its block
+--write-docs puts the table into docs/reference/profiles.md (or PAGE) in place of its block
 `<!-- kv_pool_table: --cases ./benchmarks/data/vllm_kv_pool_cases.json -->` ...
 `<!-- end kv_pool_table -->` (benchmarks/docs_tables.py redoes it by its marker).
 """
@@ -103,8 +103,8 @@ def table(data: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=str(CASES), help="the cases file (default benchmarks/data/vllm_kv_pool_cases.json)")
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
-                    help="also replace the table in PAGE (default docs/profiles.md)")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "profiles.md"), default=None, metavar="PAGE",
+                    help="also replace the table in PAGE (default docs/reference/profiles.md)")
     a = ap.parse_args(argv)
     data = load(a.cases)
     body = table(data)

@@ -24,7 +24,7 @@ Tables (from the shipped file; no extra needed):
 
     python benchmarks/measured_kernels.py [--table heldout|collectives] [--write-docs [PAGE]]
 
---write-docs puts each table into docs/profiles.md between `<!-- measured_kernels: --table
+--write-docs puts each table into docs/reference/profiles.md between `<!-- measured_kernels: --table
 NAME -->` and `<!-- end measured_kernels -->` (benchmarks/docs_tables.py).
 """
 from __future__ import annotations
@@ -328,7 +328,8 @@ def _merged(old: dict, new: dict, gpu_order: list[str], model_order: list[str], 
             continue
         fitted = {**{m: v for m, v in was["models"].items() if m not in only_models}, **now["models"]}
         missing = {**{k: v for k, v in was["missing"].items() if model_of(k) not in only_models}, **now["missing"]}
-        out["gpus"][g] = {**now, "models": {m: fitted[m] for m in model_order if m in fitted},
+        # what this derive does not make (the GPU's kv_fp8_models) is kept
+        out["gpus"][g] = {**was, **now, "models": {m: fitted[m] for m in model_order if m in fitted},
                           "missing": {k: missing[k] for m in model_order for k in missing if model_of(k) == m}}
     return out
 
@@ -442,7 +443,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-cache-dtype", choices=roofline.KV_CACHE_DTYPES, default="auto",
                     help="derive: fp8 fits steps with an FP8 KV cache into each GPU's kv_fp8_models (with --gpus/--models)")
     ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "profiles.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     data = None
     if a.kv_cache_dtype != "auto" and (not a.derive or a.collectives_only):

@@ -12,7 +12,7 @@ skips the memory sweep.
 Profile: --profile (default: the bundled default, llama3.1-8b-h100), its GPU KV pool
 cut to --num-gpu-blocks; 100 GB of CPU DRAM per GPU as the paper gives its A100 runs.
 Cells are means over --seeds (Poisson arrival seeds; default --seed 0).
-Prints two Markdown tables; --write-docs also puts them into docs/results.md (or PAGE) in
+Prints two Markdown tables; --write-docs also puts them into docs/reference/results.md (or PAGE) in
 place of the block marked `<!-- offload_table: FLAGS -->` ... `<!-- end offload_table -->`
 (benchmarks/docs_tables.py).
 """
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--seeds", default=None, help="arrival seeds, comma-separated; cells are means over them")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "results.md"), default=None, metavar="PAGE",
-                    help="also replace the tables in PAGE (default docs/results.md) between "
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "results.md"), default=None, metavar="PAGE",
+                    help="also replace the tables in PAGE (default docs/reference/results.md) between "
                          "`<!-- offload_table: FLAGS -->` and `<!-- end offload_table -->`")
     a = ap.parse_args(argv)
     traces, pols = a.traces.split(","), a.policies.split(",")

@@ -15,7 +15,7 @@ table, then per load in how many seeds the paper's ablation order held for mean 
 (Fig. 16: vllm > program-fcfs > static-ttl > continuum), whether continuum beat the
 fork's heuristic (continuum-static) and whether the oracle beat continuum.
 
---write-docs puts that text into docs/results.md (or PAGE) in place of the block marked
+--write-docs puts that text into docs/reference/results.md (or PAGE) in place of the block marked
 `<!-- policy_table: FLAGS -->` ... `<!-- end policy_table -->`, FLAGS being the flags that
 define the table (trace, programs, num-blocks, profile, loads, seeds, and policies when
 not the default), so the results page is written by this script, not by hand.
@@ -38,7 +38,7 @@ from sim.hardware.profile import DEFAULT_PROFILE
 
 DEFAULT_POLICIES = "vllm,program-fcfs,static-ttl,continuum-static,continuum,autellix,oracle"
 ORDER = ("vllm", "program-fcfs", "static-ttl", "continuum")  # the paper's Fig. 16 ablation, worst first
-RESULTS_PAGE = DOCS / "results.md"
+RESULTS_PAGE = DOCS / "reference" / "results.md"
 
 
 def one(args):
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
     ap.add_argument("--workers", type=int, default=2, help="processes (1: in this one)")
     ap.add_argument("--write-docs", nargs="?", const=str(RESULTS_PAGE), default=None, metavar="PAGE",
-                    help="also replace this table in PAGE (default docs/results.md) between "
+                    help="also replace this table in PAGE (default docs/reference/results.md) between "
                          "`<!-- policy_table: FLAGS -->` and `<!-- end policy_table -->`, FLAGS the ones that "
                          "define it (--trace ... --seeds ...); the rest of the page is kept byte for byte")
     a = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The table of docs/profiles.md "Checking a profile against independent references":
+"""The table of docs/reference/profiles.md "Checking a profile against independent references":
 `sim profile check` (sim/hardware/check.py) of the bundled H100 profile, the H200 roofline
 profile (`sim profile roofline --gpu H200 --model llama3.1-8b`) and the calibrated H200
 profiles in MEASUREMENTS/h200/calibrate-torch-cuda-*.json and benchmarks/gpu/*/ (each run of
@@ -9,7 +9,7 @@ installed; --write-docs needs it). MEASUREMENTS: the shipped sim/hardware/measur
 
     python benchmarks/profile_check_table.py [--measurements DIR] [--write-docs [PAGE]]
 
-Prints a Markdown table; --write-docs also puts it into docs/profiles.md (or PAGE) in place
+Prints a Markdown table; --write-docs also puts it into docs/reference/profiles.md (or PAGE) in place
 of the block between `<!-- profile_check_table: FLAGS -->` and `<!-- end profile_check_table -->`.
 """
 from __future__ import annotations
@@ -111,8 +111,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--measurements", default=str(roofline.MEASUREMENTS_DIR),
                     help="a measurements folder with h100/ and h200/ (default: the shipped sim/hardware/measurements)")
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
-                    help="also replace the table in PAGE (default docs/profiles.md) between "
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "profiles.md"), default=None, metavar="PAGE",
+                    help="also replace the table in PAGE (default docs/reference/profiles.md) between "
                          "`<!-- profile_check_table: FLAGS -->` and `<!-- end profile_check_table -->`")
     a = ap.parse_args(argv)
     shared = Path(a.measurements)

@@ -10,7 +10,7 @@ cut to BLOCKS on the default profile). InferCept runs without its oracle tool ti
 (`true_tool_time=0`), as a deployment would. Runs one simulation at a time. Prints one
 Markdown table per trace: rows are policies, each cell "mean (p95)" in seconds, and a
 last row with rebuild-priced-ttl's gain over the best other policy (positive = lower JCT).
---write-docs puts each table into docs/policies.md (or PAGE) in place of the block marked
+--write-docs puts each table into docs/reference/policies.md (or PAGE) in place of the block marked
 `<!-- rebuild_priced_ttl_table: FLAGS -->` ... `<!-- end rebuild_priced_ttl_table -->`,
 FLAGS the flags that define that table (benchmarks/docs_tables.py).
 """
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--offload", default="cpu:100GiB")
     ap.add_argument("--tiers", default="gpu,cpu", help="gpu: no offload; cpu: with --offload")
     ap.add_argument("--policies", default=POLICIES)
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "policies.md"), default=None, metavar="PAGE",
-                    help="also replace each cell's table in PAGE (default docs/policies.md) between "
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "policies.md"), default=None, metavar="PAGE",
+                    help="also replace each cell's table in PAGE (default docs/reference/policies.md) between "
                          "`<!-- rebuild_priced_ttl_table: FLAGS -->` and `<!-- end rebuild_priced_ttl_table -->`")
     a = ap.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]

@@ -1,4 +1,4 @@
-"""Hard pin vs soft retention vs client TTL vs tuned (issue 53), written into docs/retention.md.
+"""Hard pin vs soft retention vs client TTL vs tuned (issue 53), written into docs/reference/retention.md.
 
     python benchmarks/retention_study.py [--study full|quick] [--workers 2] [--write-docs [PAGE]]
 
@@ -36,7 +36,7 @@ from benchmarks.docs_tables import DOCS, write_block
 from sim.run.config import EngineLimits, PolicyConfig, SimConfig, WorkloadConfig, build_run, execute
 from sim.study.sweep import map_points
 
-PAGE = DOCS / "retention.md"
+PAGE = DOCS / "reference" / "retention.md"
 FAMILIES = "vllm,continuum,continuum-soft,client-ttl-pin,client-ttl"
 # column label -> (policy, args); the twins are (hard, soft) pairs of these labels
 POLICIES = {
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--study", choices=sorted(STUDIES), default="full", help="the full study or one small cell (quick)")
     ap.add_argument("--workers", type=int, default=2, help="processes (1: in this one)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
-                    help="also replace this study's block in PAGE (default docs/retention.md) between "
+                    help="also replace this study's block in PAGE (default docs/reference/retention.md) between "
                          "`<!-- retention_study: --study NAME -->` and `<!-- end retention_study -->`")
     a = ap.parse_args(argv)
     if a.workers < 1:

@@ -1,4 +1,4 @@
-"""The tables of docs/profiles.md on the roofline zoo: what the H100 profiles of its MoE,
+"""The tables of docs/reference/profiles.md on the roofline zoo: what the H100 profiles of its MoE,
 FP8 and sliding-window models hold (weights and KV per GPU, pool, decode and prefill step
 times as the simulator prices them); Qwen3-30B-A3B's roofline on four GPUs against
 aiconfigurator's kernel database (the one of those models it ships); and rooflines on five
@@ -8,7 +8,7 @@ two need the optional extra `pip install -e '.[aiconfigurator]'`.
     python benchmarks/roofline_zoo_table.py [--table holds|aiconfigurator|tp] [--write-docs [PAGE]]
 
 --table picks one table (default all); --write-docs puts each table printed into
-docs/profiles.md (or PAGE) in place of its block `<!-- roofline_zoo_table: --table NAME -->`
+docs/reference/profiles.md (or PAGE) in place of its block `<!-- roofline_zoo_table: --table NAME -->`
 ... `<!-- end roofline_zoo_table -->` (benchmarks/docs_tables.py redoes each by its marker).
 """
 from __future__ import annotations
@@ -104,8 +104,8 @@ def at_tp() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", choices=("holds", "aiconfigurator", "tp"), default=None, help="one table (default all)")
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "profiles.md"), default=None, metavar="PAGE",
-                    help="also replace the tables in PAGE (default docs/profiles.md)")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "profiles.md"), default=None, metavar="PAGE",
+                    help="also replace the tables in PAGE (default docs/reference/profiles.md)")
     a = ap.parse_args(argv)
     names = [a.table] if a.table else ["holds", "aiconfigurator", "tp"]
     tables = {"holds": holds()} if "holds" in names else {}

@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         data = srt.load_data(Path(args.data))
-        runs = data["runs"]
+        runs = [r for r in data["runs"] if r["workload"]["kind"] == "closed"]  # Little's law: a closed loop's runs
         for flag, field in (("only", "id"), ("gpus", "gpu")):
             if getattr(args, flag):
                 want = getattr(args, flag).split(",")

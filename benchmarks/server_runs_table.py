@@ -16,8 +16,21 @@ these runs. E2E is not published by every source: where a run gives mean TTFT an
 TPOT only, mean E2E is taken as TTFT + TPOT x (mean n - 1) on both sides (exact for equal
 output lengths n; the same identity applied to the simulator's own means).
 
---quick runs the first two runs at a quarter of their requests (the test's mode);
---write-docs puts the table into docs/validation.md (or PAGE) in place of its block
+A run of workload kind `trace` (real vLLM 0.11.0 servers on H100, guidellm sweeps:
+benchmarks/server_runs_ground_truth.py imports them) is replayed request by request: each
+request's arrival at the engine, prompt and output tokens and the shared prefix its client
+sent, the engine settings and block count its log states. Its measured statistics are per
+view: `engine` from vLLM's own per-request spans (TTFT and E2E from the arrival at the
+engine), `client` from the benchmark client's results where published; each simulated view
+is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never across views; the
+engine view also in parts (render_parts: wait, prefill, decode, and the requests that ran alone),
+and, as a diagnostic that changes no profile, replayed with the prices those alone requests show
+(what_if). A vLLM release before 0.19 is replayed with its admission rule (a waiting request
+admitted when its first chunk fits: sim/hardware/roofline.py full_isl_admission).
+
+--quick runs the first two runs at a quarter of their requests (the test's mode; a trace
+run given by --only: its first quarter of requests by arrival);
+--write-docs puts the table into docs/reference/validation.md (or PAGE) in place of its block
 `<!-- server_runs_table: --data ./benchmarks/data/server_runs.json -->`.
 """
 from __future__ import annotations
@@ -39,7 +52,7 @@ from agentsim.errors import InputError  # noqa: E402
 DATA = ROOT / "benchmarks" / "data" / "server_runs.json"
 HOST = ROOT / "benchmarks" / "host" / "llama3.1-8b-h100-host.json"
 SERVER = ROOT / "benchmarks" / "host" / "cpu-micro-llama-server.json"
-PAGE = ROOT / "docs" / "validation.md"
+PAGE = ROOT / "docs" / "reference" / "validation.md"
 KEY = "--data ./benchmarks/data/server_runs.json"
 WAVES = 10  # requests per concurrency slot where the source does not state its prompt count (InferenceMAX's)
 COLUMNS = ("run", "GPU x tp", "model", "workload", "profile", "settings", "view", "metric", "real (ms)", "sim (ms)", "error")
@@ -113,6 +126,13 @@ def lengths(w: dict, key: str, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def trace_of(run: dict, n: int, seed: int = 0) -> pd.DataFrame:
     w = run["workload"]
+    if w.get("kind") == "trace":
+        req = np.array(w["requests"][:n], dtype=float)
+        arrival, prompt, out = req[:, 0], req[:, 1].astype(np.int64), req[:, 2].astype(np.int64)
+        return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(len(req))], "turn": np.zeros(len(req), dtype=np.int64),
+                             "new_input_tokens": prompt, "output_tokens": out, "tool": [None] * len(req),
+                             "tool_duration_s": np.full(len(req), np.nan), "arrival_s": arrival - arrival[0],
+                             "shared_prefix_tokens": np.minimum(int(w.get("shared_prefix_tokens") or 0), prompt)})
     rng = np.random.default_rng(seed)
     return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(n)], "turn": np.zeros(n, dtype=np.int64),
                          "new_input_tokens": lengths(w, "input_tokens", n, rng),
@@ -120,20 +140,94 @@ def trace_of(run: dict, n: int, seed: int = 0) -> pd.DataFrame:
                          "tool_duration_s": np.full(n, np.nan), "arrival_s": np.zeros(n)})
 
 
-def simulate(run: dict, profile_path: str, view: str, trace: pd.DataFrame) -> dict:
+def replay(run: dict, profile_path: str, view: str, trace: pd.DataFrame):
+    """The run simulated on the profile: sim.run.simulate's Result (summary and per-call rows)."""
     from sim.run.config import EngineLimits, SimConfig, WorkloadConfig, build_run, execute
 
     w = run["workload"]
+    engine = EngineLimits(profile=profile_path, metrics_at=view, async_scheduling=bool(run["engine"].get("async_scheduling")))
+    if w["kind"] == "trace":  # open: each request at its recorded arrival
+        cfg = SimConfig(engine=engine)
+        return execute(build_run(cfg, trace=trace, arrivals=trace["arrival_s"].to_numpy()))
     if w["kind"] != "closed":
-        raise InputError(f"run {run['id']}: workload kind {w['kind']!r} is not rebuilt here (closed only)")
-    cfg = SimConfig(engine=EngineLimits(profile=profile_path, metrics_at=view,
-                                        async_scheduling=bool(run["engine"].get("async_scheduling"))),
-                    workload=WorkloadConfig(mode="closed", concurrency=int(w["concurrency"])))
-    return execute(build_run(cfg, trace=trace)).summary
+        raise InputError(f"run {run['id']}: workload kind {w['kind']!r} is not rebuilt here (closed or trace)")
+    cfg = SimConfig(engine=engine, workload=WorkloadConfig(mode="closed", concurrency=int(w["concurrency"])))
+    return execute(build_run(cfg, trace=trace))
 
 
-def rows_of(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
+def simulate(run: dict, profile_path: str, view: str, trace: pd.DataFrame) -> dict:
+    return replay(run, profile_path, view, trace).summary
+
+
+def sim_parts(res, alone: list[int]) -> dict:
+    """The simulated requests' parts as parts() of benchmarks/server_runs_ground_truth.py takes the
+    real ones: mean wait (arrival -> first scheduled), prefill (-> first token) and decode (-> last
+    token), ms; and over the requests `alone` (indices by arrival) the mean prefill and decode per
+    output token after the first."""
+    t = res.turns.sort_values("program_id")  # r000000, r000001, ...: by arrival
+    wait, prefill, decode = (t["scheduled"] - t["arrival"]).to_numpy(), (t["first_token"] - t["scheduled"]).to_numpy(), \
+        (t["finish"] - t["first_token"]).to_numpy()
+    a = np.asarray([i for i in alone if i < len(t)], dtype=int)
+    n = t["output_tokens"].to_numpy()[a]
+    return {"wait": wait.mean() * 1e3, "prefill": prefill.mean() * 1e3, "decode": decode.mean() * 1e3,
+            "alone prefill": prefill[a].mean() * 1e3 if len(a) else None,
+            "alone computed": float(t["computed_prompt_tokens"].to_numpy()[a].mean()) if len(a) else None,
+            "alone decode per token": (decode[a][n > 1] / (n[n > 1] - 1)).mean() * 1e3 if (n > 1).any() else None}
+
+
+PARTS = (("wait", "wait_ms"), ("prefill", "prefill_ms"), ("decode", "decode_ms"))
+
+
+def parts_row(run: dict, res, n: int) -> dict | None:
+    """Real against simulated parts of a trace run's engine view (None where the data has no parts)."""
+    real = run["measured"]["engine"]
+    if "alone" not in real:
+        return None
+    alone = [i for i in real["alone"]["requests"] if i < n]
+    sim = sim_parts(res, alone)
+    row = {"run": run["id"], "model": run["model"], "requests": n, "alone": len(alone), "handoff_ms": real["alone"]["handoff_ms"],
+           "e2el_ms": real["e2el_ms"]["mean"]}
+    for k, key in PARTS:
+        row[k] = (real[key]["mean"], sim[k])
+    if n == len(run["workload"]["requests"]):  # the alone means are over every alone request
+        row["alone prefill"] = (real["alone"]["prefill_ms"], sim["alone prefill"])
+        row["alone computed"] = sim["alone computed"]
+        row["alone decode per token"] = (real["alone"]["decode_per_token_ms"], sim["alone decode per token"])
+    return row
+
+
+TRACE_METRICS = (("ttft", "mean"), ("ttft", "p99"), ("tpot", "mean"), ("e2el", "mean"), ("e2el", "p99"))
+
+
+def trace_rows(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = None) -> list[dict]:
+    """A trace run's rows: per view it has measurements of, each of TRACE_METRICS, sim against real;
+    the engine view's parts (parts_row) appended to `parts` where given."""
     w = run["workload"]
+    n = len(w["requests"]) if not quick else max(1, len(w["requests"]) // 4)
+    trace = trace_of(run, n)
+    out = []
+    for view, real in run["measured"].items():
+        path, which, unknown = build_profile(data, run, view, tmp)
+        res = replay(run, path, view, trace)
+        s = res.summary
+        if view == "engine" and parts is not None:
+            row = parts_row(run, res, n)
+            if row is not None:
+                parts.append(row)
+        for m, stat in TRACE_METRICS:
+            r, x = real[f"{m}_ms"][stat], s.get(f"{stat}_{m}_ms")
+            out.append({"run": run["id"], "gpu": run["gpu"], "tp": run["tp"], "model": run["model"], "label": w.get("label", ""),
+                        "concurrency": None, "profile": which, "unknown": unknown, "view": view, "metric": m, "stat": stat,
+                        "real_ms": r, "sim_ms": x, "error_pct": (x - r) / r * 100, "requests": n, "kind": "trace",
+                        "max_num_batched_tokens": run["engine"]["max_num_batched_tokens"],
+                        "shared_prefix_tokens": int(w.get("shared_prefix_tokens") or 0)})
+    return out
+
+
+def rows_of(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = None) -> list[dict]:
+    w = run["workload"]
+    if w["kind"] == "trace":
+        return trace_rows(data, run, quick, tmp, parts)
     n = int(w.get("requests") or WAVES * w["concurrency"])
     if quick:
         n = max(w["concurrency"], n // 4)
@@ -155,12 +249,21 @@ def rows_of(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
     return out
 
 
+PARTS_NOTE = ("The engine view in parts (real: vLLM's per-request stamps; alone: requests no other overlapped, the "
+              "server's first left out; hand-off: vLLM's arrival stamp to the engine core's queue and the first token's way "
+              "back, which the simulator does not price):")
+WHAT_IF_NOTE = ("What the runs' own prices explain (a diagnostic, no profile is changed): replayed with each scheduled token "
+                "dearer by the alone requests' miss per prefilled token, then also with vLLM 0.32's host time per step "
+                "(benchmarks/host/); mean and p99 TTFT and mean E2E error:")
+
+
 def render(rows: list[dict]) -> str:
     head = ["| GPU x tp | workload | concurrency | profile | view | TTFT real / sim (ms) | TTFT error | TPOT real / sim (ms) | "
             "TPOT error | mean E2E (derived) error |", "|---|---|---:|---|---|---|---:|---|---:|---:|"]
     by = {}
     for r in rows:
-        by.setdefault((r["run"], r["view"]), {})[r["metric"].split(" ")[0]] = r
+        if r.get("kind") != "trace":
+            by.setdefault((r["run"], r["view"]), {})[r["metric"].split(" ")[0]] = r
     lines = []
     for (_, view), d in by.items():
         t, p, e = d["ttft"], d["tpot"], d["e2el"]
@@ -170,6 +273,102 @@ def render(rows: list[dict]) -> str:
     return "\n".join(head + lines)
 
 
+def render_trace(rows: list[dict]) -> str:
+    """The trace runs' table: per run and view, each metric's real / sim and error."""
+    head = ["| run | model | budget | shared prefix | requests | profile | view | " + " | ".join(
+        f"{m.upper()} {st} real / sim (ms) | error" for m, st in TRACE_METRICS) + " |",
+        "|---|---|---:|---:|---:|---|---|" + "---|---:|" * len(TRACE_METRICS)]
+    by = {}
+    for r in rows:
+        if r.get("kind") == "trace":
+            by.setdefault((r["run"], r["view"]), {})[(r["metric"], r["stat"])] = r
+    lines = []
+    for (run, view), d in by.items():
+        f = next(iter(d.values()))
+        cells = [f"{d[k]['real_ms']:.{2 if k[0] == 'tpot' else 0}f} / {d[k]['sim_ms']:.{2 if k[0] == 'tpot' else 0}f} | "
+                 f"{d[k]['error_pct']:+.1f}%" for k in TRACE_METRICS]
+        lines.append(f"| {run} | {f['model']} | {f['max_num_batched_tokens']} | {f['shared_prefix_tokens']} | {f['requests']} | "
+                     f"{f['profile']} | {view} | " + " | ".join(cells) + " |")
+    return "\n".join(head + lines)
+
+
+def render_parts(parts: list[dict]) -> str:
+    """Per trace run (engine view): the requests that ran alone (step prices without queueing or
+    batching) and every request's wait, prefill and decode, real against simulated; the mean E2E
+    error split into what each part adds (points of the real mean E2E)."""
+    head = ["| run | alone | alone: prefill real / sim (ms) | error | alone: decode per output token real / sim (ms) | error | "
+            "alone: hand-off (ms) | wait real / sim (ms) | prefill real / sim (ms) | decode real / sim (ms) | "
+            "mean E2E error from wait / prefill / decode |", "|---|---:|---|---:|---|---:|---:|---|---|---|---|"]
+    lines = []
+    for r in parts:
+        cells = []
+        for k in ("alone prefill", "alone decode per token"):
+            real, sim = r.get(k, (None, None))
+            cells.append(f"{real:.2f} / {sim:.2f} | {(sim - real) / real * 100:+.1f}%" if real and sim else "- | -")
+        pts = [(r[k][1] - r[k][0]) / r["e2el_ms"] * 100 for k, _ in PARTS]
+        lines.append(f"| {r['run']} | {r['alone']} | " + " | ".join(cells) + f" | {r['handoff_ms']:.1f} | "
+                     + " | ".join(f"{r[k][0]:.0f} / {r[k][1]:.0f}" for k, _ in PARTS) + " | "
+                     + " / ".join(f"{x:+.1f}" for x in pts) + " |")
+    return "\n".join(head + lines)
+
+
+WHAT_IF = (("as replayed", None), ("prefill priced as measured alone", "prefill"), ("and vLLM 0.32's host time per step", "host"))
+
+
+def what_if(data: dict, runs: list[dict], parts: list[dict], tmp: Path) -> str:
+    """How much of each trace run's engine-view miss the prices the runs themselves show explain (a
+    diagnostic, not a profile: nothing here is kept): replayed again with every scheduled token dearer
+    by what the requests that ran alone miss per prefilled token ((real - simulated prefill) /
+    prefilled tokens: the price of a prefill chunk, whatever its size, a decode token charged the
+    same), and with that and the host section (benchmarks/host/llama3.1-8b-h100-host.json: vLLM
+    0.32's engine-core CPU time per step, measured on CPUs here) added to every step, as a
+    synchronous engine (vLLM 0.11.0's default) pays it."""
+    by = {r["run"]: r for r in parts if r.get("alone prefill")}
+    lines = ["| run | alone miss per prefilled token (us) | " + " | ".join(f"{name}: TTFT mean / p99, E2E mean" for name, _ in WHAT_IF)
+             + " |", "|---|---:|" + "---|" * len(WHAT_IF)]
+    host = json.loads(HOST.read_text())["host"]
+    for run in runs:
+        r = by.get(run["id"])
+        if r is None:
+            continue
+        miss = (r["alone prefill"][0] - r["alone prefill"][1]) / 1e3 / r["alone computed"]  # s per prefilled token
+        path, _, _ = build_profile(data, run, "engine", tmp)
+        base = json.loads(Path(path).read_text())
+        trace = trace_of(run, len(run["workload"]["requests"]))
+        real = run["measured"]["engine"]
+        cells = []
+        for name, change in WHAT_IF:
+            prof = json.loads(json.dumps(base))
+            if change in ("prefill", "host"):  # a synchronous step adds the host section's time (sim/hardware/profile.py)
+                h = host if change == "host" else {"step_s": 0.0, "per_seq_s": 0.0, "per_token_s": 0.0}
+                prof["host"] = {**h, "per_token_s": h["per_token_s"] + miss}
+            alt = tmp / f"{run['id']}-what-if.json"
+            alt.write_text(json.dumps(prof))
+            sm = simulate(run, str(alt), "engine", trace)
+            err = [(sm[f"{st}_{m}_ms"] - real[f"{m}_ms"][st]) / real[f"{m}_ms"][st] * 100
+                   for m, st in (("ttft", "mean"), ("ttft", "p99"), ("e2el", "mean"))]
+            cells.append(" / ".join(f"{e:+.1f}%" for e in err))
+        lines.append(f"| {run['id']} | {miss * 1e6:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def trace_summary(rows: list[dict]) -> str:
+    """Per GPU x tp and view of the trace runs: how many meet issue 50's H100 bounds (mean E2E
+    within 3%, mean TTFT within 10%, p99 of TTFT and E2E within 10%), mean |error| per metric."""
+    groups = {}
+    for r in rows:
+        if r.get("kind") == "trace":
+            groups.setdefault((r["gpu"], r["tp"], r["view"]), {}).setdefault(r["run"], {})[(r["metric"], r["stat"])] = r["error_pct"]
+    out = []
+    for (g, tp, view), runs in groups.items():
+        ok = sum(abs(e[("e2el", "mean")]) <= 3 and abs(e[("ttft", "mean")]) <= 10 and abs(e[("ttft", "p99")]) <= 10
+                 and abs(e[("e2el", "p99")]) <= 10 for e in runs.values())
+        parts = ", ".join(f"{m} {st} {np.mean([abs(e[(m, st)]) for e in runs.values()]):.1f}%" for m, st in TRACE_METRICS)
+        out.append(f"{g} x{tp} traces, {view}: mean |error| {parts}; {ok} of {len(runs)} runs mean E2E within 3%, "
+                   "mean TTFT within 10% and p99 TTFT and E2E within 10%")
+    return "\n".join(out)
+
+
 def summary(rows: list[dict]) -> str:
     """Mean |error| per GPU x tp and view, and how many runs meet issue 50's bounds: mean E2E
     within 3% and TTFT within 10% on an H100, mean E2E within 10% elsewhere (p99 is not
@@ -177,6 +376,8 @@ def summary(rows: list[dict]) -> str:
     out = []
     groups = {}
     for r in rows:
+        if r.get("kind") == "trace":
+            continue
         g = groups.setdefault((r["gpu"], r["tp"], r["view"]), {})
         g.setdefault(r["metric"].split(" ")[0], []).append(r["error_pct"])
     for (g, tp, view), d in groups.items():
@@ -299,9 +500,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(DATA), help="the runs file (default benchmarks/data/server_runs.json)")
     ap.add_argument("--only", help="comma-separated run ids")
-    ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests)")
+    ap.add_argument("--quick", action="store_true", help="the first two runs, a quarter of the requests (tests; a trace run: its first quarter by arrival)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
-                    help="write the table into docs/validation.md (or PAGE) in place of its marked block")
+                    help="write the table into docs/reference/validation.md (or PAGE) in place of its marked block")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--no-explain", action="store_true", help="skip the KV-pool and roofline-against-kernels lines")
     args = ap.parse_args(argv)
@@ -319,24 +520,27 @@ def main(argv=None) -> int:
             runs = [r for r in runs if r["id"] in want]
         if args.quick:
             runs = runs[:2]
-        rows = []
+        rows, parts = [], []
         with tempfile.TemporaryDirectory() as tmp:
             for r in runs:
-                rows += rows_of(data, r, args.quick, Path(tmp))
+                rows += rows_of(data, r, args.quick, Path(tmp), parts)
+            traced_runs = [r for r in runs if r["workload"]["kind"] == "trace"]
+            gap = what_if(data, traced_runs, parts, Path(tmp)) if parts and not (args.quick or args.no_explain) else ""
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    why = "" if args.no_explain else explain(data, runs, rows)
-    table = render(rows)
+    closed = [r for r in runs if r["workload"]["kind"] == "closed"]
+    closed_rows = [r for r in rows if r.get("kind") != "trace"]
+    why = "" if args.no_explain or not closed else explain(data, closed, closed_rows)
+    table = render(closed_rows) if closed_rows else ""
+    traced = render_trace(rows) if len(closed_rows) < len(rows) else ""
     unknown = sorted({u for r in rows for u in r["unknown"]})
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "
              "Requests and lengths as the source's client drew them (benchmarks/data/server_runs.json).")
-    print(table)
-    print()
-    print(summary(rows))
-    print(notes)
-    if why:
-        print(why)
+    parted = render_parts(parts) if parts else ""
+    for part in (table, summary(closed_rows), traced, trace_summary(rows), parted, gap, notes, why):
+        if part:
+            print(part + ("\n" if part in (table, traced, parted, gap) else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.write_docs:
@@ -345,8 +549,14 @@ def main(argv=None) -> int:
         body = (f"Made by `python benchmarks/server_runs_table.py --write-docs` (runs and sources: "
                 f"benchmarks/data/server_runs.json). {notes} The client view (the engine view's rows: the script's "
                 f"output):\n\n{render([r for r in rows if r['view'] == 'client'])}\n\n"
-                + summary(rows).replace("\n", "; ") + ".\n\n"
-                + why)
+                + summary(closed_rows).replace("\n", "; ") + ".\n\n"
+                + why
+                + ("\n\nReplayed request by request (workload kind trace: each request's arrival at the engine, prompt and "
+                   "output tokens, the client's shared prefix; the block count vLLM logged), both views, each against its own "
+                   "measurement (engine: vLLM's per-request spans; client: guidellm's results, where published):\n\n"
+                   + traced + "\n\n" + trace_summary(rows).replace("\n", "; ") + "." if traced else "")
+                + (f"\n\n{PARTS_NOTE}\n\n{parted}" if parted else "")
+                + (f"\n\n{WHAT_IF_NOTE}\n\n{gap}" if gap else ""))
         write_block(args.write_docs, "server_runs_table", KEY, body)
         print(f"wrote {args.write_docs}", file=sys.stderr)
     return 0

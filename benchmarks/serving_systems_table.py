@@ -25,7 +25,7 @@ refuses is shown as n/a with its one-line reason in a footnote (none is refused 
 cache behind the session router) and vllm+cache_aware (its router in front of vLLM's pool).
 Prints one Markdown table per cell and load, cells the mean over --seeds; --figure writes a
 PNG (mean JCT per system, bars, p95 as a tick) with a JSON sidecar of what it drew;
---write-docs writes the tables into docs/serving_systems.md (or PAGE) between
+--write-docs writes the tables into docs/reference/serving_systems.md (or PAGE) between
 `<!-- serving_systems_table: FLAGS -->` and `<!-- end serving_systems_table -->`
 (benchmarks/docs_tables.py), and, for the default tables, the figure to
 docs/figures/serving_systems.png.
@@ -54,7 +54,7 @@ from sim.hardware.profile import DEFAULT_PROFILE
 from agentsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = DOCS / "serving_systems.md"
+PAGE = DOCS / "reference" / "serving_systems.md"
 FIGURE = DOCS / "figures" / "serving_systems.png"
 SCRIPT = "serving_systems_table"
 # AgentCgroup's experiments/ folder (github.com/eunomia-bpf/agentcgroup at 5af9e7b, GPL-2.0: read in place, never copied)
@@ -290,7 +290,7 @@ def parse_args(argv=None):
     ap.add_argument("--workers", type=int, default=2, help="processes (1: in this one; at most 2 on a shared machine)")
     ap.add_argument("--figure", default=None, metavar="PNG", help="write the figure there (with --write-docs: docs/figures/serving_systems.png)")
     ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
-                    help="replace the tables in PAGE (default docs/serving_systems.md) between "
+                    help="replace the tables in PAGE (default docs/reference/serving_systems.md) between "
                          f"`<!-- {SCRIPT}: FLAGS -->` and `<!-- end {SCRIPT} -->`, and write the figure")
     ap.add_argument("--results-json", default=None, metavar="JSON", help="also write every run's figures there")
     ap.add_argument("--quick", action="store_true", help=f"tiny run for tests: --cells {' '.join(QUICK_CELLS)}")

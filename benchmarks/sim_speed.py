@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS_PAGE = ROOT / "docs" / "results.md"
+RESULTS_PAGE = ROOT / "docs" / "reference" / "results.md"
 
 # Runs inside the tree under test (its own sim package first on sys.path); prints one JSON line.
 CHILD = """

@@ -1,5 +1,5 @@
 """The measured specs' default context carry-over (traces/fit.py `carry`): the table of
-docs/traces.md.
+docs/reference/traces.md.
 
     python benchmarks/spec_carry.py [--specs DIR] [--write-docs [PAGE]]
 
@@ -7,7 +7,7 @@ Reads the spec files in DIR (default traces/data/specs, written by
 `benchmarks/agent_log_stats.py --write-specs`, which measures each carry in its logs) and
 prints, per spec, its carry mode, reasoning share (of output tokens and of calls), what the
 mode rests on, the evidence and its sources. --write-docs puts the table into
-docs/traces.md (or PAGE) between `<!-- spec_carry: --specs DIR -->` and `<!-- end spec_carry -->`.
+docs/reference/traces.md (or PAGE) between `<!-- spec_carry: --specs DIR -->` and `<!-- end spec_carry -->`.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def table(folder: Path) -> str:
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--specs", default=DEFAULT_SPECS, metavar="DIR", help=f"the spec files (default {DEFAULT_SPECS})")
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "traces.md"), default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "traces.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     folder = Path(a.specs) if Path(a.specs).is_absolute() else ROOT / a.specs
     if not folder.is_dir():

@@ -22,7 +22,7 @@ mean over the arrival seeds; a trace may be `spec:NAME` (sampled, seed 0), as in
 per program offers ~3x the calls of one with 10 at the same rate, and the table shows vLLM's
 mean KV use at each so that loads can be compared by memory pressure.
 
---write-docs puts the two tables into docs/results.md (or PAGE) between
+--write-docs puts the two tables into docs/reference/results.md (or PAGE) between
 `<!-- table5: FLAGS -->` / `<!-- end table5 -->` and `<!-- fig9: FLAGS -->` / `<!-- end fig9 -->`
 (benchmarks/docs_tables.py).
 """
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> tuple[str, str]:
                     help="Fig. 9: TRACE:JPS,JPS/... (programs per second per trace)")
     ap.add_argument("--seeds", default="0,1,2", help="Fig. 9: arrival seeds")
     ap.add_argument("--workers", type=int, default=2, help="processes (1: in this one)")
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "results.md"), default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "results.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     if a.table5_trace != "openhands" and not a.table5_trace.startswith(SPEC_PREFIX):
         ap.error(f"--table5-trace {a.table5_trace!r}: give openhands or spec:NAME (a measured spec: claude-code, codex, "

@@ -18,7 +18,7 @@ sampling noise; none with one trace a side). Passes when the policies rank the s
 JCT and every mean JCT is within 10% of the held-out one. The fit half's own sessions,
 resampled alike, show how far the two halves differ without any fit; the generated traces
 against them, how far the fit is from what it was fitted on. Prints a Markdown
-table; --write-docs puts it into docs/traces.md between `<!-- trace_fit_holdout: FLAGS -->`
+table; --write-docs puts it into docs/reference/traces.md between `<!-- trace_fit_holdout: FLAGS -->`
 and its end marker.
 """
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> str:
                     help="also run the held-out traces with calls shuffled across sessions (shuffle_calls)")
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "traces.md"), default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "traces.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     logs = external_logs(a.logs)
     if not logs.is_dir():

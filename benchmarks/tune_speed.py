@@ -1,7 +1,7 @@
 """`sim tune`'s speed: a whole search timed as a user runs it, with the machine's load.
 
     python benchmarks/tune_speed.py [--programs 500] [--trials 200] [--workers 2] [--jps 0.5]
-        [--num-gpu-blocks 6000] [--seeds 0] [--holdout-seeds 1,2] [--policies a,b] [--write-docs PAGE]
+        [--num-gpu-blocks 6000] [--seeds 0] [--holdout-seeds 1,2] [--policies a,b] [--write-docs [PAGE]]
 
 Runs `python -m agentsim.cli tune ...` in a fresh process into a fresh --out (so no run is
 resumed) and prints the command, its wall time, the trials pruned and runs simulated, the
@@ -17,7 +17,8 @@ the table also gives an estimate for `--workers` idle cores: each run's CPU time
 measured wall time scaled so that all runs sum to the CPU seconds measured) scheduled
 as sim tune runs them (batch by batch and seed by seed, each sweep's runs handed to the
 first free worker in order, the next sweep only after the last run of this one).
-`--write-docs PAGE` writes the result between `<!-- tune_speed: FLAGS -->` and
+`--write-docs [PAGE]` writes the result into PAGE (default docs/reference/planning.md) between
+`<!-- tune_speed: FLAGS -->` and
 `<!-- end tune_speed -->` (a wall-clock figure: benchmarks/docs_tables.py does not redo it).
 """
 from __future__ import annotations
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--holdout-seeds", default="1,2")
     ap.add_argument("--policies", default=None, help="default: every registered policy")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--write-docs", default=None, metavar="PAGE")
+    ap.add_argument("--write-docs", nargs="?", const=str(ROOT / "docs" / "reference" / "planning.md"), default=None,
+                    metavar="PAGE")
     a = ap.parse_args(argv)
     flags = ["--trace", a.trace, "--programs", str(a.programs), "--jps", f"{a.jps:g}", "--num-gpu-blocks", str(a.num_gpu_blocks),
              "--trials", str(a.trials), "--seeds", a.seeds, "--holdout-seeds", a.holdout_seeds, "--batch", str(a.batch),

@@ -17,7 +17,7 @@ With --replicas, a cluster behind --router, each replica's engine of either kind
 replicas. With --offload (e.g. cpu:20GiB), each replica's offload tiers: on vLLM's side
 through the simulator's KV connector (sim/vllm_replica/connector.py).
 
---write-docs writes the table into docs/validation.md between the markers
+--write-docs writes the table into docs/reference/validation.md between the markers
 `<!-- twin-check:SECTION:begin -->` and `... :end -->` (--doc-section, default ci).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "validation.md"
+DOC = ROOT / "docs" / "reference" / "validation.md"
 MARK = "<!-- twin-check:{}:{} -->"  # a table's markers in the doc: MARK.format(section, "begin"/"end")
 PIN_KEYS = ("pins_hit", "pins_expired", "pins_victim", "pins_discarded")
 OFFLOAD_KEYS = ("offload_loaded_tokens", "offload_loads", "writethrough_bytes", "offload_bytes")
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-log", action="store_true", help="skip the schedule logs (no first differing step; SimPy with stretches)")
     ap.add_argument("--speed", action="store_true", help="also time both engines once more with the logs off")
     ap.add_argument("--write-docs", action="store_true")
-    ap.add_argument("--doc-section", default="ci", help="with --write-docs: which table of docs/validation.md (its markers' name)")
+    ap.add_argument("--doc-section", default="ci", help="with --write-docs: which table of docs/reference/validation.md (its markers' name)")
     ap.add_argument("--json", default=None, help="write the rows as JSON here (after every policy)")
     ap.add_argument("--from-json", default=None, metavar="A.json[,B.json]",
                     help="no runs: the table from rows an earlier run wrote with --json (merged in order); "

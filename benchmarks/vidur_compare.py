@@ -64,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS_PAGE = ROOT / "docs" / "results.md"
+RESULTS_PAGE = ROOT / "docs" / "reference" / "results.md"
 VIDUR_COMMIT = "7d47513363ec447a741ac5e47241580b47724fbf"
 HOW_TO_GET = (f"git clone https://github.com/microsoft/vidur && git -C vidur checkout {VIDUR_COMMIT[:7]} "
               "&& pip install -r vidur/requirements.txt")
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128, help="running requests at most, on both (default 128)")
     ap.add_argument("--work-dir", type=Path, default=None, help="traces, Vidur's output and model cache (default: a temp dir)")
     ap.add_argument("--write-docs", nargs="?", const=str(RESULTS_PAGE), default=None, metavar="PAGE",
-                    help=f"write the table between {MARK} and {END} in PAGE (default docs/results.md)")
+                    help=f"write the table between {MARK} and {END} in PAGE (default docs/reference/results.md)")
     ap.add_argument("--machine", default=f"{os.cpu_count()}-core machine", help="words for the table's machine")
     a = ap.parse_args(argv)
 

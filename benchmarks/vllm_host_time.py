@@ -106,7 +106,7 @@ def mode_overhead(n: int = 2000) -> float:
                 a + b
         best = min(best, (CLOCK() - t0 - ops.t) / n)
     return best
-DOCS = ROOT / "docs" / "profiles.md"
+DOCS = ROOT / "docs" / "reference" / "profiles.md"
 START, END = "<!-- host-time:start -->", "<!-- host-time:end -->"
 
 

@@ -13,7 +13,7 @@ from traces import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 EXT = ROOT.parent / "shared" / "external-traces"
-MINI = Path("/tmp/mini-swe-agent-trajs")  # as docs/traces.md builds it
+MINI = Path("/tmp/mini-swe-agent-trajs")  # as docs/reference/traces.md builds it
 needs_ext = pytest.mark.skipif(not (EXT / "agentcgroup").is_dir(), reason=f"{EXT} not present (logs are read in place)")
 
 # the defaults docs/traces.md states: a new spec must say what its logs show
@@ -49,7 +49,7 @@ def test_the_logs_show_the_shipped_modes():
     assert cx["user_turns"] and all(abs(g + r) <= 0.2 * r + 10 for g, r in cx["user_turns"])
 
 
-@pytest.mark.skipif(not MINI.is_dir(), reason=f"{MINI} not present (docs/traces.md says how to build it)")
+@pytest.mark.skipif(not MINI.is_dir(), reason=f"{MINI} not present (docs/reference/traces.md says how to build it)")
 def test_the_mini_swe_agent_trajectories_show_its_mode():
     from benchmarks import agent_log_stats as als
 
@@ -110,7 +110,7 @@ def test_the_docs_table_is_what_the_shipped_specs_say():
 
     from benchmarks import spec_carry
 
-    text = (ROOT / "docs" / "traces.md").read_text()
+    text = (ROOT / "docs" / "reference" / "traces.md").read_text()
     m = re.search(r"^<!-- spec_carry: --specs traces/data/specs -->\n\n(.*?)\n\n<!-- end spec_carry -->$", text, re.S | re.M)
     assert m and m[1] == spec_carry.table(fit.SPECS_DIR)
     assert all(f"| `{n}` | `{mode}` |" in m[1] for n, mode in EXPECTED.items())

@@ -133,7 +133,7 @@ def test_closed_loop_table_writes_its_block_and_the_results_page_marks_it(tmp_pa
     from benchmarks import closed_loop_table as clt
 
     marked = re.findall(r"^<!-- closed_loop_table: (.*?) -->\n\n(Table: .*?)\n\n<!-- end closed_loop_table -->$",
-                        (root / "docs" / "results.md").read_text(), re.S | re.M)
+                        (root / "docs" / "reference" / "results.md").read_text(), re.S | re.M)
     assert len(marked) == 1
     key, body = marked[0]
     rows = body.split("\n")[4:]

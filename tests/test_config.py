@@ -168,7 +168,7 @@ def test_sim_imports_no_calibrate():
 
 
 def test_docs_page_lists_every_field():
-    text = (ROOT / "docs" / "config.md").read_text()
+    text = (ROOT / "docs" / "reference" / "config.md").read_text()
     from sim.run.config import FLAG_NAMES
     for name, (sec, field, kind, *_) in leaves().items():
         flag = FLAG_NAMES.get(name, name).replace("_", "-")

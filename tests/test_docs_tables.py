@@ -1,5 +1,5 @@
 """Results tables written into the docs by their scripts (benchmarks/docs_tables.py):
-`rebuild_priced_ttl_table.py --write-docs` on a tiny run into a copy of docs/policies.md,
+`rebuild_priced_ttl_table.py --write-docs` on a tiny run into a copy of docs/reference/policies.md,
 and the page's marked tables against the script's format."""
 import re
 import shutil
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from benchmarks import docs_tables  # noqa: E402
 from benchmarks import rebuild_priced_ttl_table as rpt  # noqa: E402
 
-PAGE = ROOT / "docs" / "policies.md"
+PAGE = ROOT / "docs" / "reference" / "policies.md"
 TINY = ["--cells", "swebench:3000:0.5", "--programs", "5", "--seeds", "0", "--tiers", "gpu",
         "--policies", "rebuild-priced-ttl,vllm"]
 TINY_KEY = "--cells swebench:3000:0.5 --programs 5 --seeds 0 --offload cpu:100GiB --tiers gpu --policies rebuild-priced-ttl,vllm"
@@ -63,7 +63,7 @@ def test_the_policies_page_marks_each_table_in_the_scripts_format():
 def test_infercept_ablation_writes_its_table_and_the_results_page_marks_it(tmp_path, capsys):
     from benchmarks import infercept_ablation as ia
 
-    results = ROOT / "docs" / "results.md"
+    results = ROOT / "docs" / "reference" / "results.md"
     marked = re.findall(r"^<!-- infercept_ablation: (.*?) -->\n\n(Table: .*?)\n\n<!-- end infercept_ablation -->$",
                         results.read_text(), re.S | re.M)
     assert len(marked) == 1
@@ -84,7 +84,7 @@ def test_infercept_ablation_writes_its_table_and_the_results_page_marks_it(tmp_p
 def test_offload_table_writes_its_tables_and_the_results_page_marks_them(tmp_path, capsys):
     from benchmarks import offload_table as ot
 
-    results = (ROOT / "docs" / "results.md").read_text()
+    results = (ROOT / "docs" / "reference" / "results.md").read_text()
     marked = re.findall(r"^<!-- offload_table: (.*?) -->\n\n(Table: .*?)\n\n<!-- end offload_table -->$", results, re.S | re.M)
     assert len(marked) == 2  # the bundled traces with the GPU-memory sweep; the real sessions
     key, body = next(m for m in marked if "--traces swebench,bfcl" in m[0])
@@ -112,7 +112,7 @@ def test_sim_speed_writes_its_table_and_the_results_page_marks_it(tmp_path, caps
     mean JCT), its table written into a page; the results page holds a written table."""
     from benchmarks import sim_speed
 
-    results = (ROOT / "docs" / "results.md").read_text()
+    results = (ROOT / "docs" / "reference" / "results.md").read_text()
     marked = re.findall(r"^<!-- sim_speed: (.*?) -->\n\n(.*?)\n\n<!-- end sim_speed -->$", results, re.S | re.M)
     assert marked
     for _, body in marked:
@@ -185,7 +185,7 @@ def test_the_docs_tables_that_are_quick_to_redo_are_what_their_commands_give(mon
 
 
 def test_the_measured_workload_tables_are_what_their_commands_give():
-    """The tables of docs/results.md on programs sampled from the shipped measured specs
+    """The tables of docs/reference/results.md on programs sampled from the shipped measured specs
     (`--trace spec:NAME`, `--table5-trace spec:NAME`, Fig. 9 loads `spec:NAME:JPS`), each
     redone by its marker's command (about a minute each on 2 cores)."""
     said = []

@@ -5,6 +5,7 @@ without them falls back to the roofline and says so, and (with the optional extr
 held-out error per kind is recomputed live."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,9 @@ def test_the_shipped_file_names_its_source_and_covers_the_measured_gpus():
             R.find_model(m)
             for tp, fit in by_tp.items():
                 assert set(mk.COEF_KEYS) <= set(fit["coef"]) and all(v >= 0 for v in fit["coef"].values()), (g, m, tp)
-                assert fit["heldout"]["all"]["points"] > 50, (g, m, tp)
+                # a 4K-context model (Llama-2-7B) has the grid's points up to 4,096 tokens only: 36 held out
+                short = R.find_model(m)[1]["max_position_embeddings"] <= 4096
+                assert fit["heldout"]["all"]["points"] > (30 if short else 50), (g, m, tp)
 
 
 def test_held_out_error_per_gpu_and_kind():
@@ -176,7 +179,7 @@ def test_measured_collectives_replace_the_bandwidth_guess():
 def test_the_docs_tables_are_the_scripts():
     from benchmarks import measured_kernels as bm
 
-    page = (R.REPO_ROOT / "docs" / "profiles.md").read_text()
+    page = (R.REPO_ROOT / "docs" / "reference" / "profiles.md").read_text()
     for key, fn in (("heldout", bm.heldout_table), ("collectives", bm.collectives_table)):
         block = page.split(f"<!-- measured_kernels: --table {key} -->")[1].split("<!-- end measured_kernels -->")[0]
         assert block.strip() == fn(DATA).strip()
@@ -325,3 +328,43 @@ def test_the_one_token_term_is_fitted_where_one_row_fp8_gemms_cost_more():
                 assert all("single" not in f["coef"] for f in by_tp.values()), (g, m)
     p = parse_profile(R.roofline_profile("B200", "llama3.1-70b-fp8", 2, measured=True)[0], "b")
     assert p.step_time(1, 1, 4096.0, 4096.0) > p.step_time(2, 2, 8192.0, 8192.0)
+
+
+@needs_aic
+def test_a_zoo_model_aiconfigurator_does_not_ship_is_asked_by_its_zoo_shape():
+    """Llama-2-7B (32 KV heads, vocab 32000) and Qwen2.5-7B: no shipped config has their shape, so
+    aiconfigurator reads a config.json written from the zoo's; a model outside the zoo still fails."""
+    from aiconfigurator_core.sdk import utils
+
+    from sim.hardware import check as pc
+
+    for name, repo in (("llama2-7b", "meta-llama/Llama-2-7b-hf"), ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct")):
+        spec = R.find_model(name)[1]
+        got = pc.aic_model({**spec, "name": repo}, utils)
+        cfg = json.loads((Path(got) / "config.json").read_text())
+        assert (cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["vocab_size"]) == \
+            (spec["num_layers"], spec["num_kv_heads"], spec["intermediate_size"], spec["vocab_size"])
+        assert cfg["architectures"] == [spec["architecture"]]
+        prof = parse_profile(R.roofline_profile("H100", name, 1)[0], "x")
+        pts, used = pc.aiconfigurator_points(prof, [pc.Probe("decode", B=8, ctx=2048)])
+        assert used["model"] == f"{repo} (config.json from the zoo's shape)" and pts[0].seconds[pc.STAT] > 0
+    with pytest.raises(InputError, match="ships no bf16 model config"):
+        pc.aic_model({**R.find_model("llama2-7b")[1], "name": "not-in-the-zoo", "num_layers": 3}, utils)
+
+
+def test_the_real_h100_server_runs_models_are_measured_on_h100():
+    """The models of the held-out vLLM 0.11.0 H100 runs (benchmarks/data/server_runs.json, trace runs)
+    have H100 coefficients, every held-out kind within 10%."""
+    for model in ("llama2-7b", "codellama-34b", "qwen2.5-7b"):
+        fit = mk.step_fit("H100", model, 1)
+        assert fit is not None and all(v["mape_pct"] <= 10 for v in fit["heldout"].values()), model
+        assert R.roofline_profile("H100", model, 1, measured=True)[0]["provenance"]["source"].startswith("measured-kernels")
+
+
+def test_a_derive_of_some_models_keeps_the_gpus_kv_fp8_fits():
+    from benchmarks import measured_kernels as bm
+
+    old = {"gpus": {"H100": {"models": {"a": {"1": 1}}, "missing": {}, "kv_fp8_models": {"a": {"1": 2}}, "vllm": "x"}}}
+    new = {"gpus": {"H100": {"models": {"b": {"1": 3}}, "missing": {}, "vllm": "y"}}}
+    out = bm._merged(old, new, ["H100"], ["a", "b"], ["b"])["gpus"]["H100"]
+    assert out["models"] == {"a": {"1": 1}, "b": {"1": 3}} and out["kv_fp8_models"] == {"a": {"1": 2}} and out["vllm"] == "y"

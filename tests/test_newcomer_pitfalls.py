@@ -55,8 +55,8 @@ def test_sweep_says_when_the_pool_was_never_under_pressure(tmp_path, capsys):
 # --- output columns carry units ---------------------------------------------------------
 
 def _docs_units() -> dict[tuple[str, str], str]:
-    """(file stem, column) -> unit, from the table of docs/cli.md's "Output tables"."""
-    rows = re.findall(r"^\| `(\w+)\.parquet` \| `(\w+)` \| ([^|]+?) \|", (DOCS / "cli.md").read_text(), re.M)
+    """(file stem, column) -> unit, from the table of docs/reference/cli.md's "Output tables"."""
+    rows = re.findall(r"^\| `(\w+)\.parquet` \| `(\w+)` \| ([^|]+?) \|", (DOCS / "reference" / "cli.md").read_text(), re.M)
     return {(f, c): u for f, c, u in rows}
 
 
@@ -71,7 +71,7 @@ def test_every_output_column_has_a_unit_in_the_file_and_in_the_docs(tmp_path):
             meta = field.metadata or {}
             assert meta.get(b"unit") and meta.get(b"description"), f"{name}.parquet column {field.name!r} has no unit"
             assert docs.get((name, field.name)) == meta[b"unit"].decode(), \
-                f"{name}.parquet column {field.name!r} is not in docs/cli.md's output table with its unit"
+                f"{name}.parquet column {field.name!r} is not in docs/reference/cli.md's output table with its unit"
         assert set(COLUMNS[name]) == set(schema.names), f"COLUMNS[{name!r}] and what is written differ"
         # the units ride along: pandas reads the file exactly as it read to_parquet's
         df = pd.read_parquet(out / f"{name}.parquet")
@@ -109,11 +109,11 @@ def test_no_message_puts_s_after_a_quoted_name():
 # --- the docs say how to run the notebook ------------------------------------------------
 
 def test_docs_say_how_to_run_the_notebook():
-    cli = (DOCS / "cli.md").read_text()
+    cli = (DOCS / "reference" / "cli.md").read_text()
     section = cli.split("### The notebook", 1)[1].split("\n## ", 1)[0]
     assert "pip install -e '.[test]'" in section and "jupyter execute notebooks/sweep_jps_ttl.ipynb" in section
     assert (ROOT / "notebooks" / "sweep_jps_ttl.ipynb").is_file()
-    assert "docs/cli.md#the-notebook" in (ROOT / "README.md").read_text()
+    assert "docs/reference/cli.md#the-notebook" in (ROOT / "README.md").read_text()
     # what that command needs is what the test extra installs: nbclient's `jupyter execute` and a kernel
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     names = {re.split(r"[<>=\[]", r, maxsplit=1)[0] for r in extra}
@@ -127,7 +127,7 @@ def test_docs_say_how_to_run_the_notebook():
 def test_calibration_test_runtime_is_stated_one_way():
     doc = ast.get_docstring(ast.parse((ROOT / "tests" / "test_calibrate_engine.py").read_text()))
     runtime = re.search(r"\(about ([^)]*?)\)", doc).group(1)  # "2 minutes on 2 cores"
-    stated = [(p.name, m) for p in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    stated = [(p.name, m) for p in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
               for ln in p.read_text().splitlines() if "test_calibrate_engine.py" in ln
               for m in re.findall(r"\(about ([^)]*?)\)", ln)]
     assert stated, "the docs no longer say how long tests/test_calibrate_engine.py takes"

@@ -309,10 +309,10 @@ def test_aiconfigurator_without_the_model_shape_is_one_line(tmp_path):
 
 
 def test_the_docs_table_is_the_scripts(capsys):
-    """docs/profiles.md's probe rows are what benchmarks/profile_check_table.py computes now."""
+    """docs/reference/profiles.md's probe rows are what benchmarks/profile_check_table.py computes now."""
     from benchmarks import profile_check_table as t
 
-    page = (roofline.REPO_ROOT / "docs" / "profiles.md").read_text()
+    page = (roofline.REPO_ROOT / "docs" / "reference" / "profiles.md").read_text()
     block = page.split("<!-- profile_check_table: --measurements sim/hardware/measurements -->")[1].split("<!-- end profile_check_table -->")[0]
     rows = [ln for ln in t.table(MEASURED, with_aic=False).splitlines() if ln.startswith("| `") or ln.startswith("| roofline")]
     # the shared profiles on the shared probes (3); each committed GPU run's profiles on the

@@ -1,6 +1,6 @@
 """Results pages are written by the benchmark scripts, not by hand.
 
-`benchmarks/policy_table.py --write-docs` replaces its table in docs/results.md between
+`benchmarks/policy_table.py --write-docs` replaces its table in docs/reference/results.md between
 `<!-- policy_table: FLAGS -->` and `<!-- end policy_table -->`; here on a tiny run (5
 programs), into a copy of the page, checking every other byte is kept."""
 import importlib.util
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results.md"
+RESULTS = ROOT / "docs" / "reference" / "results.md"
 
 
 @pytest.fixture(scope="module")

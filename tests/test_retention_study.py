@@ -1,4 +1,4 @@
-"""docs/retention.md is written by benchmarks/retention_study.py: its quick table is what the
+"""docs/reference/retention.md is written by benchmarks/retention_study.py: its quick table is what the
 script prints now, every table's winner is the cell's fastest, and the study's cells are all there."""
 import re
 import shutil
@@ -10,12 +10,12 @@ from benchmarks import retention_study as rs
 from sim.study.sweep import canonical
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "retention.md"
+PAGE = ROOT / "docs" / "reference" / "retention.md"
 
 
 def block(text: str, study: str) -> str:
     m = re.search(rf"^<!-- retention_study: --study {study} -->\n\n(.*?)\n\n<!-- end retention_study -->$", text, re.S | re.M)
-    assert m, f"docs/retention.md has no `--study {study}` block"
+    assert m, f"docs/reference/retention.md has no `--study {study}` block"
     return m[1]
 
 

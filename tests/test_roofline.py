@@ -87,7 +87,8 @@ def test_spec_tables_are_consistent():
             continue
         per_layer = m["hidden_size"] * (m["num_attention_heads"] + 2 * m["num_kv_heads"]) * m["head_dim"] \
             + m["num_attention_heads"] * m["head_dim"] * m["hidden_size"] + 3 * m["hidden_size"] * m["intermediate_size"] \
-            + 2 * m["hidden_size"] + (2 * m["head_dim"] if name.startswith("qwen3") else 0)
+            + 2 * m["hidden_size"] + (2 * m["head_dim"] if name.startswith("qwen3") else 0) \
+            + ((m["num_attention_heads"] + 2 * m["num_kv_heads"]) * m["head_dim"] if m.get("attention_bias") else 0)  # q/k/v biases
         embed = m["vocab_size"] * m["hidden_size"] * (1 if m["tie_word_embeddings"] else 2)
         assert m["num_layers"] * per_layer + embed + m["hidden_size"] == m["num_params"], name
 

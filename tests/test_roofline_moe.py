@@ -224,11 +224,11 @@ def test_bad_layouts_one_line_exit_2(capsys, args, says):
 
 
 def test_the_docs_table_of_the_zoo_is_the_scripts():
-    """docs/profiles.md's table of what the MoE, FP8 and sliding-window profiles hold is what
+    """docs/reference/profiles.md's table of what the MoE, FP8 and sliding-window profiles hold is what
     benchmarks/roofline_zoo_table.py computes now (its aiconfigurator table needs the extra)."""
     from benchmarks import roofline_zoo_table as t
 
-    page = (R.REPO_ROOT / "docs" / "profiles.md").read_text()
+    page = (R.REPO_ROOT / "docs" / "reference" / "profiles.md").read_text()
     block = page.split("<!-- roofline_zoo_table: --table holds -->")[1].split("<!-- end roofline_zoo_table -->")[0]
     assert block.strip() == t.holds().strip()
 

@@ -25,8 +25,15 @@ def test_every_run_names_a_source_url_and_licence():
         assert re.match(r"https://github\.com/[^/]+/[^/]+/(blob|tree)/[0-9a-f]{40}/", r["url"]), r["id"]  # pinned to a commit
         assert r["gpu"] and r["tp"] >= 1 and r["model"]
         assert r["measured"], r["id"]
-        for stats in r["measured"].values():
-            assert all(v > 0 for v in stats.values()), r["id"]
+        # a trace run's statistics are per view (engine, client); a closed run's are the client's
+        views = r["measured"].values() if r["workload"]["kind"] == "trace" else [r["measured"]]
+        for view in views:
+            for stats in (v for k, v in view.items() if isinstance(v, dict) and k != "alone"):
+                assert all(v > 0 for v in stats.values()), r["id"]
+            if "alone" in view:  # which requests ran alone (indices by arrival) and their means
+                a = view["alone"]
+                assert a["requests"] == sorted(set(a["requests"])) and 0 < a["requests"][0], r["id"]
+                assert all(a[k] > 0 for k in ("prefill_ms", "decode_per_token_ms", "handoff_ms")), r["id"]
     ids = [r["id"] for r in d["runs"]]
     assert len(ids) == len(set(ids))
 
@@ -122,7 +129,7 @@ def test_each_run_is_built_with_its_documented_kv_cache_and_release():
     every run says so, and the profile the table builds has a 1-byte KV pool sized by 0.10.2's
     accounting, twice the blocks of the same deployment with vLLM's default KV dtype."""
     d = srt.load_data(DATA)
-    for r in d["runs"]:
+    for r in (r for r in d["runs"] if r["source"] == "inferencex-dump"):
         e = r["engine"]
         assert re.match(r"https://github\.com/SemiAnalysisAI/InferenceX/blob/[0-9a-f]{40}/benchmarks/70b_fp8_", e["settings_from"])
         assert e["kv_cache_dtype"] == "fp8" and r["vllm_version"] == "0.10.2"

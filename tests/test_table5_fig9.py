@@ -60,7 +60,7 @@ def test_parse_loads():
 
 
 def test_results_page_marks_both_blocks():
-    page = (ROOT / "docs" / "results.md").read_text()
+    page = (ROOT / "docs" / "reference" / "results.md").read_text()
     for name, first in (("table5", "Table: Table 5 set-up"), ("fig9", "Table: Fig. 9 comparison")):
         found = re.findall(rf"^<!-- {name}: (.*?) -->\n\n(Table: .*?)\n\n<!-- end {name} -->$", page, re.S | re.M)
         assert len(found) == 2, name  # the synthetic workloads, then the measured ones

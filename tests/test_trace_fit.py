@@ -14,7 +14,7 @@ from traces.schema import columns, read_columns, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 EXT = ROOT.parent / "shared" / "external-traces"
-MINI = Path("/tmp/mini-swe-agent-trajs")  # gruckion/mini-swe-agent's trajs folder, as docs/traces.md builds it
+MINI = Path("/tmp/mini-swe-agent-trajs")  # gruckion/mini-swe-agent's trajs folder, as docs/reference/traces.md builds it
 needs_ext = pytest.mark.skipif(not (EXT / "agentcgroup").is_dir(), reason=f"{EXT} not present (logs are read in place, never bundled)")
 PROV = {"sources": [], "derived": "test", "counts": {}}
 ROUND_TRIP_KS = 0.05  # stated in docs/traces.md: per marginal, N = 2,000 programs
@@ -201,17 +201,17 @@ def test_shipped_specs_are_what_the_logs_give(tmp_path):
 def test_the_docs_table_is_what_the_logs_give():
     from benchmarks import agent_log_stats as als
 
-    text = (ROOT / "docs" / "traces.md").read_text()
+    text = (ROOT / "docs" / "reference" / "traces.md").read_text()
     m = re.search(r"^<!-- agent_log_stats: --logs \$AGENTSIM_EXTERNAL_TRACES -->\n\n(.*?)\n\n<!-- end agent_log_stats -->$",
                   text, re.S | re.M)
     assert m and m[1] == als.stats(EXT)
 
 
-@pytest.mark.skipif(not MINI.is_dir(), reason=f"{MINI} not present (docs/traces.md says how to build it)")
+@pytest.mark.skipif(not MINI.is_dir(), reason=f"{MINI} not present (docs/reference/traces.md says how to build it)")
 def test_the_mini_swe_agent_docs_table_is_what_the_trajectories_give():
     from benchmarks import agent_log_stats as als
 
-    text = (ROOT / "docs" / "traces.md").read_text()
+    text = (ROOT / "docs" / "reference" / "traces.md").read_text()
     m = re.search(rf"^<!-- agent_log_stats: --logs \$AGENTSIM_EXTERNAL_TRACES --mini-swe {MINI} -->\n\n(.*?)\n\n"
                   r"<!-- end agent_log_stats -->$", text, re.S | re.M)
     assert m and m[1] == als.mini_swe_stats(MINI)

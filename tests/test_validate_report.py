@@ -117,7 +117,7 @@ def test_shapes_cut_as_documented():
 
 
 def test_the_clock_sensitivity_table_in_the_docs_is_what_its_command_prints():
-    """docs/validation.md's band table comes from benchmarks/clock_sensitivity.py (pure
+    """docs/reference/validation.md's band table comes from benchmarks/clock_sensitivity.py (pure
     simulation, so the same figures on any machine)."""
     import re
     from pathlib import Path
@@ -125,7 +125,7 @@ def test_the_clock_sensitivity_table_in_the_docs_is_what_its_command_prints():
     root = Path(__file__).resolve().parents[1]
     from benchmarks import clock_sensitivity
 
-    page = (root / "docs" / "validation.md").read_text()
+    page = (root / "docs" / "reference" / "validation.md").read_text()
     flags, body = re.search(r"<!-- clock_sensitivity: (.*?) -->\n(.*?)<!-- end clock_sensitivity -->", page, re.S).groups()
     printed = clock_sensitivity.main(flags.split())
     assert printed.strip() == body.strip()

@@ -335,8 +335,45 @@ def aic_model(model: dict, utils) -> str:
             continue  # a ModelOpt checkpoint stands only for itself (its name), above
         if not _same_shape(want, shape_of(cfg)) and (cfg.get("quantization_config") or {}).get("quant_method") == quant:
             return hf_id
+    written = _zoo_config(model, want, quant, common)
+    if written:
+        return written
     raise InputError(f"aiconfigurator {AIC_VERSION} ships no {quant or 'bf16'} model config of the profile's shape "
                      f"({model.get('name')!r}: {_shape_text(want) or 'no shape'}); no reference for it")
+
+
+def _zoo_spec(name: str) -> dict | None:
+    from sim.hardware.spec_tables import spec_key, spec_table
+
+    want = spec_key(name)
+    for canon, spec in spec_table("models.json")["models"].items():
+        if any(want.startswith(spec_key(a)) for a in (canon, *spec.get("aliases", ()))):
+            return spec
+    return None
+
+
+def _zoo_config(model: dict, want: dict, quant: str | None, common) -> str | None:
+    """For a dense bf16 zoo model whose checkpoint aiconfigurator does not ship but whose
+    architecture its engine models as a plain transformer (LlamaForCausalLM, Qwen2ForCausalLM),
+    a directory holding a config.json written from the zoo's shape (aiconfigurator reads a
+    local config directory the same way; its kernels are looked up by shape), else None."""
+    import tempfile
+
+    spec = _zoo_spec(str(model.get("name", "")))
+    if quant or spec is None or spec.get("moe") or spec.get("sliding_window") or \
+            common.ARCHITECTURE_TO_MODEL_FAMILY.get(spec.get("architecture")) != "LLAMA" or \
+            _same_shape(want, {k: spec[k] for k in SHAPE_KEYS if k in spec}):
+        return None
+    cfg = {"architectures": [spec["architecture"]], "model_type": "llama", "num_hidden_layers": spec["num_layers"],
+           "hidden_size": spec["hidden_size"], "num_attention_heads": spec["num_attention_heads"],
+           "num_key_value_heads": spec["num_kv_heads"], "head_dim": spec["head_dim"],
+           "intermediate_size": spec["intermediate_size"], "vocab_size": spec["vocab_size"],
+           "max_position_embeddings": spec["max_position_embeddings"],
+           "tie_word_embeddings": bool(spec.get("tie_word_embeddings")), "torch_dtype": "bfloat16"}
+    out = Path(tempfile.gettempdir()) / "agentsim-aiconfigurator" / spec["hf_repo"].replace("/", "--")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return str(out)
 
 
 def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[list[Probe], dict]:
@@ -399,6 +436,8 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
                          f"{e}".replace("\n", " ")) from None
     finally:
         log.setLevel(level)
+    if Path(hf_id).is_dir():  # a config written from the zoo's shape (_zoo_config)
+        hf_id = f"{Path(hf_id).name.replace('--', '/', 1)} (config.json from the zoo's shape)"
     return out, {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
                  "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
 

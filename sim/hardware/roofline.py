@@ -36,6 +36,7 @@ kv_dtype_bytes 1 halves the KV. Attention math stays at the bf16 rate.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -333,6 +334,23 @@ def check_layout(mname: str, model: dict, tp: int, ep: int) -> tuple[str, int]:
     return "tp", tp
 
 
+# vLLM admits a waiting request only when its whole prompt's blocks are free from 0.19.0
+# (SchedulerConfig.scheduler_reserve_full_isl, default on: vllm-project/vllm#37307; not in the
+# 0.18.1 sdist, in 0.19.0's); before, when its first chunk's are, and a request admitted on
+# its first chunk may be preempted before the rest is prefilled.
+FULL_ISL_ADMISSION_FROM = (0, 19, 0)
+
+
+def full_isl_admission(vllm_version: str | None) -> bool:
+    """Whether `vllm_version` (MAJOR.MINOR[.PATCH]; None: 0.32) gates admission on the whole prompt."""
+    if vllm_version is None:
+        return True
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", str(vllm_version))
+    if m is None:
+        raise InputError(f"vllm_version {vllm_version!r}: expected MAJOR.MINOR such as 0.32")
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) >= FULL_ISL_ADMISSION_FROM
+
+
 def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_memory_utilization: float,
                   max_model_len: int | None, block_size: int = 16, max_num_batched_tokens: int | None = None,
                   max_num_seqs: int | None = None, enforce_eager: bool = False,
@@ -385,6 +403,7 @@ def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_m
         "name": "vllm", "version": f"{vllm_version or '0.32'} (computed)", "block_size": block_size, "num_gpu_blocks": blocks * ranks,
         "max_num_batched_tokens": d_tokens * ranks, "max_num_seqs": d_seqs * ranks, "max_model_len": int(max_len),
         "enable_chunked_prefill": True, "enable_prefix_caching": True,
+        **({} if full_isl_admission(vllm_version) else {"scheduler_reserve_full_isl": False}),
         "computed": (f"computed, not read from an engine: vLLM {vllm_version or '0.32'}'s start-up arithmetic (sim/hardware/limits.py) for "
                      f"{mem / GiB:.1f} GiB x {gpu_memory_utilization} per GPU, {layout}={n}: minus weights "
                      f"{weights / GiB:.2f} GiB, activation peak {act / GiB:.2f} GiB, non-torch {pool.non_torch_bytes / GiB:.2f} GiB, "

@@ -179,7 +179,7 @@ def request_metrics(turns: dict[str, np.ndarray]) -> dict[str, float]:
 
 # Unit and meaning of every column `sim run --out` writes, stored in each parquet file as
 # the field's metadata (`unit`, `description`; pyarrow: `pq.read_schema(path).field(c).metadata`)
-# and tabled in docs/cli.md ("Output tables"). Times are simulated seconds from the start
+# and tabled in docs/reference/cli.md ("Output tables"). Times are simulated seconds from the start
 # of the run. Units: s, tokens, blocks, count, index, id, name, bool.
 COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
     "turns": {
