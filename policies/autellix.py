@@ -17,6 +17,7 @@ least-attained-service with multi-level queues and anti-starvation. No pins.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 
 from policies.base import EngineView, Policy, Request, Retention
@@ -85,6 +86,25 @@ class AutellixPolicy(Policy):
                 lvl = max(0, bisect.bisect_right(self.bounds, served) - 1)
         self.queued_at[rid] = lvl
         return (lvl, req.arrival, rid)
+
+    def order_fixed_until(self, now: float, waiting: list[Request]) -> float:
+        """A waiting call's key moves only when anti-starvation promotes it: its service
+        and its program's wait stay while it waits, so the promotion comes at the first
+        `now` with wait + (now - arrival - exec) >= beta * served. Earliest of those,
+        less a margin far above the rounding of order_key's arithmetic (ending a stretch
+        early changes nothing; late would)."""
+        t = math.inf
+        for req in waiting:
+            rid = req.req_id
+            if rid in self.promoted:
+                continue
+            ex = req.exec_time
+            served = self.snapshot.get(rid, 0.0) + ex
+            if served > 0:
+                w, b = self.wait.get(req.program_id, 0.0), self.beta * served
+                due = b - w + req.arrival + ex
+                t = min(t, due - 1e-9 * (abs(b) + abs(w) + abs(req.arrival) + ex + 1.0))
+        return t
 
     def on_schedule(self, req: Request, now: float) -> None:
         if req.req_id in self.promoted:

@@ -37,6 +37,11 @@ Optional, for offload tiers and per-step retention (defaults change nothing; an 
 without them may ignore them):
   review_pins(now, view)          only if `reviews_pins`: programs whose pins to drop
                                   now (reason 'discard'); called before each step
+  review_steady()                 after review_pins: no later review drops a pin while
+                                  the running calls only decode (an engine may then
+                                  fast-forward decode stretches; default False)
+  order_fixed_until(now, waiting) with `order_depends_on_time`: no waiting order key
+                                  changes before it (default now: no promise)
   release_action(pid, reason)     FREE | OFFLOAD: with an offload tier, what to
                                   do with a pin dropped as 'expired'/'victim'/'discard'
   Retention(Action.OFFLOAD)       write the finished call's full chunks to the
@@ -211,6 +216,10 @@ class Policy:
     # the head in. False: only when nothing runs, i.e. in a true deadlock (Continuum
     # §5.2's rule exists for that case; the authors' fork checks len(running) == 0).
     unpin_while_running = True
+    # True when unpin_victims, having named no pin while calls run, names none while they
+    # only decode and time passes (no pin comes or goes, review_pins drops none): the
+    # engine may then fast-forward decode stretches behind a head blocked on memory.
+    unpin_victims_steady = False
     # True when the policy reads Request.exec_time; an engine may skip the per-step
     # accounting otherwise (the vLLM adapter does, to stay cheap per step).
     reads_exec_time = False
@@ -298,6 +307,20 @@ class Policy:
     def review_pins(self, now: float, view: EngineView) -> list[str]:
         """Pins to drop before this step (released with reason 'discard')."""
         return []
+
+    def review_steady(self) -> bool:
+        """After this step's review_pins: would no later review drop a pin while time only
+        passes and the running calls only decode (their KV grows; none finishes, none is
+        admitted, no pin comes or goes)? True lets an engine run decode stretches with
+        pins held (sim/simpy_replica/engine.py _steady); False (default) is always safe."""
+        return False
+
+    def order_fixed_until(self, now: float, waiting: list[Request]) -> float:
+        """With `order_depends_on_time`: a time before which no order_key of `waiting`
+        changes while only time passes (the same keys at every `now` earlier than it);
+        an engine may run decode stretches behind a blocked queue until then. `now`
+        (default): no promise."""
+        return now
 
     def release_action(self, program_id: str, reason: Release) -> Action:
         """With an offload tier: OFFLOAD writes a dropped pin's full chunks to it

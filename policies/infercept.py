@@ -62,6 +62,9 @@ class InferceptPolicy(Policy):
     name = "infercept"
     deployable = {"true_tool_time": False}  # else the true tool duration (the simulator's oracle)
     reviews_pins = True
+    # while calls run it names swap targets only, and those only shrink while the running
+    # calls decode (review_steady)
+    unpin_victims_steady = True
     DECISIONS = ("preserve", "discard", "swap")
 
     def __init__(
@@ -205,6 +208,14 @@ class InferceptPolicy(Policy):
         discard = [p for p, w in cands.items() if w < top]
         self.decisions["discard"] += len(discard)
         return discard
+
+    def review_steady(self) -> bool:
+        """While time passes and the running calls only decode, W_p only falls (less tool
+        time left) and W_d only grows (R, the running calls' KV, grows; the batch and C stay),
+        so a pin kept as a non-candidate stays one, and a swap target (W_d == top) stops
+        being a candidate or stays one. Targets holding equal blocks keep equal W_d, so none
+        of them falls below the top: no later review discards anything."""
+        return len({self.blocks[p] for p in self.swap_targets}) <= 1
 
     def _swappable(self, pid: str, left: int) -> bool:
         return not self.offload_on or self.blocks.get(pid, 0) <= left

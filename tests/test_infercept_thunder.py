@@ -68,6 +68,38 @@ def test_preserve_discard_swap_decisions():
     assert p.review_pins(99.9, v) == [] and p.swap_targets == []
 
 
+def test_a_steady_review_drops_nothing_while_time_passes_and_the_batch_decodes():
+    """review_steady (the engine's licence to fast-forward decode stretches with pins held):
+    after a review it answers True, no later review drops a pin while time passes and the
+    running calls' KV grows; two swap targets of different sizes make it False."""
+    rng = np.random.default_rng(3)
+    steady = 0
+    for _ in range(300):
+        blocks = {f"p{i}": int(rng.choice([10, 10, 20, 40, 100])) for i in range(int(rng.integers(1, 6)))}
+        v = View(dict(blocks), batch=int(rng.integers(1, 64)), R=int(rng.integers(0, 5000)))
+        p = InferceptPolicy()
+        for pid in blocks:
+            p.on_finish(req(pid, tool_s=float(rng.exponential(20.0))), 0.0, v)
+        now = float(rng.uniform(0, 10))
+        for pid in p.review_pins(now, v):
+            p.pin_released(pid, now, "discard")
+        if not p.review_steady():
+            assert len({blocks[t] for t in p.swap_targets}) > 1
+            continue
+        steady += 1
+        R = v.R
+        for _ in range(20):  # later steps: time passes, the decoding calls' KV grows
+            now += float(rng.exponential(0.5))
+            v.R = R = R + int(rng.integers(0, 200))
+            assert p.review_pins(now, v) == []
+    assert steady > 100
+    two = InferceptPolicy(a_ms=0.0, c_ms=10.0)  # a = 0: W_d depends only on the chunks, so 10 and 20 blocks tie
+    v = View({"a": 10, "b": 20}, batch=4, R=0)
+    for pid in "ab":
+        two.on_finish(req(pid, tool_s=100.0), 0.0, v)
+    assert two.review_pins(0.0, v) == [] and sorted(two.swap_targets) == ["a", "b"] and not two.review_steady()
+
+
 def test_swap_within_budget_else_not():
     v = View({"short": 10, "long": 10, "big": 100})
     p = paused(InferceptPolicy(swap_budget_blocks=150), v)

@@ -281,3 +281,35 @@ def test_autellix_order_key_is_its_level_then_arrival():
         c.on_arrival(r, r.arrival)
     c.wait["q2"] = 8.0 * 0.5
     assert c.order_key(on_bound, 1.0, None)[0] == 1 and c.order_key(starved, 1.0, None)[0] == 0
+
+
+def test_autellix_order_stays_fixed_until_the_first_promotion():
+    """order_fixed_until (where the engine ends a decode stretch behind a blocked queue): no
+    key changes at any time before it, and the first promotion comes soon after it."""
+    import copy
+    import random
+    rng = random.Random(5)
+    for _ in range(200):
+        p = AutellixPolicy(beta=rng.choice([1.0, 2.0, 8.0]))
+        reqs = []
+        for i in range(rng.randrange(1, 6)):
+            pid = f"p{i}"
+            r = Request(f"r{i}", pid, 1, rng.uniform(0, 20), 0.0, 10, exec_time=rng.choice([0.0, rng.uniform(0, 1)]))
+            p.on_arrival(r, r.arrival)
+            p.snapshot[r.req_id] = rng.choice([0.0, rng.uniform(0, 2)])
+            p.wait[pid] = rng.uniform(0, 5)
+            reqs.append(r)
+        now = 20.0
+        keys = [p.order_key(r, now, None) for r in reqs]
+        t = p.order_fixed_until(now, reqs)
+        if math.isinf(t):  # nothing can be promoted: every call is promoted or has no service
+            assert all(r.req_id in p.promoted or p.snapshot[r.req_id] + r.exec_time == 0 for r in reqs)
+            continue
+        for x in [now + (t - now) * f for f in (0.0, 0.5, 0.999999)] + [math.nextafter(t, -math.inf)]:
+            if x >= now:
+                q = copy.deepcopy(p)
+                assert [q.order_key(r, x, None) for r in reqs] == keys
+        q = copy.deepcopy(p)
+        for r in reqs:
+            q.order_key(r, max(now, t + 1e-6), None)
+        assert len(q.promoted) > len(p.promoted)  # a promotion just after it

@@ -101,3 +101,23 @@ def test_the_running_list_comes_back_in_victim_order_last_victim_first():
     s.running = list(calls)
     order = pol.preemption_order([c.req for c in calls], s)
     assert [c.req.program_id for c in s.victim_ordered()] == [r.program_id for r in reversed(order)] == ["b", "c", "a"]
+
+
+def test_releasable_blocks_reach_the_shortfall_exactly_when_the_full_count_does():
+    """The no-deadlock rule asks only whether dropping every other pin frees `short` blocks:
+    releasable counts sole blocks (shared ones free nothing) until it gets there."""
+    pol = PinFor5()
+    s = Scheduler(EngineConfig(num_gpu_blocks=41, block_size=16), pol)
+    shared = s.pool.allocate(2)
+    for pid, own in (("a", 3), ("b", 4), ("c", 5)):
+        pol.on_finish(call(pid, 30, 1, 0).req, 0.0, s)
+        s.pool.touch(shared)  # every pin also holds the two shared blocks
+        s.hold_pin(pid, shared + s.pool.allocate(own), 0.0)
+    s.pool.free(shared)  # the allocation's own reference
+    full = {h: sum(s.count_sole(b) for p, b in s.pins.items() if p != h) for h in ("a", "b", "c", None)}
+    assert full == {"a": 9, "b": 8, "c": 7, None: 12}
+    for head, n in full.items():
+        for short in range(1, 20):
+            got = s.releasable(head, short)
+            assert (got < short) == (n < short)
+    assert s.pinned_blocks == 14 and s.releasable(None, 15) == 14  # fewer pinned blocks than short: no pin counted

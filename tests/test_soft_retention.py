@@ -432,3 +432,53 @@ def test_rule_a_hit_takes_a_retained_block_and_its_spec_stays_for_the_next_free(
     e.free(0, 2.0)  # no new spec: the block's own brings it back to the retained set
     e.free(2, 3.0)
     assert e.retained() == [0] and e.allocate(3, 4.0) == [1, 2, 0]
+
+
+def test_runs_of_blocks_evict_and_expire_as_blocks_one_by_one():
+    """The retained set keeps a call's blocks as one run per heap (Retainer.add_many): on
+    random frees, hits, evictions and expiries (with decay) it gives what one heap entry
+    per block gives (add, one block at a time)."""
+    from sim.kv.retention import Retainer
+
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        runs, single = Retainer(), Retainer()
+        free, now, seen = list(range(200)), 0.0, []
+        rng.shuffle(free)
+        for _ in range(300):
+            now += float(rng.exponential(0.3))
+            op = rng.integers(4)
+            if op == 0 and len(free) > 8:  # a call's blocks (two specs at times) are freed
+                k = int(rng.integers(1, 9))
+                blocks, free = free[:k], free[k:]
+                cut = int(rng.integers(0, k + 1))
+                for part in (blocks[:cut], blocks[cut:]):
+                    spec = (int(rng.integers(0, 101)), now + float(rng.exponential(2.0)),
+                            None if rng.random() < 0.5 else float(rng.uniform(0.2, 2.0)))
+                    for r in (runs, single):
+                        r.set(part, *spec)
+                kept = runs.kept(blocks, now)
+                assert kept == [b for b in blocks if single.keeps(b, now)]
+                runs.add_many(kept, now)
+                for b in kept:
+                    single.add(b, now)
+                free += [b for b in blocks if b not in kept]
+            elif op == 1 and len(single):  # a prefix hit takes one
+                b = sorted(single.retained)[int(rng.integers(len(single)))]
+                runs.take(b)
+                single.take(b)
+                free.append(b)
+            elif op == 2 and len(single):  # an allocation evicts some
+                n = int(rng.integers(1, len(single) + 1))
+                got = runs.pick(n)
+                assert got == single.pick(n)
+                seen.append(len(got))
+                free += got
+            else:  # lazy expiry
+                if runs.next_change() <= now or single.next_change() <= now:
+                    got = runs.expire(now)
+                    assert got == single.expire(now)
+                    free += got
+            assert runs.retained == single.retained and runs.spec == single.spec
+        assert (runs.evicted, runs.expired) == (single.evicted, single.expired)
+    assert sum(seen) > 100

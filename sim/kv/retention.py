@@ -73,19 +73,25 @@ def reverted_at(priority: int, until: float, half_life: float | None) -> float:
 
 class Retainer:
     """The retained set and specs of one pool, over hashable block handles (ints in the
-    simulator's pool, vLLM's block ids in the vLLM engine)."""
+    simulator's pool, vLLM's block ids in the vLLM engine).
 
-    __slots__ = ("spec", "retained", "_heap", "_order", "_stamp", "_memo", "evicted", "expired")
+    Blocks freed together with one spec (a call's blocks) form a *run*: consecutive stamps,
+    hence adjacent in the evictor's (level, stamp) order, and one level and change time
+    while retained (a retained block's spec cannot change: nothing holds it). The heaps
+    hold one entry per run, (key, first stamp, base stamp, blocks) with block i of the
+    run at stamp base + i, instead of one per block; a block taken out of the set since, or
+    of another level, is skipped when its run's entry comes up."""
+
+    __slots__ = ("spec", "retained", "_heap", "_order", "_stamp", "evicted", "expired")
 
     def __init__(self) -> None:
         self.spec: dict[Hashable, tuple[int, float, float | None]] = {}  # block -> (priority, until, half_life)
         self.retained: dict[Hashable, list] = {}  # free retained block -> [level, stamp, change time]
-        self._heap: list[tuple[float, int, Hashable]] = []  # (change time, stamp, block); stale entries skipped
-        # the evictor's order, (level, stamp, block); an entry whose block left the set or
+        self._heap: list[tuple] = []  # runs by (change time, first stamp); stale blocks skipped
+        # the evictor's order: runs by (level, first stamp); a block that left the set or
         # changed level since is stale and skipped (no scan of the whole set per eviction)
-        self._order: list[tuple[int, int, Hashable]] = []
+        self._order: list[tuple] = []
         self._stamp = 0
-        self._memo: tuple = (None, None, 0, math.inf)  # (spec, now, level, change) of the last add: a call's blocks share one
         self.evicted = 0  # retained blocks evicted under pressure (before their retention ended)
         self.expired = 0  # retained blocks that reverted to default while free
 
@@ -112,27 +118,48 @@ class Retainer:
             return False
         return True
 
+    def kept(self, blocks: list, now: float) -> list:
+        """Those of `blocks` (each with a spec) that keeps(b, now), in order; the ended specs
+        dropped. A call's blocks share one spec: its level is computed once."""
+        spec, out, last, live = self.spec, [], None, False
+        for b in blocks:
+            s = spec[b]
+            if s is not last:
+                last, live = s, level_at(*s, now) >= 0
+            if live:
+                out.append(b)
+            else:
+                del spec[b]
+        return out
+
     def add(self, b: Hashable, now: float) -> None:
         """Block b (keeps(b, now)) is free now: into the retained set, after those before it."""
-        s = self.spec[b]
-        memo = self._memo
-        if memo[0] is s and memo[1] == now:
-            level, change = memo[2], memo[3]
-        else:
+        self.add_many((b,), now)
+
+    def add_many(self, blocks, now: float) -> None:
+        """add(b, now) for each of `blocks` in order, a run per stretch of one spec."""
+        spec, retained = self.spec, self.retained
+        n, i = len(blocks), 0
+        while i < n:
+            s = spec[blocks[i]]
+            j = i + 1
+            while j < n and spec[blocks[j]] is s:
+                j += 1
+            run = tuple(blocks[i:j])
             level, change = level_at(*s, now), next_change(*s, now)
-            self._memo = (s, now, level, change)
-        self._stamp += 1
-        stamp = self._stamp
-        self.retained[b] = [level, stamp, change]
-        if change < math.inf:
-            heapq.heappush(self._heap, (change, stamp, b))
-        order = self._order
-        heapq.heappush(order, (level, stamp, b))
-        if len(order) > 2 * len(self.retained) + 1024:
+            base = self._stamp + 1
+            self._stamp += j - i
+            for k, b in enumerate(run, base):
+                retained[b] = [level, k, change]
+            if change < math.inf:
+                heapq.heappush(self._heap, (change, base, base, run))
+            heapq.heappush(self._order, (level, base, base, run))
+            i = j
+        if len(self._order) > 2 * len(retained) + 1024:
             self._compact()
 
     def _compact(self) -> None:
-        self._order = [(r[0], r[1], b) for b, r in self.retained.items()]
+        self._order = [(r[0], r[1], r[1], (b,)) for b, r in self.retained.items()]
         heapq.heapify(self._order)
 
     def take(self, b: Hashable) -> None:
@@ -149,23 +176,31 @@ class Retainer:
         """Lazy expiry at an allocation: update the levels whose change time has come;
         the retained blocks that reverted to default, in the order their retention ended
         (then the order they were freed), leave the set (for the free queue's tail)."""
-        heap, retained, out = self._heap, self.retained, []
+        heap, retained, spec, out = self._heap, self.retained, self.spec, []
         while heap and heap[0][0] <= now:
-            _, stamp, b = heapq.heappop(heap)
-            r = retained.get(b)
-            if r is None or r[1] != stamp:
-                continue  # taken or re-added since
-            s = self.spec[b]
+            _, first, base, run = heapq.heappop(heap)
+            live = [(k, b) for k, b in enumerate(run[first - base:], first)
+                    if (r := retained.get(b)) is not None and r[1] == k]
+            if not live:
+                continue  # every block taken or re-added since
+            s = spec[live[0][1]]  # the run's spec: one level for all its blocks
             level = level_at(*s, now)
             if level < 0:
-                out.append((reverted_at(*s), stamp, b))
-                del retained[b]
-                del self.spec[b]
-            else:
-                if level != r[0]:
-                    heapq.heappush(self._order, (level, stamp, b))
-                r[0], r[2] = level, next_change(*s, now)
-                heapq.heappush(heap, (r[2], stamp, b))
+                at = reverted_at(*s)
+                for k, b in live:
+                    out.append((at, k, b))
+                    del retained[b]
+                    del spec[b]
+                continue
+            change = next_change(*s, now)
+            moved = level != retained[live[0][1]][0]
+            for k, b in live:
+                r = retained[b]
+                r[0], r[2] = level, change
+            k0 = live[0][0]
+            if moved:
+                heapq.heappush(self._order, (level, k0, base, run))
+            heapq.heappush(heap, (change, k0, base, run))
         out.sort()
         self.expired += len(out)
         return [b for _, _, b in out]
@@ -175,20 +210,34 @@ class Retainer:
         freed), taken out of the set with their specs."""
         retained, order, spec, chosen = self.retained, self._order, self.spec, []
         while len(chosen) < n:
-            level, stamp, b = heapq.heappop(order)
-            r = retained.get(b)
-            if r is None or r[1] != stamp or r[0] != level:
-                continue  # stale: taken, re-added or decayed since
-            del retained[b]
-            del spec[b]
-            chosen.append(b)
+            level, first, base, run = heapq.heappop(order)
+            for i in range(first - base, len(run)):
+                b = run[i]
+                r = retained.get(b)
+                if r is None or r[1] != base + i or r[0] != level:
+                    continue  # stale: taken, re-added or decayed since
+                if len(chosen) == n:  # the rest of the run stays in the order
+                    heapq.heappush(order, (level, base + i, base, run))
+                    break
+                del retained[b]
+                del spec[b]
+                chosen.append(b)
         self.evicted += len(chosen)
         return chosen
 
     def next_change(self) -> float:
-        """At most the next instant the evictor's order may change by time alone (stale
-        heap entries only make it early)."""
-        return self._heap[0][0] if self._heap else math.inf
+        """The next instant the evictor's order may change by time alone: the first heap
+        entry with a block still retained since it was pushed (stale ones at the top are
+        dropped here, as expire would skip them; one left deeper only makes it early)."""
+        heap, retained = self._heap, self.retained
+        while heap:
+            _, first, base, run = heap[0]
+            for k, b in enumerate(run[first - base:], first):
+                r = retained.get(b)
+                if r is not None and r[1] == k:
+                    return heap[0][0]
+            heapq.heappop(heap)
+        return math.inf
 
 
 class RetainingPool:
@@ -250,11 +299,9 @@ class RetainingPool:
         r, pool = self.retainer, self.pool
         if r.spec:
             key, now, spec, ref = pool.key, self.now, r.spec, pool.ref_cnt
-            keep = [b for b in reversed(blocks) if b in spec and key[b] is not None
-                    and ref[b] == 1 and r.keeps(b, now)]
+            keep = r.kept([b for b in reversed(blocks) if b in spec and key[b] is not None and ref[b] == 1], now)
             if keep:
-                for b in keep:
-                    r.add(b, now)
+                r.add_many(keep, now)
                 kept = set(keep)
                 blocks = [b for b in blocks if b not in kept]
         pool.free(blocks)

@@ -75,6 +75,10 @@ class PolicyHost:
         """`block_id`: a pinned block's id (vLLM's KVCacheBlock -> block_id; None: blocks
         are ids, as in the SimPy replica)."""
         self.pins = PinTable(block_id=block_id)  # program -> blocks held by its pin
+        # False once the no-deadlock rule, asked in this step (drop_pins_for), did anything
+        # but keep the pins for a reason that lasts while the running calls only decode
+        # (the engine resets it per step: sim/simpy_replica/engine.py _steady)
+        self.pins_hold = True
         self.use_policy(policy)
 
     def use_policy(self, policy: Policy) -> None:
@@ -172,13 +176,40 @@ class PolicyHost:
         """Continuum's no-deadlock rule (policies/runtime.py): drop the pins it names so
         the waiting queue's head (of `program_id`, `short` blocks short) fits. Whether
         any was dropped."""
-        pins = self.pins
-        victims = no_deadlock_victims(
-            self.policy, self, pins, program_id, short, bool(self.running),
-            lambda: sum(self.count_sole(blocks) for pid, blocks in pins.items() if pid != program_id))
+        running, below = bool(self.running), False
+
+        def releasable() -> int:
+            nonlocal below
+            n = self.releasable(program_id, short)
+            below = n < short
+            return n
+        victims = no_deadlock_victims(self.policy, self, self.pins, program_id, short, running, releasable)
+        # The rule keeps the pins while calls run, and keeps doing so while they only decode,
+        # when the policy keeps pins while calls run, when dropping every other pin would not
+        # let the head in (decode steps only take free blocks, so short grows, and leave the
+        # pinned blocks' references as they are), or when the policy says its victims stay none
+        policy = self.policy
+        if victims or not running or (policy.unpin_while_running and not below and not policy.unpin_victims_steady):
+            self.pins_hold = False
         for victim in victims:
             self.release_pin(victim, now, Release.VICTIM)
         return bool(victims)
+
+    def releasable(self, program_id: str | None, short: int) -> int:
+        """The blocks dropping every pin but `program_id`'s would free (their blocks nothing
+        else references), counted only until they reach `short`: the rule asks whether they
+        do. At most the distinct pinned blocks, so with fewer than `short` of those no pin
+        is looked at (it is asked at every step a head waits on memory)."""
+        pins = self.pins
+        if pins.distinct < short:
+            return pins.distinct
+        n = 0
+        for pid, blocks in pins.items():
+            if pid != program_id:
+                n += self.count_sole(blocks)
+                if n >= short:
+                    break
+        return n
 
     def offload_finished(self, program_id: str, blocks: list, now: float) -> None:
         """Retention OFFLOAD: a finished call's full chunks go to the offload tier (without

@@ -15,7 +15,9 @@ of calls admitted in it add to it (LMCache's synchronous retrieve), offload copi
 still in flight when it starts overlap it (step = max(compute, copies) + loads) — and
 no transfer outlives its step. A step that carries transfer time is never the start of
 a stretch (fast-forward is skipped for it), so stretches stay exact. Policies that
-review pins every step (`reviews_pins`, InferCept) get no stretches while pins exist.
+review pins every step (`reviews_pins`, InferCept) get stretches while pins exist only
+when the review says no later one drops a pin (`review_steady`); an order that moves
+with time (Autellix) ends a stretch where the policy says it moves (`order_fixed_until`).
 
 Asynchronous scheduling (`cfg.async_scheduling`, vLLM 0.32's default on a GPU) runs
 `_loop_async`, vLLM's EngineCore.step_with_batch_queue: two steps in flight, the next
@@ -211,6 +213,8 @@ class SimpyReplica(Replica):
         expiry = min((p.expiry for p in self.policy.pins.values() if p.expiry > now), default=math.inf)
         if self.sched.retaining:
             expiry = min(expiry, self.sched.pool.next_change())
+        if self.policy.order_depends_on_time and self.sched.waiting:  # the waiting order moves then (_steady)
+            expiry = min(expiry, self.policy.order_fixed_until(now, [c.req for c in self.sched.waiting]))
         return min(horizon(), expiry)
 
     def state(self) -> str:
@@ -433,11 +437,11 @@ class SimpyReplica(Replica):
 
     def _steady(self, scheduled) -> bool:
         """Would the next steps schedule the same batch? True when nothing waits, or the
-        queue head is stuck on memory/seat limits that decode steps only tighten and the
-        policy's order does not move with time."""
+        queue head is stuck on memory/seat limits that decode steps only tighten, and the
+        policy's pins and order stay as they are until an event _next_event knows."""
         if any(call.num_output == 0 for call, _ in scheduled):
             return False  # a prefill's last token: its first-token time is this step's end
-        if self.policy.reviews_pins and self.sched.pins:
+        if self.policy.reviews_pins and self.sched.pins and not self.policy.review_steady():
             return False  # the policy may drop pins at any step
         sched = self.sched
         if sched.order_moved and sched.victim_ordered() != sched.running:
@@ -451,8 +455,10 @@ class SimpyReplica(Replica):
             return False  # the step admitted nothing because it preempted: the next one may
         # a pin changes the order or lets the head in only by expiring (_next_event ends the
         # stretch there), by a hit (an admission) or by the no-deadlock rule, which a policy
-        # that keeps its pins while calls run (unpin_while_running False) never applies mid-stretch
-        return not self.policy.order_depends_on_time and (not self.sched.pins or not self.policy.unpin_while_running)
+        # that keeps its pins while calls run (unpin_while_running False) never applies
+        # mid-stretch, nor one whose head dropping every other pin would not let in
+        # (pins_hold); an order that moves with time moves at order_fixed_until (_next_event)
+        return not self.sched.pins or self.sched.pins_hold
 
     def _stretch(self, scheduled, dt0: float, now: float, sum_qk: float, sum_k: float, sum_qc: float) -> list[float]:
         """The step times of a decode stretch: until a call finishes, a block allocation

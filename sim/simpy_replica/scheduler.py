@@ -187,6 +187,7 @@ class Scheduler(PolicyHost):
         if self.retaining:  # soft retention's evictor reads the schedule time (a stretch's allocations too)
             self.pool.now = now
         self.expire_pins(now)
+        self.pins_hold = True  # until the no-deadlock rule says otherwise in this step (drop_pins_for)
 
         if self._custom_victim and len(self.running) > 1:
             # vLLM preempts the tail of its running list; with the policy adapter the list is

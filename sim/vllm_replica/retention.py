@@ -42,14 +42,16 @@ class RetainingBlockPool(BlockPool):
         if not r.spec:
             super().free_blocks(ordered_blocks)
             return
-        now, rest = self.clock(), []
+        now, rest, kept = self.clock(), [], []
         for block in ordered_blocks:
             if (block.ref_cnt == 1 and block.block_hash is not None and not block.is_null
                     and block.pool in (None, self) and block.block_id in r.spec and r.keeps(block.block_id, now)):
                 block.ref_cnt = 0
-                r.add(block.block_id, now)
+                kept.append(block.block_id)
             else:
                 rest.append(block)
+        if kept:
+            r.add_many(kept, now)
         super().free_blocks(rest)
 
     def get_new_blocks(self, num_blocks: int) -> list:
