@@ -95,7 +95,9 @@ def table(data: dict) -> str:
         c = r["case"]
         gpu = c["gpu"].split(" x")[0]
         fmt = ",.2f" if c["figure"]["kind"] == "GiB" else ","
-        lines.append(f"| [{c['id']}]({c['source'].split()[0]}) | {c['vllm_version'].split(' (')[0]} | {gpu} x{c['tp']} "
+        url = c["source"].split()[0]
+        name = f"[{c['id']}]({url})" if url.startswith("https://") else c["id"]  # a source without an address: named in the note
+        lines.append(f"| {name} | {c['vllm_version'].split(' (')[0]} | {gpu} x{c['tp']} "
                      f"| {c['gpu_memory_utilization']} | {c['max_num_batched_tokens']} / {c['max_num_seqs']} "
                      f"| {c['figure']['kind']} | {format(r['vllm'], fmt)} | {'not modelled' if r['ours'] is None else format(r['ours'], fmt)} "
                      f"| {'-' if r['error'] is None else format(r['error'], '+.1%')} | {c.get('note', '')} |")
