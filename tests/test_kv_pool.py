@@ -383,3 +383,15 @@ def test_the_rope_cache_follows_max_position_and_the_kv_replication_counts():
     # 8 KV heads on 16 ranks: each keeps one, so a rank holds more than 1/16 of the QKV weights
     wide = load_overhead(LLAMA, tp=16)["other_bytes"] - load_overhead(LLAMA, tp=8)["other_bytes"]
     assert wide > 0
+
+
+def test_an_fp8_kv_cache_halves_the_page_in_0_10_2_too():
+    """vLLM 0.10.2 sizes an FP8 KV cache at 1 B an element (v1/worker/gpu_model_runner.py:184-188 takes
+    STR_DTYPE_TO_TORCH_DTYPE['fp8'] = torch.uint8, utils/__init__.py:181; v1/kv_cache_interface.py:66-70
+    pages by get_dtype_size): Llama-3.3-70B-FP8 at TP2 on H100s (the InferenceX setting) gets twice the
+    blocks of its bf16 cache from the same bytes."""
+    m = roofline.find_model("llama3.1-70b-fp8")[1]
+    kw = dict(tp=2, gpu_memory_utilization=0.9, max_num_batched_tokens=8192, max_num_seqs=512, vllm_version="0.10.2")
+    bf16, fp8 = kv_pool(H100, m, **kw), kv_pool(H100, m, kv_dtype_bytes=1, **kw)
+    assert fp8.available_bytes == bf16.available_bytes and fp8.block_bytes * 2 == bf16.block_bytes
+    assert abs(fp8.blocks - 2 * bf16.blocks) <= 1
