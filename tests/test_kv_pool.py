@@ -355,7 +355,7 @@ def test_the_allocator_keeps_a_remainder_of_1_mib_or_less_in_the_block():
 
 
 def test_model_loading_is_the_parameters_plus_the_rope_cache_and_the_allocators_remainders():
-    """vLLM's "Model loading took" on every collected log that prints it, to its printed precision (1 MiB at 4 decimals):
+    """vLLM's "Model loading took" on every collected log that prints it, to its printed precision give or take 1 MiB:
     parameters alone miss Qwen2.5-72B at TP2 by 0.09 GiB (80 down projections of 231 MiB, each
     in a 232 MiB block, + the 8 MiB rotary cache)."""
     from sim.hardware.kv_pool import GiB, load_overhead, weightsper_gpu
@@ -366,8 +366,8 @@ def test_model_loading_is_the_parameters_plus_the_rope_cache_and_the_allocators_
         m = kv_pool_table.model_of(data, c["model"])
         digits = len(str(c["model_loading_gib"]).split(".")[1])
         got = (weightsper_gpu(m, c["tp"], c.get("ep", 1)) + load_overhead(m, c["tp"], c.get("ep", 1))["bytes"]) / GiB
-        # to the log's printed precision, and within 1 MiB where it prints 4 decimals (small tensors not modelled one by one)
-        assert abs(got - c["model_loading_gib"]) <= max(0.5 * 10 ** -digits, 1 / 1024), (c["id"], got, c["model_loading_gib"])
+        # to the log's printed precision, give or take 1 MiB (small tensors are not modelled one by one)
+        assert abs(got - c["model_loading_gib"]) <= 0.5 * 10 ** -digits + 1 / 1024, (c["id"], got, c["model_loading_gib"])
         assert kv_pool_table.ours(data, c)[1].weights_bytes == int(got * GiB) or c["figure"]["kind"] == "GiB"
     q72 = data["models"]["qwen2.5-72b"]
     o = load_overhead(q72, 2)
