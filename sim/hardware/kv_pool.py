@@ -70,6 +70,8 @@ distributed-init bytes at TP8 (TP4's taken).
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -429,6 +431,12 @@ def load_overhead(model: dict, tp: int = 1, ep: int = 1) -> dict:
     GPU beyond the parameters counted from the shape: the rotary cos/sin cache, the caching
     allocator's unsplit remainders of large tensors and its 512 B rounding, the vocabulary's
     padding, KV heads replicated across ranks and FP8 scales."""
+    return dict(_load_overhead(json.dumps(model, sort_keys=True, default=str), tp, ep))
+
+
+@functools.lru_cache(maxsize=256)  # a plan sizes the same model at many settings; the walk takes ~10 ms
+def _load_overhead(model_json: str, tp: int, ep: int) -> tuple:
+    model = json.loads(model_json)
     pool, cache, small = _LargePool(), 0, 0
     for op, name, nbytes in load_tensors(model, tp, ep):
         if op == "free":
@@ -442,7 +450,7 @@ def load_overhead(model: dict, tp: int = 1, ep: int = 1) -> dict:
     counted = {k: v for k, v in model.items() if k not in ("num_params", "memory_only_params")}
     allocated = pool.allocated() + small
     total = allocated - weightsper_gpu(counted, tp, ep)
-    return {"rope_cache_bytes": cache, "other_bytes": int(total - cache), "bytes": int(total)}
+    return (("rope_cache_bytes", cache), ("other_bytes", int(total - cache)), ("bytes", int(total)))
 
 
 def moe_workspace(model: dict, tokens: int, tp: int = 1) -> float:
