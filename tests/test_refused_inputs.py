@@ -319,7 +319,7 @@ def resample_source(tmp_path_factory):
     (["trace", "gen", "--spec", "codex", "--programs", "1000000000000"], "calls of spec 'codex'"),
     (["trace", "resample", "SRC", "--programs", "1000000000000"], "--programs 1000000000000: about 3,000,000,000,000 calls (3.0 per session of the sources)"),
     (["run", "--programs", "2", "--turn-repeat", "100000000"], "2,200,000,000 calls (22 trace rows x --turn-repeat 100000000)"),
-    (["run", "--programs", "2", "--replicas", "100000000"], "--replicas 100000000 of 27,387 KV blocks each"),
+    (["run", "--programs", "2", "--replicas", "100000000"], "--replicas 100000000 of 27,371 KV blocks each"),
     (["sweep", "--reps", "1000000000000"], "1,000,000,000,000 sweep points"),
     (["sweep", "--axis", "seed=" + ",".join(map(str, range(2000))), "--axis", "jps=" + ",".join(map(str, range(1, 2000)))],
      "3,998,000 sweep points"),
