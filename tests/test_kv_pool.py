@@ -234,7 +234,7 @@ def test_the_v0_releases_read_have_their_rules_and_the_others_are_refused():
     for v in ("0.2.4", "0.6.4", "0.7.2"):
         p = pool(vllm_version=v)  # not eager: V0 captures the graphs after the KV cache
         assert p.cudagraph_bytes == 0 and p.inputs["sampler"] == "sort" and p.kept_bytes == 0
-    for bad in ("0.3.0", "0.6.3", "0.6.5", "0.7.4", "0.8.5", "0.9.0"):
+    for bad in ("0.2.3", "0.3.0", "0.6.3", "0.6.5", "0.7.4", "0.8.5", "0.9.0"):
         with pytest.raises(InputError, match="V0 engine's releases only") as e:
             accounting_for(bad)
         assert "\n" not in str(e.value)

