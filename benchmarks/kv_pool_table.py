@@ -42,7 +42,7 @@ def version_of(case: dict) -> str:
 
 def ours(data: dict, case: dict):
     """(our figure in the case's unit, the KVPool); (None, None) for a version whose
-    accounting is not modelled (the V0 engine's)."""
+    accounting is not modelled (V0 releases outside V0_RULES, 0.9.0)."""
     version = version_of(case)
     try:
         accounting_for(version)
@@ -54,7 +54,9 @@ def ours(data: dict, case: dict):
                    max_num_batched_tokens=case["max_num_batched_tokens"], max_num_seqs=case["max_num_seqs"],
                    enforce_eager=case["enforce_eager"], block_size=case.get("block_size", 16),
                    kv_dtype_bytes=case.get("kv_dtype_bytes"), vllm_version=version, p2p=case.get("p2p", True),
-                   sampler=case.get("sampler"))
+                   sampler=case.get("sampler"),
+                   # a non-torch figure the case's log prints (vLLM's own measurement, an input to its sizing)
+                   non_torch_bytes=case["non_torch_gib"] * GiB if "non_torch_gib" in case else None)
     kind = case["figure"]["kind"]
     got = pool.tokens if kind == "tokens" else pool.blocks if kind == "blocks" else round(pool.available_bytes / GiB, 2)
     return got, pool
@@ -84,9 +86,13 @@ def table(data: dict) -> str:
              "profile_cudagraph_memory sums it over vLLM's default capture sizes: first capture + (graphs - 1) x per-graph "
              "bytes a layer, per mode, the per-capture bytes the medians of vLLM 0.19's own profiles "
              "(benchmarks/data/vllm_cudagraph_profile.json; 0.19 does not subtract them); the constants' logs are of "
-             "runs not judged here, or judged by rules that do not use them. Not modelled: the V0 engine's accounting (before "
-             "0.9.1), MLA, hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal encoders, KV connectors, "
-             "pipeline parallelism.", "",
+             "runs not judged here, or judged by rules that do not use them. The V0 engine's releases by their own rules "
+             "(V0_RULES): 0.2.4 torch's peak only; 0.2.5 everything used on the device after the run (the CUDA context "
+             "0.51 GiB, 0.19's TP1 init snapshot; with TP distributed init's buffers and the all-reduce inputs held on NCCL's "
+             "stream); 0.6.4 the peak plus every non-torch byte; 0.7.x growth from a snapshot before distributed init; the "
+             "non-torch figure a case's log prints taken as vLLM's measured input; rank 0, which samples, is the smallest. "
+             "Not modelled: other V0 releases, MLA, hybrid and sliding-window KV groups, speculative decoding, LoRA, multimodal "
+             "encoders, KV connectors, pipeline parallelism.", "",
              f"vLLM's start-up figure against it ({within} of {len(rs)} within {TOLERANCE:.0%}; "
              "`python benchmarks/kv_pool_table.py`, cases and sources in benchmarks/data/vllm_kv_pool_cases.json):", "",
              "| case | vLLM | GPU x TP | util | budget / seqs | unit | vLLM's | ours | error | why off |",

