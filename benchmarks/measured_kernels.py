@@ -410,7 +410,7 @@ MISSES = ("Why: the measured kernels are not monotone in the batch, which the st
           "tokens, 18 us at 128), so tp 8 decode B=17-64 misses; on L40S at tp 8 the PCIe all-reduce is most of the "
           "step and bends with size. Not investigated: Qwen3-30B-A3B decode of 2-16 sequences (10-16%), its FP8 "
           "decode B=65-256 on GB200 and GB300 (11-23%) and at tp 8 on RTX PRO 6000 (12%), and GB200 prefill of the "
-          "32B and 70B models at tp 1 (11%), Llama-3.1-70B-FP8 decode B=17-64 on H200 at tp 1-2 (12%).")
+          "32B and 70B models at tp 1 (10-11%), Llama-3.1-70B-FP8 decode B=17-64 on H200 at tp 1-2 (12%).")
 
 
 def collectives_table(data: dict | None = None) -> str:
