@@ -84,7 +84,7 @@ def test_a_measured_gpu_says_measured_and_differs_from_its_roofline():
         meas, _ = R.roofline_profile(gpu, model, tp, measured=True)
         roof, _ = R.roofline_profile(gpu, model, tp)
         src = meas["provenance"]["source"]
-        assert re.fullmatch(r"measured-kernels \(aiconfigurator 0\.12\.0 database, vLLM 0\.\d+\.\d+\)", src), src
+        assert re.fullmatch(r"measured-kernels \(aiconfigurator 0\.12\.0 database, vLLM 0\.\d+\.\d+, rotary and KV write of every token\)", src), src
         assert roof["provenance"]["source"] == "roofline"
         assert meas["device"].endswith(f"(measured kernels: {src.split('(', 1)[1]}") and "roofline" not in meas["device"]
         assert meas["step_time"] != roof["step_time"]
