@@ -6,16 +6,16 @@ Derive (needs the optional extra, `pip install aiconfigurator-core==0.12.0`):
 
 (--gpus/--models: only those are derived, replacing their entries in an existing --out file.
 --kv-cache-dtype fp8 with --gpus/--models: the steps with vLLM's FP8 KV cache, fitted into each GPU's
-kv_fp8_models, which `sim profile roofline --kv-cache-dtype fp8` uses. --token-extras: each step with
-prefill tokens also pays the rotary and KV-cache write of all its tokens, which aiconfigurator prices
-for one (sim/hardware/check.py aic_token_extras_s); recorded per GPU; the shipped file is derived without.)
+kv_fp8_models, which `sim profile roofline --kv-cache-dtype fp8` uses.)
 
 For every GPU of sim/hardware/specs/gpus.json with an `aiconfigurator_system` whose database has
 vLLM kernels, every zoo model aiconfigurator ships a config of (sim/hardware/check.py
 aic_model), and tp 1, 2, 4, 8 where the model fits and divides: the step times of a grid
 of steps (fresh prefill, cached prefill, decode by batch, mixed) as aiconfigurator's engine
 composes them from its measured GEMMs, attention, MoE and all-reduce kernels (the same
-query as `sim profile check --aiconfigurator`), then the GPU step model of sim/hardware/profile.py
+query as `sim profile check --aiconfigurator`) plus the rotary embedding and KV-cache write of every
+token of a step with prefill tokens, which aiconfigurator prices for one token whatever the step
+(sim/hardware/check.py aic_token_extras_s), then the GPU step model of sim/hardware/profile.py
 (c0..c5, w, launch, p) fitted on part of the shapes (calibrate/fit.py
 fit_gpu_step_model, each kind weighing the same) and judged on the rest, held out by
 shape (HELD below). Collectives: vLLM's all-reduce (its custom all-reduce in a CUDA
@@ -175,11 +175,11 @@ def predict(coef: dict, rows: list[dict]) -> list[float]:
     return list(map(float, step_times(theta, [list(r["features"].values()) for r in rows], coef.get("routed_share", 0.0))))
 
 
-def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto", token_extras: bool = False) -> dict | None:
+def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> dict | None:
     """aiconfigurator's points for one GPU, model and tp (kv_cache_dtype fp8: its steps with an FP8
-    KV cache; token_extras: with the rotary and KV-cache write of every token of a step, which it
-    prices for one, sim/hardware/check.py aic_token_extras_s), the fit and its errors by group; None
-    where the model does not fit the GPU at this tp or divide by it."""
+    KV cache), with the rotary and KV-cache write of every token of a step, which it prices for one
+    (sim/hardware/check.py aic_token_extras_s), the fit and its errors by group; None where the model
+    does not fit the GPU at this tp or divide by it."""
     from sim.hardware.profile import parse_profile
 
     try:
@@ -187,7 +187,7 @@ def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto", token
     except InputError:
         return None
     prof = parse_profile(raw, f"{model}-{gpu}-tp{tp}")
-    pts, used = pc.aiconfigurator_points(prof, grid(), token_extras=token_extras)
+    pts, used = pc.aiconfigurator_points(prof, grid(), token_extras=True)
     rows = _rows(pts)
     spec = roofline.find_model(model)[1]
     moe = spec.get("moe")
@@ -257,23 +257,12 @@ def collectives(system: str) -> dict:
     return out
 
 
-def derive(out_path: Path, only_gpus=None, only_models=None, kv_cache_dtype: str = "auto",
-           token_extras: bool = False) -> dict:
+def derive(out_path: Path, only_gpus=None, only_models=None, kv_cache_dtype: str = "auto") -> dict:
     """Every GPU and zoo model (or only those given) into out_path; kv_cache_dtype fp8: into each
-    GPU's kv_fp8_models table of the existing file instead (needs --gpus or --models), the rest kept.
-    token_extras: every step priced with the rotary and KV-cache write of all its tokens (fit_combo),
-    recorded in each GPU's entry; a GPU's models are all derived one way (only_models into an entry
-    derived the other way is refused)."""
+    GPU's kv_fp8_models table of the existing file instead (needs --gpus or --models), the rest kept."""
     kv_fp8 = kv_cache_dtype == "fp8"
     if kv_fp8 and not out_path.is_file():
         raise InputError(f"--kv-cache-dtype fp8 adds fits to an existing file: {out_path} not found")
-    if (only_models or kv_fp8) and out_path.is_file():
-        mixed = [g for g, d in json.loads(out_path.read_text()).get("gpus", {}).items()
-                 if (not only_gpus or g in only_gpus) and bool(d.get("token_extras")) != token_extras]
-        if mixed:
-            raise InputError(f"--token-extras: {out_path}'s {', '.join(mixed)} {'was' if token_extras else 'was not'} "
-                             f"derived {'without' if token_extras else 'with'} it; derive all of a GPU's models one way "
-                             "(drop --models, or write to another --out)")
     engine, perf_database, utils = pc._aic()
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     supported = perf_database.get_supported_databases()
@@ -291,8 +280,6 @@ def derive(out_path: Path, only_gpus=None, only_models=None, kv_cache_dtype: str
             continue
         version = perf_database.get_latest_database_version(system, "vllm")
         entry = {"system": system, "vllm": version, "collectives": collectives(system), "models": {}, "missing": {}}
-        if token_extras:
-            entry["token_extras"] = True
         for m, mspec in models.items():
             if only_models and m not in only_models:
                 continue
@@ -303,7 +290,7 @@ def derive(out_path: Path, only_gpus=None, only_models=None, kv_cache_dtype: str
                 continue
             for tp in TPS:
                 try:
-                    res = fit_combo(g, m, tp, kv_cache_dtype, token_extras)
+                    res = fit_combo(g, m, tp, kv_cache_dtype)
                 except InputError as e:
                     entry["missing"][f"{m} tp {tp}"] = str(e)[:200]
                     print(f"{g} {m} tp{tp}: {e}", file=sys.stderr)
@@ -423,7 +410,7 @@ MISSES = ("Why: the measured kernels are not monotone in the batch, which the st
           "tokens, 18 us at 128), so tp 8 decode B=17-64 misses; on L40S at tp 8 the PCIe all-reduce is most of the "
           "step and bends with size. Not investigated: Qwen3-30B-A3B decode of 2-16 sequences (10-16%), its FP8 "
           "decode B=65-256 on GB200 and GB300 (11-23%) and at tp 8 on RTX PRO 6000 (12%), and GB200 prefill of the "
-          "32B and 70B models at tp 1 (11%), Llama-3.1-70B-FP8 decode B=17-64 on H200 at tp 1-2 (12%).")
+          "32B and 70B models at tp 1 (10-11%), Llama-3.1-70B-FP8 decode B=17-64 on H200 at tp 1-2 (12%).")
 
 
 def collectives_table(data: dict | None = None) -> str:
@@ -458,17 +445,12 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="derive: only these models (comma-separated), in place of theirs in --out")
     ap.add_argument("--kv-cache-dtype", choices=roofline.KV_CACHE_DTYPES, default="auto",
                     help="derive: fp8 fits steps with an FP8 KV cache into each GPU's kv_fp8_models (with --gpus/--models)")
-    ap.add_argument("--token-extras", action="store_true",
-                    help="derive: price each step's rotary and KV-cache write for all its tokens (aiconfigurator prices one)")
     ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "profiles.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
     data = None
     if a.kv_cache_dtype != "auto" and (not a.derive or a.collectives_only):
         print("error: --kv-cache-dtype applies to --derive only", file=sys.stderr)
-        return 2
-    if a.token_extras and (not a.derive or a.collectives_only):
-        print("error: --token-extras applies to --derive only", file=sys.stderr)
         return 2
     if a.collectives_only:
         data = json.loads(Path(a.out).read_text())
@@ -480,8 +462,7 @@ def main(argv=None) -> int:
             print("error: --kv-cache-dtype fp8 derives into the existing file: give --gpus and/or --models", file=sys.stderr)
             return 2
         try:
-            data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","), a.kv_cache_dtype,
-                          a.token_extras)
+            data = derive(Path(a.out), a.gpus and a.gpus.split(","), a.models and a.models.split(","), a.kv_cache_dtype)
         except InputError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

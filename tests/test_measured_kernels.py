@@ -84,7 +84,7 @@ def test_a_measured_gpu_says_measured_and_differs_from_its_roofline():
         meas, _ = R.roofline_profile(gpu, model, tp, measured=True)
         roof, _ = R.roofline_profile(gpu, model, tp)
         src = meas["provenance"]["source"]
-        assert re.fullmatch(r"measured-kernels \(aiconfigurator 0\.12\.0 database, vLLM 0\.\d+\.\d+\)", src), src
+        assert re.fullmatch(r"measured-kernels \(aiconfigurator 0\.12\.0 database, vLLM 0\.\d+\.\d+, rotary and KV write of every token\)", src), src
         assert roof["provenance"]["source"] == "roofline"
         assert meas["device"].endswith(f"(measured kernels: {src.split('(', 1)[1]}") and "roofline" not in meas["device"]
         assert meas["step_time"] != roof["step_time"]
@@ -201,7 +201,8 @@ def test_held_out_error_per_kind_recomputed_live(gpu, model, tp):
     limit = {k: 13.0 if (gpu, model, tp, k) == ("B200", "llama3.1-70b-fp8", 1, "decode B=2-16") else 10.0 for k in KINDS}
     assert all(held[k]["mape_pct"] <= limit[k] for k in KINDS if k in held), held
     shipped = DATA["gpus"][gpu]["models"][model][str(tp)]
-    rows = bm._rows(bm.pc.aiconfigurator_points(parse_profile(R.roofline_profile(gpu, model, tp)[0], "x"), bm.grid())[0])
+    rows = bm._rows(bm.pc.aiconfigurator_points(parse_profile(R.roofline_profile(gpu, model, tp)[0], "x"), bm.grid(),
+                                          token_extras=True)[0])
     errs = bm.pc.error_rows(bm.predict(shipped["coef"], rows), [r["probe"] for r in rows])
     for e, r in zip(errs, rows):
         e["heldout"] = r["heldout"]

@@ -1,7 +1,7 @@
 """aiconfigurator prices a prefill step's rotary embedding and KV-cache write from one token's bytes
 (its ContextAttentionOp extras); sim/hardware/check.py aic_token_extras_s prices the other tokens by
-its own byte counts, opt-in (aiconfigurator_points(token_extras=True), benchmarks/measured_kernels.py
---derive --token-extras), and a derive never mixes the two ways within a GPU."""
+its own byte counts (aiconfigurator_points(token_extras=True)), and benchmarks/measured_kernels.py
+--derive always adds them."""
 import json
 
 import pytest
@@ -88,23 +88,23 @@ def test_token_extras_add_the_other_tokens_to_prefill_and_mixed_steps_only():
     assert added[2] == 0.0 and added[0] > 0.01 * base[0].seconds[pc.STAT]  # 1%+ of a 2K-token prefill
 
 
-def test_token_extras_apply_to_a_derive_only_and_never_mix_within_a_gpu(tmp_path, capsys):
+def test_every_derive_prices_every_tokens_extras_and_the_flag_is_gone(monkeypatch, capsys):
     from benchmarks import measured_kernels as bm
 
-    assert bm.main(["--token-extras"]) == 2
-    assert bm.main(["--derive", "--collectives-only", "--token-extras"]) == 2
-    out = tmp_path / "mk.json"
-    before = json.dumps({"gpus": {"H100": {"models": {"llama3.1-8b": {}}, "missing": {}}}})
-    out.write_text(before)
-    assert bm.main(["--derive", "--token-extras", "--models", "llama3.1-8b", "--out", str(out)]) == 2
-    out.write_text(json.dumps({"gpus": {"H100": {"models": {}, "missing": {}, "token_extras": True}}}))
-    assert bm.main(["--derive", "--models", "llama3.1-8b", "--gpus", "H100", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(e.startswith("error: --token-extras") for e in err), err
-    assert "H100" in err[2] and "H100" in err[3]
-    with pytest.raises(InputError):
-        bm.derive(out, None, ["llama3.1-8b"], "auto", token_extras=False)
-    assert json.loads(out.read_text())["gpus"]["H100"]["token_extras"] is True  # nothing written
+    asked = []
+
+    def points(prof, pts, **kw):
+        asked.append(kw)
+        raise InputError("stop")
+
+    monkeypatch.setattr(pc, "aiconfigurator_points", points)
+    for kv in ("auto", "fp8"):
+        with pytest.raises(InputError):
+            bm.fit_combo("H100", "llama3.1-8b", 1, kv)
+    assert asked == [{"token_extras": True}] * 2
+    with pytest.raises(SystemExit) as e:  # the old opt-in is refused, not ignored
+        bm.main(["--derive", "--token-extras"])
+    assert e.value.code == 2 and "--token-extras" in capsys.readouterr().err
 
 
 @needs_aic
@@ -128,12 +128,10 @@ def test_the_prefill_terms_table_adds_up_to_aiconfigurators_step(capsys):
     assert len(err) == 3 and all(e.startswith("error: ") for e in err)
 
 
-def test_a_gpu_derived_with_token_extras_says_so_in_its_source(monkeypatch):
+def test_every_gpu_says_its_prefill_pays_every_tokens_extras():
     from sim.hardware import measured_kernels as mk
 
     shipped = mk.load()
-    assert not any(d.get("token_extras") for d in shipped["gpus"].values())  # the shipped file is derived without
-    plain = mk.source_text("H100")
-    data = {**shipped, "gpus": {**shipped["gpus"], "H100": {**shipped["gpus"]["H100"], "token_extras": True}}}
-    monkeypatch.setattr(mk, "load", lambda: data)
-    assert mk.source_text("H100") == plain[:-1] + ", rotary and KV write of every token)"
+    assert not any("token_extras" in d for d in shipped["gpus"].values())  # no per-GPU record: one way for all
+    for g in shipped["gpus"]:
+        assert mk.source_text(g).endswith(", rotary and KV write of every token)"), g

@@ -40,10 +40,9 @@ def load() -> dict:
 
 def source_text(gpu: str) -> str:
     d = load()
-    # a GPU derived with --token-extras (benchmarks/measured_kernels.py) says so: its prefill prices differ
-    extras = ", rotary and KV write of every token" if d["gpus"][gpu].get("token_extras") else ""
+    # the derive adds the rotary and KV-cache write of every token, which aiconfigurator prices for one
     return (f"measured-kernels ({d['package'].replace('aiconfigurator-core', 'aiconfigurator')} database, "
-            f"vLLM {d['gpus'][gpu]['vllm']}{extras})")
+            f"vLLM {d['gpus'][gpu]['vllm']}, rotary and KV write of every token)")
 
 
 def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False) -> dict | None:
