@@ -165,7 +165,7 @@ V0_RULES = (((0, 2, 4), (0, 2, 5), "torch_peak"),      # 0.2.4 worker.py:83-99
 CUDA_CONTEXT_BYTES = int(0.51 * GiB)
 
 
-def _v(version: str) -> tuple[int, int, int]:
+def release(version: str) -> tuple[int, int, int]:
     """(major, minor, patch); a patch that is not a number ("0.7.x") counts as 0."""
     parts = str(version).split(".")
     try:
@@ -192,7 +192,7 @@ class Accounting:
 
 def accounting_for(version: str) -> Accounting:
     """The rules of `version` (MAJOR.MINOR[.PATCH]); InputError for a V0 release not in V0_RULES."""
-    v = _v(version)
+    v = release(version)
     if v < V1_FROM:
         rule = next((r for lo, hi, r in V0_RULES if lo <= v < hi), None)
         if rule is None:
@@ -581,10 +581,12 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     topk = min(num_sms, rows) * model["vocab_size"] * 4 if triton else 0
     kept = moe_workspace(model, max_num_batched_tokens, t) + topk
     act = kept + max(fwd, smp)
-    if acc.v0:
-        nt = non_torch_bytes if non_torch_bytes is not None else v0_non_torch(acc, model, n, max_num_batched_tokens, p2p)
+    if non_torch_bytes is not None:
+        nt = non_torch_bytes
+    elif acc.v0:
+        nt = v0_non_torch(acc, model, n, max_num_batched_tokens, p2p)
     else:
-        nt = non_torch_bytes if non_torch_bytes is not None else non_torch(acc, n, enforce_eager, p2p)
+        nt = non_torch(acc, n, enforce_eager, p2p)
     graphs, capture = 0, None
     if not enforce_eager and acc.graph_estimate_subtracted:
         graphs, capture = cudagraph_estimate(acc, model, n, max_num_seqs, max_num_batched_tokens, gpu)

@@ -36,7 +36,6 @@ kv_dtype_bytes 1 halves the KV. Attention math stays at the bf16 rate.
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -343,12 +342,9 @@ FULL_ISL_ADMISSION_FROM = (0, 19, 0)
 
 def full_isl_admission(vllm_version: str | None) -> bool:
     """Whether `vllm_version` (MAJOR.MINOR[.PATCH]; None: 0.32) gates admission on the whole prompt."""
-    if vllm_version is None:
-        return True
-    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", str(vllm_version))
-    if m is None:
-        raise InputError(f"vllm_version {vllm_version!r}: expected MAJOR.MINOR such as 0.32")
-    return (int(m[1]), int(m[2]), int(m[3] or 0)) >= FULL_ISL_ADMISSION_FROM
+    from sim.hardware.kv_pool import release
+
+    return vllm_version is None or release(vllm_version) >= FULL_ISL_ADMISSION_FROM
 
 
 def engine_limits(gname: str, gpu: dict, model: dict, layout: str, n: int, gpu_memory_utilization: float,
