@@ -9,8 +9,10 @@ vLLM runs that it leaves out or under-prices, each by its own memory-op formula 
 mem_bw_empirical_scaling_factor) + its constant): the rotary and KV-cache write of the other n - 1
 tokens (sim/hardware/check.py aic_token_extras_s; it prices them for one token) and the final
 RMSNorm over the n tokens (not in its op list). Where the GPU has a shipped probe file
-(sim/hardware/measurements/), the measured step and what is left per token and layer.
-A diagnostic: it changes no profile.
+(sim/hardware/measurements/), the measured step and what is left per token and layer, and the GEMMs'
+throughput both ways: aiconfigurator's, and the probe's if everything but its GEMMs costs what
+aiconfigurator says (benchmarks/gpu/gemm_power.py measures why they differ: the values multiplied,
+the duty). A diagnostic: it changes no profile.
 """
 from __future__ import annotations
 
@@ -44,6 +46,16 @@ def final_norm_s(shape: dict, tokens: int, mem_bw: float) -> float:
     return 4 * shape["hidden_size"] * 2 * tokens / mem_bw + CONSTANT_S
 
 
+def gemm_flops(shape: dict, tp: int, tokens: int) -> float:
+    """Floating-point operations of a dense layer stack's four GEMMs (qkv, o, gate-up, down) for `tokens`
+    tokens on one GPU of `tp`."""
+    h, hd = shape["hidden_size"], shape["head_dim"]
+    q = shape["num_attention_heads"] * hd
+    kv = max(shape["num_kv_heads"] // tp, 1) * hd * tp  # KV heads replicated below one a GPU
+    per_token = h * (q + 2 * kv) + q * h + 3 * h * shape["intermediate_size"]
+    return 2 * tokens * shape["num_layers"] * per_token / tp
+
+
 def terms(gpu: str, model: str, tp: int, ns: list[int]) -> list[dict]:
     from sim.hardware.profile import parse_profile
 
@@ -75,6 +87,7 @@ def terms(gpu: str, model: str, tp: int, ns: list[int]) -> list[dict]:
         row["final_norm_s"] = final_norm_s(shape, n, bw)
         row["probe_s"] = probes.get(n)
         row["probe_attention_s"] = attn[n] * shape["num_layers"] if n in attn else None
+        row["gemm_flops"] = None if prof.model.get("moe") else gemm_flops(shape, tp, n)
         rows.append(row)
     return rows
 
@@ -102,6 +115,12 @@ def table(gpu: str, model: str, tp: int, rows: list[dict]) -> str:
         if any(r["probe_attention_s"] for r in rows):
             line("the probe's attention call timed alone, x layers", [
                 f"{r['probe_attention_s'] * 1e3:.2f}" if r["probe_attention_s"] else "-" for r in rows])
+        gemms = GROUPS[0][0]
+        if rows[0]["gemm_flops"]:
+            line("GEMM TFLOPS: aiconfigurator / the probe's, the rest as aiconfigurator's", [
+                f"{r['gemm_flops'] / r['groups'][gemms] / 1e12:.0f} / "
+                f"{r['gemm_flops'] / (r['probe_s'] - r['aic_s'] - r['extras_s'] - r['final_norm_s'] + r['groups'][gemms]) / 1e12:.0f}"
+                if r["probe_s"] else "-" for r in rows])
         line("probe left over per token and layer (ns)", [
             f"{(r['probe_s'] - r['aic_s'] - r['extras_s'] - r['final_norm_s']) / r['n'] / layers * 1e9:.0f}"
             if r["probe_s"] else "-" for r in rows])

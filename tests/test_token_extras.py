@@ -123,6 +123,13 @@ def test_the_prefill_terms_table_adds_up_to_aiconfigurators_step(capsys):
         assert r["extras_s"] == pc.aic_token_extras_s(shape, 1, r["n"], BW)
         assert r["probe_s"] == probes[r["n"]] and r["probe_attention_s"] > 0
         assert 0 < r["final_norm_s"] < 0.001 * r["aic_s"]  # the last norm is negligible
+        # qkv 4096 -> 4096 + 2 x 1024, o, gate-up 2 x 14336, down: 218.1 M multiply-adds a token and layer
+        assert r["gemm_flops"] == 2 * r["n"] * 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336)
+    assert bt.gemm_flops(shape, 2, 1000) == rows[0]["gemm_flops"] / 2000 * 1000 / 2  # heads and MLP split over 2
+    assert bt.terms("H100", "qwen3-30b-a3b", 1, [1000])[0]["gemm_flops"] is None  # experts: not this count
+    assert bt.main(["--n", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "GEMM TFLOPS: aiconfigurator / the probe's" in out
     assert bt.main(["--n", "2000,x"]) == 2 and bt.main(["--n", "0"]) == 2 and bt.main(["--gpu", "Z"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("error: ") for e in err)

@@ -1,0 +1,184 @@
+"""Does a compute-bound GEMM's time on this GPU depend on the values it multiplies and on how long it runs?
+
+    python benchmarks/gpu/gemm_power.py [--seconds 2] > gemm_power.json     (on the GPU machine; about 2.5 min)
+
+Why: aiconfigurator's vLLM GEMM table (its collector builds RowParallelLinear layers and times them,
+CUDA graph of 6 layers, 3 warm-up and 6 timed replays) prices Llama-shaped prefill GEMMs at
+727-803 TFLOPS on H100/H200, while the project's torch probes of the same shapes with random
+bf16 weights, run for seconds, imply 595-669 TFLOPS for the GEMMs (`python benchmarks/prefill_terms.py`).
+vLLM creates linear weights with torch.empty and the collector loads none, so its weights are
+whatever the allocator hands back (zeros on fresh device memory); a matmul's switching power, so
+its clock under the power limit, depends on the values (zeros draw least). Real servers lie in
+between (prefill of requests that ran alone 6-10% above aiconfigurator's price). This separates the
+causes: the weights' values (empty as the collector leaves them, zeros, randn, randn x 0.02 as a
+trained layer's scale) and the duty (the collector's short replays; a sustained run of --seconds;
+bursts of one prefill's GEMMs with idle gaps as a lightly loaded server makes).
+
+For Llama-3.1-8B's GEMMs (qkv 4096->6144 and gate-up 4096->28672 by default; o 4096->4096 and
+down 14336->4096 with --gemms) at m = 1024 and 8192 tokens, and at m = 16 (memory-bound: values
+should not matter), activations randn; "empty" also reports the share of its weights that were zero. Reports per case the seconds per GEMM, TFLOPS, and the SM clock and
+power nvidia-smi sampled while it ran (every 50 ms; null if nvidia-smi is missing).
+Needs torch with CUDA only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+MS = (16, 1024, 8192)
+FILLS = ("empty", "zeros", "randn", "randn_x0.02")
+LAYERS = 6  # the collector's layers per graph (outside_loop_count)
+
+
+class Sampler:
+    """nvidia-smi's SM clock (MHz) and power draw (W) every 50 ms while the block runs."""
+
+    def __init__(self):
+        self.rows, self.proc = [], None
+
+    def __enter__(self):
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                          "-lms", "50", "-i", str(torch.cuda.current_device())],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+        except OSError:
+            self.proc = None
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                clk, pw = (float(x) for x in line.split(","))
+                self.rows.append((clk, pw))
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def summary(self) -> dict | None:
+        if not self.rows:
+            return None
+        clk = sorted(r[0] for r in self.rows)
+        pw = sorted(r[1] for r in self.rows)
+        return {"sm_clock_mhz_median": clk[len(clk) // 2], "sm_clock_mhz_min": clk[0],
+                "power_w_median": pw[len(pw) // 2], "power_w_max": pw[-1], "samples": len(self.rows)}
+
+
+def weights(fill: str, k: int, n: int) -> list[torch.Tensor]:
+    out = []
+    for _ in range(LAYERS):
+        if fill == "empty":
+            w = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+        elif fill == "zeros":
+            w = torch.zeros(n, k, dtype=torch.bfloat16, device="cuda")
+        elif fill == "randn":
+            w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+        else:
+            w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        out.append(w)
+    return out
+
+
+def graph_of(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.cuda.CUDAGraph:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):  # the collector's warm-ups, before capture
+            for w in ws:
+                torch.nn.functional.linear(x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for w in ws:
+            torch.nn.functional.linear(x, w)
+    return g
+
+
+def replays(g: torch.cuda.CUDAGraph, count: int) -> float:
+    """Seconds per replay over `count` back-to-back replays (CUDA events)."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(count):
+        g.replay()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / 1e3 / count
+
+
+def case(name: str, m: int, fill: str, seconds: float) -> dict:
+    k, n = SHAPES[name]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    ws = weights(fill, k, n)
+    g = graph_of(x, ws)
+    flops = 2 * m * n * k
+    row = {"gemm": name, "m": m, "n": n, "k": k, "fill": fill}
+    if fill == "empty":
+        row["empty_zero_fraction"] = float(sum((w == 0).sum().item() for w in ws) / (LAYERS * n * k))
+    for _ in range(3):
+        g.replay()
+    with Sampler() as smp:
+        per = replays(g, 6)  # the collector's timed replays
+    row["collector"] = {"s": per / LAYERS, "tflops": flops * LAYERS / per / 1e12, "clocks": smp.summary()}
+    time.sleep(0.5)  # cool down between regimes
+    count = max(1, int(seconds / per))
+    with Sampler() as smp:
+        replays(g, count // 2)  # reach the steady clock first
+        per = replays(g, count - count // 2)
+    row["sustained"] = {"s": per / LAYERS, "tflops": flops * LAYERS / per / 1e12, "clocks": smp.summary(),
+                        "replays": count}
+    # bursts: one replay (6 GEMMs, about one layer-group of a prefill) then as long idle: 50% duty
+    ts = []
+    with Sampler() as smp:
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            ts.append(replays(g, 1))
+            time.sleep(max(ts[-1], 2e-4))
+    ts.sort()
+    row["bursts_50pct"] = {"s": ts[len(ts) // 2] / LAYERS, "tflops": flops * LAYERS / ts[len(ts) // 2] / 1e12,
+                           "clocks": smp.summary(), "bursts": len(ts)}
+    del g, ws, x
+    torch.cuda.empty_cache()
+    time.sleep(0.5)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=2.0, help="length of the sustained and the burst runs per case")
+    ap.add_argument("--gemms", default="qkv,gate_up", help="which of qkv,o,gate_up,down")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = a.gemms.split(",")
+    if bad := [x for x in names if x not in SHAPES]:
+        print(f"error: --gemms {','.join(bad)}: choose from {','.join(SHAPES)}", file=sys.stderr)
+        return 2
+    rows = []
+    t0 = time.time()
+    for name in names:
+        for m in MS:
+            for fill in FILLS:
+                r = case(name, m, fill, a.seconds if m > 16 else a.seconds / 4)
+                rows.append(r)
+                print(f"{name} m={m} {fill}: " + ", ".join(f"{mode} {r[mode]['tflops']:.0f} TFLOPS"
+                                                          for mode in ("collector", "sustained", "bursts_50pct")),
+                      file=sys.stderr)
+    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": a.seconds,
+               "wall_s": time.time() - t0, "rows": rows}, sys.stdout, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
