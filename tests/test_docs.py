@@ -185,8 +185,6 @@ HAND_TABLES = {
     ("traces.md", "| client → server |"): "descriptive, each row with its sources",
     ("traces.md", "| spec | rests on |"): "each shipped spec's provenance, in the spec itself",
     ("serving_systems.md", "| row | what runs"): "the systems benchmarks/serving_systems_table.py builds",
-    ("profiles.md", "| model | held-out | train |"): "copied from llama3.1-8b-h100.json's fit_error",
-    ("profiles.md", "| engine | command |"): "copied from the bundled CPU profiles' fit_error",
     ("profiles.md", "| flag | reference | notes |"): "descriptive: sim/hardware/check.py's references",
     ("validation.md", "| shape | programs |"): "copied from calibrate/validate.py's SHAPES",
     ("validation.md", "| policy | real mean JCT (s) |"): "copied from benchmarks/ranking_fidelity.py's reports (two shapes)",
