@@ -64,9 +64,9 @@ def read_report(path: str) -> dict:
     try:
         return json.loads(p.read_text())["shapes"]
     except FileNotFoundError:
-        fail(f"--report {path}: no such file") from None
+        fail(f"--report {path}: no such file")
     except (json.JSONDecodeError, KeyError, TypeError):
-        fail(f"--report {path}: not a report.json of run_matrix (no 'shapes')") from None
+        fail(f"--report {path}: not a report.json of run_matrix (no 'shapes')")
 
 
 def _rows(rep: dict) -> dict:
