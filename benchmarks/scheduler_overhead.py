@@ -2,7 +2,8 @@
 
     python benchmarks/scheduler_overhead.py [--policies vllm,continuum] [--programs 300]
                                             [--model-free-rounds 10] [--engine [--rounds 2]]
-                                            [--output-tokens 8]
+                                            [--output-tokens 8] [--record [--runs JSON]]
+    python benchmarks/scheduler_overhead.py --table [--runs JSON] [--write-docs [PAGE]]
 
 Workload: 300 programs of 3 turns arrive at once (64 new tokens a turn, 8 output tokens
 by default, no tool time) with max_num_seqs=8, so hundreds of requests wait at every step.
@@ -27,13 +28,22 @@ engine runs here) is as large as the target:
 The adapter running `vllm` schedules exactly what vLLM does, so its figures are the
 pure cost of the adapter; other policies also change which requests run. Target:
 at most +5% for `vllm`, +10% for `continuum` (issue 20).
+
+--record appends the model-free run's figures to --runs (default
+benchmarks/data/scheduler_overhead.json); --table runs nothing and prints the stored runs'
+table (a row per policy, the runs side by side); --write-docs puts it into PAGE (default
+docs/reference/validation.md) between `<!-- scheduler_overhead: --runs JSON --table -->`
+and `<!-- end scheduler_overhead -->`.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import gc
+import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -251,7 +261,7 @@ def model_free_run(policy: str | None, parts: dict, hasher, programs: int, outpu
     return model_free_lockstep([policy], parts, hasher, programs, output_tokens)[0]
 
 
-def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds: int) -> None:
+def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds: int) -> dict:
     """vLLM's Scheduler and the adapter running each policy, in lockstep (see
     model_free_lockstep), `rounds` times. Two figures:
     - same steps (the adapter running `vllm`, whose schedule is vLLM's step for step,
@@ -261,7 +271,8 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
     - whole workload (any policy): a run's scheduler time over all its steps, against the
       vLLM run beside it, median over rounds (a reordering policy runs other steps);
       and, when the policy's schedule is the same in every round, the sum of its per-step
-      minima against vLLM's."""
+      minima against vLLM's.
+    Returns the printed figures (percent, microseconds), as --record stores a run."""
     parts, hasher, llm = core_parts()
     try:
         runs: dict[str, list[dict]] = {}
@@ -276,28 +287,92 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
             return np.array([[t for _, t in r["steps"]] for r in rs]).min(axis=0)
 
         vmin = per_step_min(base)
+        fig = {"rounds": rounds, "programs": programs, "output_tokens": output_tokens, "steps": len(waiting),
+               "vllm_scheduler_us": {"median": round(1e6 * float(np.median(vmin[busy]))), "mean": round(1e6 * float(vmin[busy].mean()))},
+               "policies": {}}
         print(f"model-free, {rounds} rounds in lockstep, {len(waiting)} steps of which {busy.sum()} with >=256 "
               f"waiting; vLLM's Scheduler there: {1e6 * vmin[busy].mean():.0f} us mean, "
               f"{1e6 * np.median(vmin[busy]):.0f} us median per step (per-step minimum over rounds)")
         for pol in policies:
             mine = runs[pol]
             whole = [sum(t for _, t in m["steps"]) / sum(t for _, t in b["steps"]) - 1 for m, b in zip(mine, base)]
+            f = fig["policies"][pol] = {"steps": len(mine[0]["steps"]), "whole_pct": round(100 * float(np.median(whole)), 1),
+                                        "minima_pct": None, "same_steps": None}
             line = (f"model-free ({pol}): whole workload {100 * np.median(whole):+.1f}% (rounds "
                     f"{100 * min(whole):+.1f}..{100 * max(whole):+.1f}%, {len(mine[0]['steps'])} steps)")
             if all(m["schedule"] == mine[0]["schedule"] for m in mine):  # its own steps alike in every round
+                f["minima_pct"] = round(100 * float(per_step_min(mine).sum() / vmin.sum() - 1), 1)
                 line += f", {100 * (per_step_min(mine).sum() / vmin.sum() - 1):+.1f}% of per-step minima"
             if all(m["schedule"] == base[0]["schedule"] for m in mine):
                 amin = per_step_min(mine)
+                f["same_steps"] = {"total_pct": round(100 * float(amin[busy].sum() / vmin[busy].sum() - 1), 1),
+                                   "median_pct": round(100 * float(np.median(amin[busy]) / np.median(vmin[busy]) - 1), 1)}
                 line += (f"; same steps as vLLM: {100 * (amin[busy].sum() / vmin[busy].sum() - 1):+.1f}% total "
                          f"(= mean per step), {100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1):+.1f}% "
                          f"median per step over the {busy.sum()} steps with >=256 waiting")
             print(line, flush=True)
+        return fig
     finally:
         del llm
         gc.collect()
 
 
-def main() -> None:
+# the table of docs/reference/validation.md: each policy's note, and the targets (bold)
+NOTES = {"vllm": "vLLM's Scheduler: {median} us median, {mean} us mean per step there",
+         "program-fcfs": "reorders the queue, never pins", "continuum-static": "its own preemption order"}
+TARGETS = {"vllm": 5.0, "continuum": 10.0}
+RUNS = "benchmarks/data/scheduler_overhead.json"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "reference" / "validation.md"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # as a script: the repository root, for `benchmarks.`
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _span(xs: list[int]) -> str:
+    return f"{min(xs)}" if min(xs) == max(xs) else f"{min(xs)}-{max(xs)}"
+
+
+def overhead_table(runs: list[dict]) -> str:
+    """The stored runs' figures as one table: a row per policy, the runs side by side."""
+    policies = list(dict.fromkeys(p for r in runs for p in r["policies"]))
+    lines = ["| adapter running | steps | whole workload: median of rounds / per-step minima | "
+             "steps with >= 256 waiting: total (= mean step) / median step |", "|---|---|---|---|"]
+    seen: dict[int, list[str]] = {}  # a step count: the policies that ran it, in row order
+    for pol in policies:
+        got = [r["policies"][pol] for r in runs if pol in r["policies"]]
+        label = f"`{pol}`"
+        if pol in NOTES:
+            us = {k: _span([r["vllm_scheduler_us"][k] for r in runs]) for k in ("median", "mean")}
+            label += f" ({NOTES[pol].format(**us)})"
+        steps = sorted({g["steps"] for g in got})
+        if all(g["same_steps"] for g in got):
+            where = "vLLM's, step for step"
+        elif len(steps) > 1:
+            where = "its own (" + ", ".join(map(str, steps)) + ")"
+        else:
+            before = seen.setdefault(steps[0], [])
+            where = (f"its own ({steps[0]})" if not before else
+                     f"the same {steps[0]} as `{before[0]}`" if len(before) == 1 else f"the same {steps[0]}")
+            before.append(pol)
+
+        def pct(x):
+            return "-" if x is None else f"{x:+.1f}%"
+
+        whole = "; ".join(f"{pct(g['whole_pct'])} / {pct(g['minima_pct'])}" for g in got)
+        if pol in TARGETS:
+            whole = f"**{whole}**"
+        same = "; ".join(f"{pct(g['same_steps']['total_pct'])} / {pct(g['same_steps']['median_pct'])}"
+                         for g in got if g["same_steps"])
+        lines.append(f"| {label} | {where} | {whole} |" + (f" {same} |" if same else " |"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default="vllm,continuum")
     ap.add_argument("--programs", type=int, default=300)
@@ -308,12 +383,46 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="with --engine: alternating A/B engine runs per policy")
     ap.add_argument("--output-tokens", type=int, default=8,
                     help="per call; a call's bookkeeping is spread over this many steps (8: the worst case)")
-    args = ap.parse_args()
+    ap.add_argument("--runs", default=RUNS, help=f"the stored model-free runs (default {RUNS})")
+    ap.add_argument("--record", action="store_true", help="append this model-free run's figures to --runs")
+    ap.add_argument("--table", action="store_true", help="run nothing: print the table of the runs in --runs")
+    ap.add_argument("--write-docs", nargs="?", const=str(PAGE), default=None, metavar="PAGE",
+                    help="with --table: put it into PAGE (default docs/reference/validation.md) between its markers")
+    args = ap.parse_args(argv)
+    runs_path = Path(args.runs) if Path(args.runs).is_absolute() else ROOT / args.runs
+    if args.table:
+        measuring = [f for f in ("--policies", "--programs", "--model-free-rounds", "--engine", "--rounds", "--output-tokens",
+                                 "--record") if getattr(args, f[2:].replace("-", "_")) != ap.get_default(f[2:].replace("-", "_"))]
+        if measuring:
+            return fail(f"{', '.join(measuring)}: --table runs nothing (it prints the runs stored in --runs)")
+        try:
+            runs = json.loads(runs_path.read_text())["runs"]
+        except FileNotFoundError:
+            return fail(f"--runs {args.runs}: no such file")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return fail(f"--runs {args.runs}: not a file of recorded runs (no 'runs')")
+        text = (f"Made by `python benchmarks/scheduler_overhead.py --table` from `{args.runs}`, "
+                f"{len(runs)} run{'s' * (len(runs) != 1)}:\n\n{overhead_table(runs)}")
+        print(text)
+        if args.write_docs:
+            from benchmarks.docs_tables import write_block
+
+            write_block(args.write_docs, "scheduler_overhead", f"--runs {args.runs} --table", text)
+        return text
+    if args.write_docs:
+        return fail("--write-docs: give --table (the docs' table is made from the stored runs)")
+    if args.record and not args.model_free_rounds:
+        return fail("--record: stores a model-free run; give --model-free-rounds 1 or more")
     policies = [p for p in args.policies.split(",") if p]
     if args.model_free_rounds:
-        model_free_ab(policies, args.programs, args.output_tokens, args.model_free_rounds)
+        fig = model_free_ab(policies, args.programs, args.output_tokens, args.model_free_rounds)
+        if args.record:
+            kept = json.loads(runs_path.read_text()) if runs_path.exists() else {"runs": []}
+            kept["runs"].append(fig)
+            runs_path.write_text(json.dumps(kept, indent=1) + "\n")
+            print(f"recorded in {args.runs} ({len(kept['runs'])} runs)", flush=True)
     if not args.engine:
-        return
+        return None
     for pol in policies:
         r = one_run(pol, args.programs, args.output_tokens, split=True)
         print(f"split ({pol}): the adapter adds {100 * r['adapter_total']:+.1f}% to vLLM's scheduling time "
