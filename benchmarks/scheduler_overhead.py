@@ -261,6 +261,11 @@ def model_free_run(policy: str | None, parts: dict, hasher, programs: int, outpu
     return model_free_lockstep([policy], parts, hasher, programs, output_tokens)[0]
 
 
+def _num(x, digits: int = 1):
+    """A figure as --record stores it: rounded as printed."""
+    return round(float(x), digits) if digits else round(float(x))
+
+
 def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds: int) -> dict:
     """vLLM's Scheduler and the adapter running each policy, in lockstep (see
     model_free_lockstep), `rounds` times. Two figures:
@@ -288,7 +293,8 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
 
         vmin = per_step_min(base)
         fig = {"rounds": rounds, "programs": programs, "output_tokens": output_tokens, "steps": len(waiting),
-               "vllm_scheduler_us": {"median": round(1e6 * float(np.median(vmin[busy]))), "mean": round(1e6 * float(vmin[busy].mean()))},
+               "vllm_scheduler_us": {"median": _num(1e6 * np.median(vmin[busy]), 0) if busy.any() else None,
+                                     "mean": _num(1e6 * vmin[busy].mean(), 0) if busy.any() else None},
                "policies": {}}
         print(f"model-free, {rounds} rounds in lockstep, {len(waiting)} steps of which {busy.sum()} with >=256 "
               f"waiting; vLLM's Scheduler there: {1e6 * vmin[busy].mean():.0f} us mean, "
@@ -305,8 +311,8 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
                 line += f", {100 * (per_step_min(mine).sum() / vmin.sum() - 1):+.1f}% of per-step minima"
             if all(m["schedule"] == base[0]["schedule"] for m in mine):
                 amin = per_step_min(mine)
-                f["same_steps"] = {"total_pct": round(100 * float(amin[busy].sum() / vmin[busy].sum() - 1), 1),
-                                   "median_pct": round(100 * float(np.median(amin[busy]) / np.median(vmin[busy]) - 1), 1)}
+                f["same_steps"] = {"total_pct": _num(100 * (amin[busy].sum() / vmin[busy].sum() - 1)) if busy.any() else None,
+                                   "median_pct": _num(100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1)) if busy.any() else None}
                 line += (f"; same steps as vLLM: {100 * (amin[busy].sum() / vmin[busy].sum() - 1):+.1f}% total "
                          f"(= mean per step), {100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1):+.1f}% "
                          f"median per step over the {busy.sum()} steps with >=256 waiting")
@@ -333,8 +339,9 @@ def fail(message: str):
     raise SystemExit(2)
 
 
-def _span(xs: list[int]) -> str:
-    return f"{min(xs)}" if min(xs) == max(xs) else f"{min(xs)}-{max(xs)}"
+def _span(xs: list) -> str:
+    xs = [x for x in xs if x is not None]  # None: a run without steps with >= 256 waiting
+    return "-" if not xs else f"{min(xs)}" if min(xs) == max(xs) else f"{min(xs)}-{max(xs)}"
 
 
 def overhead_table(runs: list[dict]) -> str:
