@@ -186,8 +186,6 @@ HAND_TABLES = {
     ("traces.md", "| spec | rests on |"): "each shipped spec's provenance, in the spec itself",
     ("serving_systems.md", "| row | what runs"): "the systems benchmarks/serving_systems_table.py builds",
     ("profiles.md", "| flag | reference | notes |"): "descriptive: sim/hardware/check.py's references",
-    ("validation.md", "| adapter running |"): "copied from benchmarks/scheduler_overhead.py's output",
-    ("planning.md", "| rank | GPU |"): "what the documented sim plan command printed",
 }
 
 

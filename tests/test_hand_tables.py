@@ -4,15 +4,14 @@ a stored report or run file, `sim plan`'s output), and a changed source changes 
 import json
 import re
 import shlex
-
-import pytest
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from benchmarks import docs_tables, fit_error_table, plan_table, ranking_fidelity, scheduler_overhead
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "docs" / "reference"
 
 
 def blocks(name: str) -> list:
