@@ -103,7 +103,7 @@ def test_plan_table_writes_what_sim_plan_prints_on_a_small_question(tmp_path, ca
     text = plan_table.main(["--page", str(question), "--write-docs", str(page)])
     assert text in capsys.readouterr().out
     assert page.read_text() == f"before\n\n<!-- plan_table: {key} -->\n\n{text}\n\n<!-- end plan_table -->\n"
-    assert "\nPlan: trace swebench, 1 programs/s, SLO p95_jct<=600" in text and "\nAnswer: " in text
+    assert "\nPlan: trace swebench (first 12 programs), 1 programs/s, SLO p95_jct<=600" in text and "\nAnswer: " in text
     assert "| 1 | H100 | llama3.1-8b | 1 | vllm | none | session |" in text
     assert "sim plan --trace" not in text and not re.search(r"candidates? in [\d.]+ s", text)
 
