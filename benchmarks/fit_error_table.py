@@ -53,7 +53,8 @@ def default_table(name: str = DEFAULT_PROFILE) -> str:
         "",
         "| model | held-out | train | held-out per kind |",
         "|---|---|---|---|",
-        f"| GPU step model (the profile's `step_time`) | {fe['step_model_mape']:g} | {fe['step_model_train_mape']:g} | {per_kind(fe)} |",
+        f"| GPU step model (the profile's `step_time`) | {fe['step_model_mape']:g} | {fe['step_model_train_mape']:g} | "
+        f"{per_kind(fe)} |",
         f"| linear step model c0..c5 on the same rows (for comparison) | {lin['heldout_mape']:g} | | {per_kind(lin)} |",
         f"| paper's prefill quadratic | {fe['prefill_quadratic_mape']:g} | {fe['prefill_quadratic_train_mape']:g} | |",
     ])

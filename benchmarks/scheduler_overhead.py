@@ -311,8 +311,10 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
                 line += f", {100 * (per_step_min(mine).sum() / vmin.sum() - 1):+.1f}% of per-step minima"
             if all(m["schedule"] == base[0]["schedule"] for m in mine):
                 amin = per_step_min(mine)
-                f["same_steps"] = {"total_pct": _num(100 * (amin[busy].sum() / vmin[busy].sum() - 1)) if busy.any() else None,
-                                   "median_pct": _num(100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1)) if busy.any() else None}
+                f["same_steps"] = {"total_pct": None, "median_pct": None}  # None: no step with >= 256 waiting
+                if busy.any():
+                    f["same_steps"] = {"total_pct": _num(100 * (amin[busy].sum() / vmin[busy].sum() - 1)),
+                                       "median_pct": _num(100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1))}
                 line += (f"; same steps as vLLM: {100 * (amin[busy].sum() / vmin[busy].sum() - 1):+.1f}% total "
                          f"(= mean per step), {100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1):+.1f}% "
                          f"median per step over the {busy.sum()} steps with >=256 waiting")

