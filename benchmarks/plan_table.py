@@ -5,7 +5,7 @@ docs/reference/planning.md shows, made by running the command, not copied.
 
 The question is the first `sim plan` command on --page (read from it, as
 benchmarks/plan_speed.py reads it, so the two cannot drift), run whole into a fresh
---out (about a minute on 2 cores). Prints what it printed, less the echoed command and
+--out (one to two minutes on 2 cores). Prints what it printed, less the echoed command and
 the closing wall-time line; --write-docs puts that into PAGE (default
 docs/reference/planning.md) between `<!-- plan_table: --page QUESTION_PAGE -->` and
 `<!-- end plan_table -->`.

@@ -109,7 +109,7 @@ def test_plan_table_writes_what_sim_plan_prints_on_a_small_question(tmp_path, ca
 
 
 def test_the_plan_on_the_page_is_what_sim_plan_prints_now():
-    """The documented question run whole (about a minute on 2 cores)."""
+    """The documented question run whole (one to two minutes on 2 cores)."""
     (b,) = blocks("plan_table")
     assert b.page.name == "planning.md" and b.body.split("\n")[2].startswith("Plan: trace swebench")
     said = []
