@@ -1,7 +1,7 @@
 """Import the real vLLM 0.15.1 H100 server runs of inference-sim/training default_args into
 benchmarks/data/server_runs.json (runs of source `inference-sim-training`, workload kind `stages`).
 
-    python benchmarks/server_runs_inference_perf.py --src DIR [--data FILE]
+    python benchmarks/server_runs_inference_perf.py --src DIR [--peers GITDIR] [--data FILE]
 
 DIR is a checkout of https://github.com/inference-sim/training at COMMIT or its git directory
 (read with `git show COMMIT:path`). Taken per run of default_args/: the engine settings its
@@ -14,6 +14,13 @@ source excludes as overloaded (more than 10% of requests failed: split.py EXCLUD
 left out by the same rule. The requests themselves are not published: benchmarks/server_runs_table.py
 synthesizes them from this spec (seeded). The source has no licence file: only statistics and the
 stated settings are stored, with the URL at the commit.
+
+--peers GITDIR (the git directory of inference-sim/sim-to-real-accuracy-validation) adds, per run and
+stage, other simulators' published signed errors of mean E2E and mean TTFT (their CSVs' `mpe`, as
+published, PEER_FILES at their commits; a later file's row wins over an earlier one's for the same
+simulator, run and stage). That study renames the runs ("2-codellama-34b-tp2-codegen"): a row is
+matched to a run and stage here by its `actual` mean E2E, equal to ours within 0.01 ms at the same
+stage index (-1: the whole run).
 """
 from __future__ import annotations
 
@@ -55,6 +62,46 @@ SOURCE_ENTRY = {
     "client_url": f"{BASE}/20260217-155451-llama-2-7b-tp1-codegen/results/config.yaml".replace("/tree/", "/blob/"),
     "settings_url": SETTINGS_URL,
 }
+
+
+PEER_REPO = "https://github.com/inference-sim/sim-to-real-accuracy-validation/blob"
+# (commit, path): results_iter16 as last published before its removal (0205ebd), then the files at the study's head
+PEER_FILES = (("b70edb9a13e729acc61515338b40ad8f381867cd", "results_iter16/error_records.csv"),
+              ("dcec3fd4711c761ac16557db720d1856b604579c", "results_trainval/error_records.csv"),
+              ("dcec3fd4711c761ac16557db720d1856b604579c", "results/llmservingsim_error_records_matched.csv"))
+
+
+def peer_errors(gitdir: Path, runs: list[dict], totals: dict) -> dict:
+    """{run id: [{stage, simulator, e2e_mean_pct, ttft_mean_pct, their_run, file}]}; totals: run id ->
+    {stage: real mean E2E (ms)}, stage -1 the whole run."""
+    import csv
+    import io
+
+    rows = {}
+    for commit, rel in PEER_FILES:
+        r = subprocess.run(["git", "--git-dir", str(gitdir), "show", f"{commit}:{rel}"], capture_output=True, text=True)
+        if r.returncode:
+            raise InputError(f"--peers {gitdir}: no {rel} at {commit[:12]}; give the git directory of "
+                             "inference-sim/sim-to-real-accuracy-validation")
+        for x in csv.DictReader(io.StringIO(r.stdout)):
+            if x["metric_name"] not in ("e2e_mean", "ttft_mean") or x["hardware"] != "H100":
+                continue
+            key = (x["simulator"], x["experiment_folder"].rsplit("/", 1)[-1], int(x["stage_index"]))
+            rows.setdefault(key, {})[x["metric_name"]] = (float(x["mpe"]), float(x["actual"]), f"{PEER_REPO}/{commit}/{rel}")
+    out = {}
+    for (sim, their, stage), m in rows.items():
+        if "e2e_mean" not in m:
+            continue
+        actual = m["e2e_mean"][1]
+        hit = [rid for rid, by in totals.items() if stage in by and abs(by[stage] - actual) < 0.01]
+        if len(hit) != 1:
+            continue
+        out.setdefault(hit[0], []).append({"stage": stage, "simulator": sim, "their_run": their, "file": m["e2e_mean"][2],
+                                           "e2e_mean_pct": round(m["e2e_mean"][0], 2),
+                                           "ttft_mean_pct": round(m["ttft_mean"][0], 2) if "ttft_mean" in m else None})
+    for v in out.values():
+        v.sort(key=lambda x: (x["stage"], x["simulator"]))
+    return out
 
 
 class Source:
@@ -164,6 +211,7 @@ def compact(text: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", required=True, help="a checkout of inference-sim/training or its git directory")
+    ap.add_argument("--peers", help="the git directory of inference-sim/sim-to-real-accuracy-validation: add its published errors")
     ap.add_argument("--data", default=str(DATA), help="the runs file to update (default benchmarks/data/server_runs.json)")
     args = ap.parse_args(argv)
     try:
@@ -172,6 +220,19 @@ def main(argv=None) -> int:
         for name in src.runs():
             run, why = import_run(src, name)
             (out.append(run) if run else left.append(why))
+        if args.peers:
+            totals = {}
+            for r in out:
+                st = r["measured"]["stages"]
+                by = {i: s["client"]["e2el_ms"]["mean"] for i, s in enumerate(st)}
+                totals[r["id"]] = by
+            summ = {r["id"]: json.loads(src.read(r["url"].split(f"{COMMIT}/", 1)[1] + "/results/summary_lifecycle_metrics.json"))
+                    for r in out}
+            for rid, s in summ.items():
+                totals[rid][-1] = s["successes"]["latency"]["request_latency"]["mean"] * 1e3
+            found = peer_errors(Path(args.peers), out, totals)
+            for r in out:
+                r["peers"] = found.get(r["id"], [])
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -179,6 +240,8 @@ def main(argv=None) -> int:
     d = json.loads(path.read_text())
     d["runs"] = [r for r in d["runs"] if r.get("source") != SOURCE] + out
     d["sources"][SOURCE] = SOURCE_ENTRY
+    if args.peers:
+        d["sources"][SOURCE]["peers"] = [f"{PEER_REPO}/{c}/{p}" for c, p in PEER_FILES]
     d["not_judged"] = [x for x in d["not_judged"] if "inference-sim/training" not in x["url"]] + [
         {"what": "inference-sim/training default_args: " + "; ".join(left), "url": BASE,
          "why": "overloaded (the source's own exclusion): most requests time out, no steady state to judge"}]
