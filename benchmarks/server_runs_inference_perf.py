@@ -43,6 +43,16 @@ BASE = f"https://github.com/inference-sim/training/tree/{COMMIT}/default_args"
 MODELS = {"meta-llama/Llama-2-7b-hf": "llama2-7b", "meta-llama/Llama-2-70b-hf": "llama2-70b",
           "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b", "codellama/CodeLlama-34b-Instruct-hf": "codellama-34b"}
 OVERLOAD = 0.10  # the source's rule (split.py): a run with more than this share of failed requests is left out
+IP = "https://github.com/kubernetes-sigs/inference-perf/blob/3b6f82a03d75212b06c5e0bdef7710b04c033300/inference_perf"
+CLIENT = ("inference-perf as of 3b6f82a (2025-11-07; the resolved results/config.yaml has exactly its config fields: a load "
+          "section without `trace`, a shared_prefix section without the multi-turn flag or the profile's aliases, which it "
+          f"therefore ignored: 10 groups x 10 prompts), completions API, streaming, ignore_eos, max_tokens = output_len. "
+          f"Prompts ({IP}/datagen/shared_prefix_datagen.py#L87-L103): per group a system prompt of system_prompt_len random "
+          "token ids, decoded, then per prompt the same for a question, joined by a space, all prompts shuffled; request n of "
+          f"a stage sends prompt n mod their number ({IP}/datagen/shared_prefix_datagen.py#L59-L61, "
+          f"{IP}/loadgen/load_generator.py#L221-L229), so every prompt recurs whole. Constant load "
+          f"({IP}/loadgen/load_timer.py#L34-L63): rate x duration requests at exponential gaps rescaled to sum to the "
+          "duration (not evenly spaced)")
 PROMPT_STATS = ("min", "p0.1", "p1", "p5", "p10", "p25", "median", "p75", "p90", "p95", "p99", "p99.9", "max", "mean")
 SETTINGS_URL = ("https://github.com/inference-sim/sim-to-real-accuracy-validation/blob/dcec3fd4711c761ac16557db720d1856b604579c/"
                 "docs/plans/2026-03-04-sim-to-real-accuracy-validation-design.md")
@@ -185,19 +195,16 @@ def import_run(src: Source, name: str) -> tuple[dict | None, str]:
                       "cpu_offload": "8 GiB OffloadingConnector (not modelled)",
                       "settings_from": f"{BASE.replace('/tree/', '/blob/')}/{name}/exp-config.yaml"},
            "workload": {"kind": "stages", "label": profile,
-                        "client": "inference-perf (version before enable_multi_turn_chat, as its resolved config shows), completions "
-                                  "API, streaming, ignore_eos, max_tokens = output_len; shared_prefix data: num_groups system "
-                                  "prompts of random tokens, each with num_prompts_per_group questions, prompts shuffled and cycled "
-                                  "by request number per stage; constant load: exponential gaps rescaled to sum to the stage's "
-                                  "duration",
+                        "client": CLIENT,
                         "num_groups": int(sp["num_groups"]), "num_prompts_per_group": int(sp["num_prompts_per_group"]),
                         "system_prompt_len": int(sp["system_prompt_len"]), "question_len": int(sp["question_len"]),
                         "output_len": int(sp["output_len"]), "seed": 0,
                         "stages": [{k: s[k] for k in ("rate", "duration", "prompt_len")} for s in stages]},
            "measured": {"stages": [{k: s[k] for k in ("requests", "failures", "achieved_rate", "client", "output_len")} for s in stages]},
-           "measured_stats": "client (inference-perf): TTFT = first streamed message - send; request latency = last - send; TPOT = "
-                             "(last message - first) / (messages - 1), messages counted, not tokens; output_len re-tokenized "
-                             "from the text (not the engine's count)"}
+           "measured_stats": "client (inference-perf, reportgen/base.py#L151-L166 and apis/completion.py#L47-L64 at 3b6f82a): "
+                             "TTFT = first streamed message - send; request latency = last - send; TPOT = (last message - "
+                             "first) / (messages - 1), messages counted, not tokens (here about 2 per token: it is half of "
+                             "(E2E - TTFT) / (output_len - 1)); output_len re-tokenized from the text, not the engine's count"}
     return run, ""
 
 
