@@ -240,11 +240,14 @@ def main(argv=None) -> int:
             found = peer_errors(Path(args.peers), out, totals)
             for r in out:
                 r["peers"] = found.get(r["id"], [])
+        path = Path(args.data)
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"--data {path}: cannot read the runs file ({e})") from None
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    path = Path(args.data)
-    d = json.loads(path.read_text())
     d["runs"] = [r for r in d["runs"] if r.get("source") != SOURCE] + out
     d["sources"][SOURCE] = SOURCE_ENTRY
     if args.peers:

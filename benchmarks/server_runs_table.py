@@ -387,7 +387,7 @@ def render_peers(rows: list[dict], runs: list[dict]) -> str:
     """Ours beside each peer's published signed error of mean E2E / mean TTFT, per run and stage
     (-1: the whole run) where the peers' files hold the run (benchmarks/server_runs_inference_perf.py --peers)."""
     ours = whole_run(rows, runs)
-    head = ["| run | stage | ours (measured-kernel profile, client view): E2E / TTFT | " + " | ".join(PEER_NAMES) + " |",
+    head = ["| run | stage | ours (client view, the table's profile): E2E / TTFT | " + " | ".join(PEER_NAMES) + " |",
             "|---|---|---|" + "---|" * len(PEER_NAMES)]
     for run in runs:
         peers = run.get("peers") or []

@@ -188,3 +188,11 @@ def test_the_stage_runs_dense_models_have_h100_fits_at_their_tp_and_mixtral_says
         assert fit is not None and all(v["mape_pct"] <= 10 for v in fit["heldout"].values()), (model, tp)
     missing = json.loads((ROOT / "sim" / "hardware" / "specs" / "measured_kernels.json").read_text())["gpus"]["H100"]["missing"]
     assert "aiconfigurator" in missing["mixtral-8x7b"]
+
+
+def test_a_runs_file_that_cannot_be_read_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "runs.json"
+    bad.write_text("{not json")
+    p = subprocess.run([sys.executable, "benchmarks/server_runs_inference_perf.py", "--src", str(_fixture(tmp_path)),
+                        "--data", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--data" in p.stderr and bad.read_text() == "{not json"
