@@ -81,7 +81,7 @@ PEER_FILES = (("b70edb9a13e729acc61515338b40ad8f381867cd", "results_iter16/error
               ("dcec3fd4711c761ac16557db720d1856b604579c", "results/llmservingsim_error_records_matched.csv"))
 
 
-def peer_errors(gitdir: Path, runs: list[dict], totals: dict) -> dict:
+def peer_errors(gitdir: Path, totals: dict) -> dict:
     """{run id: [{stage, simulator, e2e_mean_pct, ttft_mean_pct, their_run, file}]}; totals: run id ->
     {stage: real mean E2E (ms)}, stage -1 the whole run."""
     import csv
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
                     for r in out}
             for rid, s in summ.items():
                 totals[rid][-1] = s["successes"]["latency"]["request_latency"]["mean"] * 1e3
-            found = peer_errors(Path(args.peers), out, totals)
+            found = peer_errors(Path(args.peers), totals)
             for r in out:
                 r["peers"] = found.get(r["id"], [])
         path = Path(args.data)
