@@ -200,6 +200,13 @@ def import_run(folder: Path) -> tuple[dict, dict]:
     return run, pool
 
 
+def compact(text: str) -> str:
+    """The runs file as json.dumps(indent=1) writes it, with each request [arrival, prompt, output]
+    and the list of requests that ran alone on one line."""
+    text = re.sub(r"\[\n\s+(-?[\d.]+),\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2, \3]", text)
+    return re.sub(r'"requests": \[\n((?:\s+\d+,?\n)+)\s+\]', lambda m: '"requests": [' + ", ".join(m[1].split()).replace(",,", ",") + "]", text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", required=True, help="the folder holding the run folders (eval/ground_truth)")
@@ -220,12 +227,7 @@ def main(argv=None) -> int:
     d["runs"] = [r for r in d["runs"] if r["id"] not in ids] + [r for r, _ in out]
     d["sources"][SOURCE] = SOURCE_ENTRY
     d["not_judged"] = [x for x in d["not_judged"] if "eval/ground_truth" not in x["url"]] + [NOT_JUDGED]
-    text = json.dumps(d, indent=1) + "\n"
-    # a request [arrival, prompt, output] on one line
-    text = re.sub(r"\[\n\s+(-?[\d.]+),\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2, \3]", text)
-    # the requests that ran alone on one line
-    text = re.sub(r'"requests": \[\n((?:\s+\d+,?\n)+)\s+\]', lambda m: '"requests": [' + ", ".join(m[1].split()).replace(",,", ",") + "]", text)
-    path.write_text(text)
+    path.write_text(compact(json.dumps(d, indent=1) + "\n"))
     for _, p in out:
         print(json.dumps(p))
     return 0

@@ -140,13 +140,48 @@ def trace_of(run: dict, n: int, seed: int = 0) -> pd.DataFrame:
                          "tool_duration_s": np.full(n, np.nan), "arrival_s": np.zeros(n)})
 
 
+PROMPT_Q = (("min", 0.0), ("p0.1", 0.001), ("p1", 0.01), ("p5", 0.05), ("p10", 0.1), ("p25", 0.25), ("median", 0.5), ("p75", 0.75),
+            ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))
+
+
+def stage_trace(run: dict, stage: int, n: int | None = None) -> pd.DataFrame:
+    """A `stages` run's requests of one stage as its client (inference-perf's shared_prefix data at a
+    constant rate) sent them, synthesized, seeded by the workload's seed and the stage: rate x duration
+    arrivals at exponential gaps rescaled to sum to the duration (its ConstantLoadTimer); num_groups x
+    num_prompts_per_group prompts, a prompt's length the reported prompt_len distribution at its rank
+    (the client re-tokenizes the decoded random tokens, so lengths spread around system + question),
+    the first system_prompt_len tokens its group's; prompts shuffled and request i sending prompt i mod
+    their number (an identical prompt every that many requests: vLLM's prefix cache holds it whole);
+    each request output_len tokens (max_tokens, ignore_eos). Only the first n by arrival where given."""
+    w = run["workload"]
+    st = w["stages"][stage]
+    rng = np.random.default_rng([int(w.get("seed", 0)), stage])
+    total = int(st["rate"] * st["duration"])
+    gaps = rng.exponential(1 / st["rate"], total)
+    arrival = np.cumsum(gaps * st["duration"] / gaps.sum())
+    per, sys_len = int(w["num_prompts_per_group"]), int(w["system_prompt_len"])
+    count = int(w["num_groups"]) * per
+    q = [(p, st["prompt_len"][k]) for k, p in PROMPT_Q]
+    lengths = np.round(np.interp((np.arange(count) + 0.5) / count, [p for p, _ in q], [v for _, v in q])).astype(np.int64)
+    lengths = np.maximum(rng.permutation(lengths), sys_len + 1)  # prompt j: group j // per
+    order = rng.permutation(count)
+    n = total if n is None else min(n, total)
+    idx = order[np.arange(n) % count]
+    return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(n)], "turn": np.zeros(n, dtype=np.int64),
+                         "new_input_tokens": lengths[idx], "output_tokens": np.full(n, int(w["output_len"]), dtype=np.int64),
+                         "tool": [None] * n, "tool_duration_s": np.full(n, np.nan), "arrival_s": arrival[:n],
+                         "shared_prefix_tokens": np.full(n, sys_len, dtype=np.int64),
+                         "segments": [[{"id": f"sys{j // per}", "tokens": sys_len}, {"id": f"q{j}", "tokens": int(lengths[j]) - sys_len}]
+                                      for j in idx]})
+
+
 def replay(run: dict, profile_path: str, view: str, trace: pd.DataFrame):
     """The run simulated on the profile: sim.run.simulate's Result (summary and per-call rows)."""
     from sim.run.config import EngineLimits, SimConfig, WorkloadConfig, build_run, execute
 
     w = run["workload"]
     engine = EngineLimits(profile=profile_path, metrics_at=view, async_scheduling=bool(run["engine"].get("async_scheduling")))
-    if w["kind"] == "trace":  # open: each request at its recorded arrival
+    if w["kind"] in ("trace", "stages"):  # open: each request at its recorded (or synthesized) arrival
         cfg = SimConfig(engine=engine)
         return execute(build_run(cfg, trace=trace, arrivals=trace["arrival_s"].to_numpy()))
     if w["kind"] != "closed":
@@ -224,10 +259,165 @@ def trace_rows(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None
     return out
 
 
+STAGE_METRICS = (("ttft", "mean"), ("ttft", "p99"), ("tpot", "mean"), ("e2el", "mean"), ("e2el", "p99"))
+
+
+def stage_rows(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
+    """A `stages` run's rows: per stage, the client view simulated on its synthesized requests
+    (stage_trace; --quick: a quarter of them), each of STAGE_METRICS sim against real. TPOT on
+    both sides is (mean E2E - mean TTFT) / (output_len - 1): inference-perf's own TPOT counts
+    streamed messages, not tokens (stored, not judged)."""
+    w = run["workload"]
+    path, which, unknown = build_profile(data, run, "client", tmp)
+    out = []
+    for i, real in enumerate(run["measured"]["stages"]):
+        st = w["stages"][i]
+        total = int(st["rate"] * st["duration"])
+        trace = stage_trace(run, i, total // 4 if quick else None)
+        res = replay(run, path, "client", trace)
+        s, c = res.summary, real["client"]
+        n1 = int(w["output_len"]) - 1
+        sim = {("tpot", "mean"): (s["mean_e2el_ms"] - s["mean_ttft_ms"]) / n1}
+        ref = {("tpot", "mean"): (c["e2el_ms"]["mean"] - c["ttft_ms"]["mean"]) / n1}
+        for m, stat in STAGE_METRICS:
+            r = ref.get((m, stat), c.get(f"{m}_ms", {}).get(stat))
+            x = sim.get((m, stat), s.get(f"{stat}_{m}_ms"))
+            out.append({"run": run["id"], "gpu": run["gpu"], "tp": run["tp"], "model": run["model"], "label": w["label"],
+                        "stage": i, "rate": st["rate"], "concurrency": None, "profile": which, "unknown": unknown, "view": "client",
+                        "metric": m, "stat": stat, "real_ms": r, "sim_ms": x, "error_pct": (x - r) / r * 100, "requests": len(trace),
+                        "kind": "stages", "real_requests": real["requests"], "hit_ratio": s.get("cache_hit_ratio"),
+                        "peak_kv_usage": s.get("peak_kv_usage"), "num_gpu_blocks": s.get("num_gpu_blocks")})
+    return out
+
+
+def render_stages(rows: list[dict]) -> str:
+    """One line per run and stage: real / sim and error of each STAGE_METRICS statistic."""
+    head = ["| run | GPU x tp | model | stage: rate (req/s) | profile | " + " | ".join(
+        f"{'TPOT (derived)' if m == 'tpot' else 'E2E' if m == 'e2el' else 'TTFT'} {st}: real / sim (ms), error" for m, st in STAGE_METRICS)
+        + " |", "|---|---|---|---|---|" + "---|" * len(STAGE_METRICS)]
+    by = {}
+    for r in rows:
+        if r.get("kind") == "stages":
+            by.setdefault((r["run"], r["stage"]), {})[(r["metric"], r["stat"])] = r
+    for (rid, stage), d in by.items():
+        f = next(iter(d.values()))
+        cells = [f"{x['real_ms']:.1f} / {x['sim_ms']:.1f}, {x['error_pct']:+.1f}%" for x in (d[k] for k in STAGE_METRICS)]
+        head.append(f"| {rid} | {f['gpu']} x{f['tp']} | {f['model']} | {stage}: {f['rate']:g} | {f['profile']} | " + " | ".join(cells) + " |")
+    return "\n".join(head)
+
+
+QUEUE_BOUND = 0.25  # a stage whose real mean TTFT exceeds this share of its mean E2E: the server fell behind the arrivals
+
+
+def stages_summary(rows: list[dict]) -> str:
+    """Per GPU x tp: how many stages meet issue 50's H100 bounds, mean |error| and signed mean per metric,
+    over the stages the real server kept up with (the queue-bound ones named apart)."""
+    groups, bound = {}, set()
+    real = {(r["run"], r["stage"], r["metric"]): r["real_ms"] for r in rows if r.get("kind") == "stages" and r["stat"] == "mean"}
+    for r in rows:
+        if r.get("kind") != "stages":
+            continue
+        if real[(r["run"], r["stage"], "ttft")] > QUEUE_BOUND * real[(r["run"], r["stage"], "e2el")]:
+            bound.add((r["run"], r["stage"]))
+            continue
+        groups.setdefault((r["gpu"], r["tp"]), {}).setdefault((r["run"], r["stage"]), {})[(r["metric"], r["stat"])] = r["error_pct"]
+    out = [f"Queue-bound on the real server (mean TTFT over {QUEUE_BOUND:.0%} of mean E2E: arrivals outran it), listed, not "
+           f"summarized: {', '.join(f'{rid} stage {s}' for rid, s in sorted(bound))}"] if bound else []
+    for (g, tp), stages in sorted(groups.items()):
+        ok = sum(abs(e[("e2el", "mean")]) <= 3 and abs(e[("ttft", "mean")]) <= 10 and abs(e[("ttft", "p99")]) <= 10
+                 and abs(e[("e2el", "p99")]) <= 10 for e in stages.values())
+        parts = ", ".join(f"{m} {st} {np.mean([abs(e[(m, st)]) for e in stages.values()]):.1f}% "
+                          f"(signed {np.mean([e[(m, st)] for e in stages.values()]):+.1f}%)" for m, st in STAGE_METRICS)
+        out.append(f"{g} x{tp} inference-perf stages: mean |error| {parts}; {ok} of {len(stages)} stages mean E2E within 3%, "
+                   "mean TTFT within 10% and p99 TTFT and E2E within 10%")
+    return "\n".join(out[1:] + out[:1]) if bound else "\n".join(out)
+
+
+def whole_run(rows: list[dict], runs: list[dict]) -> dict:
+    """{run id: {stage -> (E2E error, TTFT error)}} with stage -1 the whole run: stage means weighted by
+    the real run's successful requests on both sides (the whole run's mean over its requests)."""
+    out = {}
+    for run in runs:
+        st = [r for r in rows if r.get("kind") == "stages" and r["run"] == run["id"]]
+        if not st:
+            continue
+        d = {}
+        for m in ("e2el", "ttft"):
+            per = {r["stage"]: r for r in st if r["metric"] == m and r["stat"] == "mean"}
+            for i, r in per.items():
+                d.setdefault(i, {})[m] = r["error_pct"]
+            w = np.array([per[i]["real_requests"] for i in sorted(per)], float)
+            real = np.array([per[i]["real_ms"] for i in sorted(per)]) @ w
+            sim = np.array([per[i]["sim_ms"] for i in sorted(per)]) @ w
+            d.setdefault(-1, {})[m] = (sim - real) / real * 100
+        out[run["id"]] = d
+    return out
+
+
+STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 servers on H100 at BF16, inference-perf's "
+               "shared_prefix client; no per-request data published): each stage's requests synthesized from the stated spec "
+               "(seeded: arrivals at exponential gaps rescaled to the stage's duration, as inference-perf's constant load; "
+               "num_groups x num_prompts_per_group prompts cycled by request number, so identical prompts recur; prompt lengths "
+               "the reported distribution; output_len tokens each, ignore_eos), every request of the stage simulated from an "
+               "empty engine (the real second stage followed the first on a warm server), "
+               "client view, the KV pool derived (no vllm.log published); Mixtral-8x7B priced by the roofline (aiconfigurator "
+               "0.12.0 lists no Mixtral). TPOT (derived) = (mean E2E - mean TTFT) / (output_len - 1) on both sides:")
+PEERS_NOTE = ("Beside other simulators on the same runs (their published signed errors of mean E2E / mean TTFT, as in "
+              "inference-sim/sim-to-real-accuracy-validation's CSVs at the commits benchmarks/data/server_runs.json names; "
+              "a row matched to a run by its actual mean E2E; whole run: stage means weighted by requests; LLMServingSim's file "
+              "is left out: its actuals match none of these runs):")
+
+
+def kv_note(rows: list[dict]) -> str:
+    """Whether the KV cache's CPU offloading the runs enabled can matter: the simulated peak KV use of the derived pool."""
+    st = {(r["run"], r["stage"]): r for r in rows if r.get("kind") == "stages" and r.get("peak_kv_usage") is not None}
+    if not st:
+        return ""
+    top = max(st.values(), key=lambda r: r["peak_kv_usage"])
+    hit = np.mean([r["hit_ratio"] for r in st.values() if r.get("hit_ratio") is not None])
+    return (f"KV CPU offloading (8 GiB, enabled on the real servers) is not modelled: the simulated peak KV use is at most "
+            f"{top['peak_kv_usage']:.0%} of the derived GPU pool ({top['run']} stage {top['stage']}), so nothing is evicted "
+            f"for it to keep; the prefix cache serves {hit:.0%} of prompt tokens on average (recurring prompts).")
+
+
+PEER_NAMES = ("blis-roofline", "blis-evolved", "vidur", "aiconfigurator-estimate", "llm-optimizer-estimate")
+
+
+def render_peers(rows: list[dict], runs: list[dict]) -> str:
+    """Ours beside each peer's published signed error of mean E2E / mean TTFT, per run and stage
+    (-1: the whole run) where the peers' files hold the run (benchmarks/server_runs_inference_perf.py --peers)."""
+    ours = whole_run(rows, runs)
+    head = ["| run | stage | ours (client view, the table's profile): E2E / TTFT | " + " | ".join(PEER_NAMES) + " |",
+            "|---|---|---|" + "---|" * len(PEER_NAMES)]
+    for run in runs:
+        peers = run.get("peers") or []
+        if run["id"] not in ours or not peers:
+            continue
+        for stage in sorted({p["stage"] for p in peers}):
+            if stage not in ours[run["id"]]:
+                continue
+            o = ours[run["id"]][stage]
+            by = {p["simulator"]: p for p in peers if p["stage"] == stage}
+            cells = [f"{by[n]['e2e_mean_pct']:+.1f}% / " + (f"{by[n]['ttft_mean_pct']:+.1f}%" if by[n]['ttft_mean_pct'] is not None else "-")
+                     if n in by else "-" for n in PEER_NAMES]
+            head.append(f"| {run['id']} | {'whole run' if stage < 0 else stage} | {o['e2el']:+.1f}% / {o['ttft']:+.1f}% | "
+                        + " | ".join(cells) + " |")
+    mean = lambda xs: f"{np.mean(np.abs(xs)):.1f}%" if xs else "-"  # noqa: E731
+    cells = []
+    for n in PEER_NAMES:
+        pts = [(p["e2e_mean_pct"], ours[r["id"]][p["stage"]]["e2el"]) for r in runs for p in (r.get("peers") or [])
+               if p["simulator"] == n and r["id"] in ours and p["stage"] in ours[r["id"]]]
+        cells.append(f"{mean([a for a, _ in pts])} (ours {mean([b for _, b in pts])}, {len(pts)})")
+    head.append("| mean \\|E2E error\\| over the rows it has (ours over the same, rows) | | | " + " | ".join(cells) + " |")
+    return "\n".join(head)
+
+
 def rows_of(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = None) -> list[dict]:
     w = run["workload"]
     if w["kind"] == "trace":
         return trace_rows(data, run, quick, tmp, parts)
+    if w["kind"] == "stages":
+        return stage_rows(data, run, quick, tmp)
     n = int(w.get("requests") or WAVES * w["concurrency"])
     if quick:
         n = max(w["concurrency"], n // 4)
@@ -262,7 +452,7 @@ def render(rows: list[dict]) -> str:
             "TPOT error | mean E2E (derived) error |", "|---|---|---:|---|---|---|---:|---|---:|---:|"]
     by = {}
     for r in rows:
-        if r.get("kind") != "trace":
+        if r.get("kind") is None:
             by.setdefault((r["run"], r["view"]), {})[r["metric"].split(" ")[0]] = r
     lines = []
     for (_, view), d in by.items():
@@ -530,17 +720,22 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     closed = [r for r in runs if r["workload"]["kind"] == "closed"]
-    closed_rows = [r for r in rows if r.get("kind") != "trace"]
+    closed_rows = [r for r in rows if r.get("kind") is None]
     why = "" if args.no_explain or not closed else explain(data, closed, closed_rows)
     table = render(closed_rows) if closed_rows else ""
-    traced = render_trace(rows) if len(closed_rows) < len(rows) else ""
+    traced = render_trace(rows) if any(r.get("kind") == "trace" for r in rows) else ""
+    staged_runs = [r for r in runs if r["workload"]["kind"] == "stages"]
+    staged = render_stages(rows) if staged_runs else ""
+    peered = render_peers(rows, staged_runs) if staged_runs else ""
+    kv = kv_note(rows) if staged_runs else ""
     unknown = sorted({u for r in rows for u in r["unknown"]})
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "
              "Requests and lengths as the source's client drew them (benchmarks/data/server_runs.json).")
     parted = render_parts(parts) if parts else ""
-    for part in (table, summary(closed_rows), traced, trace_summary(rows), parted, gap, notes, why):
+    for part in (table, summary(closed_rows), traced, trace_summary(rows), parted, gap, staged, stages_summary(rows), kv, peered,
+                 notes, why):
         if part:
-            print(part + ("\n" if part in (table, traced, parted, gap) else ""))
+            print(part + ("\n" if part in (table, traced, parted, gap, staged, peered) else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.write_docs:
@@ -556,7 +751,9 @@ def main(argv=None) -> int:
                    "measurement (engine: vLLM's per-request spans; client: guidellm's results, where published):\n\n"
                    + traced + "\n\n" + trace_summary(rows).replace("\n", "; ") + "." if traced else "")
                 + (f"\n\n{PARTS_NOTE}\n\n{parted}" if parted else "")
-                + (f"\n\n{WHAT_IF_NOTE}\n\n{gap}" if gap else ""))
+                + (f"\n\n{WHAT_IF_NOTE}\n\n{gap}" if gap else "")
+                + (f"\n\n{STAGES_NOTE}\n\n{staged}\n\n" + stages_summary(rows).replace("\n", "; ") + f". {kv}" if staged else "")
+                + (f"\n\n{PEERS_NOTE}\n\n{peered}" if peered else ""))
         write_block(args.write_docs, "server_runs_table", KEY, body)
         print(f"wrote {args.write_docs}", file=sys.stderr)
     return 0
