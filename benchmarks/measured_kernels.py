@@ -12,10 +12,10 @@ For every GPU of sim/hardware/specs/gpus.json with an `aiconfigurator_system` wh
 vLLM kernels, every zoo model aiconfigurator ships a config of (sim/hardware/check.py
 aic_model), and tp 1, 2, 4, 8 where the model fits and divides: the step times of a grid
 of steps (fresh prefill, cached prefill, decode by batch, mixed) as aiconfigurator's engine
-composes them from its measured GEMMs, attention, MoE and all-reduce kernels (the same
-query as `sim profile check --aiconfigurator`) plus the rotary embedding and KV-cache write of every
-token of a step with prefill tokens, which aiconfigurator prices for one token whatever the step
-(sim/hardware/check.py aic_token_extras_s), then the GPU step model of sim/hardware/profile.py
+composes them from its measured GEMMs, attention, MoE and all-reduce kernels plus the rotary
+embedding and KV-cache write of every token of a step with prefill tokens, which aiconfigurator
+prices for one token whatever the step (sim/hardware/check.py aiconfigurator_points and
+aic_token_extras_s, the same steps as `sim profile check --aiconfigurator`), then the GPU step model of sim/hardware/profile.py
 (c0..c5, w, launch, p) fitted on part of the shapes (calibrate/fit.py
 fit_gpu_step_model, each kind weighing the same) and judged on the rest, held out by
 shape (HELD below). Collectives: vLLM's all-reduce (its custom all-reduce in a CUDA
@@ -187,7 +187,7 @@ def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> di
     except InputError:
         return None
     prof = parse_profile(raw, f"{model}-{gpu}-tp{tp}")
-    pts, used = pc.aiconfigurator_points(prof, grid(), token_extras=True)
+    pts, used = pc.aiconfigurator_points(prof, grid())
     rows = _rows(pts)
     spec = roofline.find_model(model)[1]
     moe = spec.get("moe")

@@ -9,8 +9,8 @@ TPOT x (mean output - 1)) at the mean decode context (benchmarks/server_runs_tab
 decode_ctx), a mixed step of one prompt beside b - 1 of those decodes (the prompt whole, or its
 first chunk where it exceeds max_num_batched_tokens), and the prompt alone; each priced by the profile the judge uses
 (`sim profile roofline`, measured kernels where shipped; device time only) and by
-aiconfigurator (sim/hardware/check.py aiconfigurator_points, with the rotary and KV write of every
-token as the measured kernels' derive adds them), with the profile's error.
+aiconfigurator (sim/hardware/check.py aiconfigurator_points, which adds the rotary and KV write of
+every prompt token, as for the measured kernels' derive), with the profile's error.
 Kernel-level: it says which steps the profile misprices against the kernels. Then, beside each
 run's real TPOT, the TPOT those steps imply (each of the b running requests is replaced by a new
 prompt once per mean output length, so a step is mixed with probability b / mean output:
@@ -79,7 +79,7 @@ def rows(data: dict, runs: list[dict]) -> list[dict]:
         if key not in profiles:
             profiles[key] = judged_profile(data, r)
         prof, src = profiles[key]
-        ref, _ = pc.aiconfigurator_points(prof, shapes(r, prof.engine.max_num_batched_tokens), token_extras=True)
+        ref, _ = pc.aiconfigurator_points(prof, shapes(r, prof.engine.max_num_batched_tokens))
         for p in ref:
             aic, model = p.seconds[pc.STAT], prof.step_time(*p.features())
             out.append({"run": r["id"], "gpu": r["gpu"], "tp": r["tp"], "workload": r["workload"].get("label", ""),

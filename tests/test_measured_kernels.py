@@ -201,8 +201,7 @@ def test_held_out_error_per_kind_recomputed_live(gpu, model, tp):
     limit = {k: 13.0 if (gpu, model, tp, k) == ("B200", "llama3.1-70b-fp8", 1, "decode B=2-16") else 10.0 for k in KINDS}
     assert all(held[k]["mape_pct"] <= limit[k] for k in KINDS if k in held), held
     shipped = DATA["gpus"][gpu]["models"][model][str(tp)]
-    rows = bm._rows(bm.pc.aiconfigurator_points(parse_profile(R.roofline_profile(gpu, model, tp)[0], "x"), bm.grid(),
-                                          token_extras=True)[0])
+    rows = bm._rows(bm.pc.aiconfigurator_points(parse_profile(R.roofline_profile(gpu, model, tp)[0], "x"), bm.grid())[0])
     errs = bm.pc.error_rows(bm.predict(shipped["coef"], rows), [r["probe"] for r in rows])
     for e, r in zip(errs, rows):
         e["heldout"] = r["heldout"]

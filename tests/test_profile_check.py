@@ -226,6 +226,7 @@ def test_aiconfigurator_points_map_the_steps_onto_its_engine(monkeypatch):
                          get_latest_database_version=lambda s, b: "0.24.0")
     monkeypatch.setattr(pc, "_aic", lambda: (SimpleNamespace(EngineHandle=_FakeEngine), db, None))
     monkeypatch.setattr(pc, "aic_model", lambda model, utils: "meta-llama/Meta-Llama-3.1-8B")
+    monkeypatch.setattr(pc, "aic_mem_bw", lambda system: 2.68e12)
     _FakeEngine.calls = []
     pts = [pc.Probe("prefill", n=100, k=900), pc.Probe("decode", B=8, ctx=1000),
            pc.Probe("mixed", n=100, k=50, B=4, ctx=2000), pc.Probe("prefill", n=4000, k=1000)]  # over max_model_len
@@ -235,7 +236,12 @@ def test_aiconfigurator_points_map_the_steps_onto_its_engine(monkeypatch):
     assert _FakeEngine.calls == [("compile", "meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", "0.24.0", 1, 1),
                                  ("prefill", 1, 1000, 900), ("decode", 8, 1000, 2),
                                  ("mixed", 100, 4, 150, 2, 50), ("mixed", 100, 4, 2000, 2, 0)]
-    assert [p.seconds["median_s"] for p in out] == pytest.approx([2e-3, 2.8e-3, (3.0 + 1.04 + 0.1 * 2 + 0.08) / 1e3])  # chunk attention x ceil(150 / 100)
+    # the steps with prompt tokens pay the rotary and KV write of the other tokens (the chunk's 100, plus 4
+    # decodes in the mixed step), once; the decode step as aiconfigurator prices it
+    extra = [pc.aic_token_extras_s(pc.model_shape(LLAMA), 1, t, 2.68e12) for t in (100, 0, 104)]
+    assert extra[0] > 0 and extra[1] == 0
+    assert [p.seconds["median_s"] for p in out] == pytest.approx(
+        [2e-3 + extra[0], 2.8e-3, (3.0 + 1.04 + 0.1 * 2 + 0.08) / 1e3 + extra[2]], rel=1e-12)  # chunk attention x ceil(150 / 100)
     assert [p.point() for p in out] == [p.point() for p in pts[:3]]
     # the KV cache and attention as the profile keeps them (bf16), not aiconfigurator's FP8 default of an FP8 checkpoint
     assert _FakeEngine.modes == {"kvcache_quant_mode": "bfloat16", "fmha_quant_mode": "bfloat16"}
@@ -248,6 +254,7 @@ def test_aiconfigurator_is_asked_for_the_profiles_tensor_parallel_size(monkeypat
                          get_latest_database_version=lambda s, b: "0.24.0")
     monkeypatch.setattr(pc, "_aic", lambda: (SimpleNamespace(EngineHandle=_FakeEngine), db, None))
     monkeypatch.setattr(pc, "aic_model", lambda model, utils: "meta-llama/Meta-Llama-3.1-8B")
+    monkeypatch.setattr(pc, "aic_mem_bw", lambda system: 2.68e12)
     _FakeEngine.calls = []
     _, used = pc.aiconfigurator_points(_profile(model={**LLAMA, "tensor_parallel_size": 4}), [pc.Probe("decode", B=8, ctx=1000)])
     assert used["tp"] == 4 and _FakeEngine.calls[0][-2:] == (4, 4)

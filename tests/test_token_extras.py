@@ -1,7 +1,7 @@
 """aiconfigurator prices a prefill step's rotary embedding and KV-cache write from one token's bytes
 (its ContextAttentionOp extras); sim/hardware/check.py aic_token_extras_s prices the other tokens by
-its own byte counts (aiconfigurator_points(token_extras=True)), and benchmarks/measured_kernels.py
---derive always adds them."""
+its own byte counts, and aiconfigurator_points always adds them, so `sim profile check --aiconfigurator`,
+the docs' tables and benchmarks/measured_kernels.py --derive price its steps one way."""
 import json
 
 import pytest
@@ -48,7 +48,7 @@ def test_the_extras_grow_with_the_tokens_and_the_heads_each_gpu_holds():
 def test_aiconfigurator_prices_the_extras_for_one_token_whatever_the_step():
     """The premise: its context attention minus its measured attention row is the same at 1K and 8K
     tokens, and equals its memory-op formula on one token's bytes (x 1.1, every layer). Fails when a
-    release scales them by the tokens; then token_extras would count them twice."""
+    release scales them by the tokens; then aiconfigurator_points would count them twice."""
     import os
 
     import aiconfigurator_core
@@ -72,36 +72,46 @@ def test_aiconfigurator_prices_the_extras_for_one_token_whatever_the_step():
 
 
 @needs_aic
-def test_token_extras_add_the_other_tokens_to_prefill_and_mixed_steps_only():
+def test_every_step_with_prompt_tokens_pays_the_other_tokens_extras_once(monkeypatch):
     prof = parse_profile(R.roofline_profile("H100", "llama3.1-8b", 1)[0], "x")
     pts = [pc.Probe("prefill", n=2000), pc.Probe("prefill", n=512, k=4000), pc.Probe("decode", B=64, ctx=2048),
            pc.Probe("mixed", n=512, B=64, ctx=2048)]
-    base, used = pc.aiconfigurator_points(prof, pts)
-    more, used2 = pc.aiconfigurator_points(prof, pts, token_extras=True)
-    assert "token_extras" not in used and used2["token_extras"] is True
+    more, used = pc.aiconfigurator_points(prof, pts)
+    assert "token_extras" not in used  # one way to price: nothing to record or ask for
+    with pytest.raises(TypeError):
+        pc.aiconfigurator_points(prof, pts, token_extras=False)
     bw = pc.aic_mem_bw("h100_sxm")
     assert bw == pytest.approx(BW)
     shape = pc.model_shape(prof.model)
-    added = [m.seconds[pc.STAT] - b.seconds[pc.STAT] for b, m in zip(base, more)]
     want = [pc.aic_token_extras_s(shape, 1, t, bw) for t in (2000, 512, 1, 512 + 64)]
+    monkeypatch.setattr(pc, "aic_token_extras_s", lambda *a: 0.0)  # aiconfigurator's own sums
+    base, _ = pc.aiconfigurator_points(prof, pts)
+    added = [m.seconds[pc.STAT] - b.seconds[pc.STAT] for b, m in zip(base, more)]
     assert added == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert added[2] == 0.0 and added[0] > 0.01 * base[0].seconds[pc.STAT]  # 1%+ of a 2K-token prefill
 
 
-def test_every_derive_prices_every_tokens_extras_and_the_flag_is_gone(monkeypatch, capsys):
+def test_every_derive_takes_the_checks_steps_as_priced_and_the_flag_is_gone(monkeypatch, capsys):
+    """The derive fits on aiconfigurator_points' seconds as they come (the extras are in them once):
+    it asks for the same steps the check prices and adds nothing of its own."""
     from benchmarks import measured_kernels as bm
 
-    asked = []
+    asked, priced = [], [pc.Probe("prefill", n=2000, seconds={pc.STAT: 0.1})]
 
     def points(prof, pts, **kw):
         asked.append(kw)
+        return priced, {}
+
+    def rows(pts):
+        assert pts is priced
         raise InputError("stop")
 
     monkeypatch.setattr(pc, "aiconfigurator_points", points)
+    monkeypatch.setattr(bm, "_rows", rows)
     for kv in ("auto", "fp8"):
-        with pytest.raises(InputError):
+        with pytest.raises(InputError, match="stop"):
             bm.fit_combo("H100", "llama3.1-8b", 1, kv)
-    assert asked == [{"token_extras": True}] * 2
+    assert asked == [{}] * 2
     with pytest.raises(SystemExit) as e:  # the old opt-in is refused, not ignored
         bm.main(["--derive", "--token-extras"])
     assert e.value.code == 2 and "--token-extras" in capsys.readouterr().err

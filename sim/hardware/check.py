@@ -406,8 +406,7 @@ def aic_token_extras_s(shape: dict, tp: int, tokens: int, mem_bw: float) -> floa
     return AIC_EXTRAS_FACTOR * shape["num_layers"] * max(tokens - 1, 0) * per_token / mem_bw
 
 
-def aiconfigurator_points(profile, points: list[Probe] | None = None,
-                          token_extras: bool = False) -> tuple[list[Probe], dict]:
+def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[list[Probe], dict]:
     """The points (AIC_GRID by default, those beyond the profile's max_model_len left out),
     their seconds estimated by aiconfigurator for the profile's GPU and model under vLLM, and
     what was used, on the profile's tensor-parallel size (its model's tensor_parallel_size;
@@ -416,9 +415,9 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None,
     parts, the shared GEMMs of n + B tokens and the chunk's attention at (isl n + k, prefix
     k, times ceil((n + k) / n): its engine spreads a prefill's attention over its chunks),
     plus the decode attention of B sequences at isl ctx (its mixed step takes one isl).
-    token_extras: a step with prefill tokens also pays the rotary and KV-cache write of all its tokens
-    (n, plus B in a mixed step) that aiconfigurator prices for one (aic_token_extras_s); decode steps as it
-    prices them."""
+    A step with prefill tokens also pays the rotary and KV-cache write of all its tokens (n, plus B in a
+    mixed step), which aiconfigurator prices for one (aic_token_extras_s); decode steps as it prices them.
+    Every caller (the check, the measured-kernel derive, the docs' tables) prices steps this one way."""
     device = str(profile.raw.get("device", ""))
     system = aic_system(device)
     engine, perf_database, utils = _aic()
@@ -441,7 +440,9 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None,
     hf_id = aic_model(profile.model, utils)
     limit = profile.engine.max_model_len
     pts = [p for p in (AIC_GRID if points is None else points) if max(p.n + p.k, p.ctx) <= limit]
-    shape, bw = (model_shape(profile.model), aic_mem_bw(system)) if token_extras else (None, None)
+    shape = model_shape(profile.model)  # aic_model found its first four keys
+    shape.setdefault("head_dim", shape["hidden_size"] // shape["num_attention_heads"])  # as aiconfigurator reads a config
+    bw = aic_mem_bw(system)
     log = logging.getLogger("aiconfigurator_core")
     level = log.level
     log.setLevel(logging.ERROR)  # its database warns of fallback rows for ops this model does not use
@@ -466,7 +467,7 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None,
                 # prefill of isl: times that, it is this chunk's (n new over n + k keys)
                 ms = shared + ctx_attn * math.ceil((p.n + p.k) / p.n) + dec_attn
             sec = ms / 1e3
-            if token_extras and p.kind != "decode":
+            if p.kind != "decode":
                 sec += aic_token_extras_s(shape, tp, p.n + (p.B if p.kind == "mixed" else 0), bw)
             out.append(Probe(p.kind, p.n, p.k, p.B, p.ctx, seconds={STAT: sec}))
     except (ValueError, RuntimeError, KeyError) as e:
@@ -478,7 +479,7 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None,
         hf_id = f"{Path(hf_id).name.replace('--', '/', 1)} (config.json from the zoo's shape)"
     used = {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
             "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
-    return out, {**used, "token_extras": True} if token_extras else used
+    return out, used
 
 
 def aiconfigurator_reference(profile) -> dict:
@@ -503,7 +504,8 @@ def check(profile, probe_files=(), aiconfigurator: bool = False) -> list[dict]:
 
 def format_table(profile, ref: dict) -> str:
     what = (f"probes {ref['source']} ({ref['device']}, {ref['model']}), judged on {ref['stat']}"
-            if ref["reference"] == "probes" else f"aiconfigurator ({ref['source']}), kernel-time estimates")
+            if ref["reference"] == "probes" else f"aiconfigurator ({ref['source']}), kernel-time estimates "
+            "plus every prompt token's rotary and KV-cache write")
     lines = [f"profile {profile.name} vs {what}",
              f"  {'kind':<18}{'points':>7}{'MAPE':>9}{'mean':>9}   worst point"]
     for s in ref["summary"]:

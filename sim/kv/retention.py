@@ -107,20 +107,10 @@ class Retainer:
         for b in blocks:
             spec[b] = s
 
-    def keeps(self, b: Hashable, now: float) -> bool:
-        """Whether block b, about to be freed at `now`, goes to the retained set (its spec
-        is live); a spec that ended is dropped."""
-        s = self.spec.get(b)
-        if s is None:
-            return False
-        if level_at(*s, now) < 0:
-            del self.spec[b]
-            return False
-        return True
-
     def kept(self, blocks: list, now: float) -> list:
-        """Those of `blocks` (each with a spec) that keeps(b, now), in order; the ended specs
-        dropped. A call's blocks share one spec: its level is computed once."""
+        """Those of `blocks` (each with a spec), about to be freed at `now`, that go to the retained
+        set (their spec is live), in order; the ended specs dropped. Both engines ask per list: a
+        call's blocks share one spec, whose level is computed once."""
         spec, out, last, live = self.spec, [], None, False
         for b in blocks:
             s = spec[b]
@@ -133,7 +123,7 @@ class Retainer:
         return out
 
     def add(self, b: Hashable, now: float) -> None:
-        """Block b (keeps(b, now)) is free now: into the retained set, after those before it."""
+        """Block b (kept at `now`) is free now: into the retained set, after those before it."""
         self.add_many((b,), now)
 
     def add_many(self, blocks, now: float) -> None:

@@ -42,17 +42,20 @@ class RetainingBlockPool(BlockPool):
         if not r.spec:
             super().free_blocks(ordered_blocks)
             return
-        now, rest, kept = self.clock(), [], []
-        for block in ordered_blocks:
-            if (block.ref_cnt == 1 and block.block_hash is not None and not block.is_null
-                    and block.pool in (None, self) and block.block_id in r.spec and r.keeps(block.block_id, now)):
-                block.ref_cnt = 0
-                kept.append(block.block_id)
-            else:
-                rest.append(block)
-        if kept:
-            r.add_many(kept, now)
-        super().free_blocks(rest)
+        # those no one else holds whose spec is live, asked as one list as the simulator's pool asks
+        now, ordered_blocks = self.clock(), list(ordered_blocks)  # vLLM may pass an iterator (reversed())
+        ours = [block for block in ordered_blocks if block.ref_cnt == 1 and block.block_hash is not None
+                and not block.is_null and block.pool in (None, self) and block.block_id in r.spec]
+        kept = set(r.kept([block.block_id for block in ours], now)) if ours else None
+        if not kept:
+            super().free_blocks(ordered_blocks)
+            return
+        held = [block for block in ours if block.block_id in kept]
+        for block in held:
+            block.ref_cnt = 0
+        r.add_many([block.block_id for block in held], now)
+        held = set(map(id, held))
+        super().free_blocks([block for block in ordered_blocks if id(block) not in held])
 
     def get_new_blocks(self, num_blocks: int) -> list:
         r, blocks = self.retainer, self.blocks
