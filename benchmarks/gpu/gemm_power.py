@@ -158,12 +158,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="length of the sustained and the burst runs per case")
     ap.add_argument("--gemms", default="qkv,gate_up", help="which of qkv,o,gate_up,down")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
-        return 2
     names = a.gemms.split(",")
     if bad := [x for x in names if x not in SHAPES]:
         print(f"error: --gemms {','.join(bad)}: choose from {','.join(SHAPES)}", file=sys.stderr)
+        return 2
+    if not a.seconds > 0:
+        print(f"error: --seconds {a.seconds}: give a positive number of seconds", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
     rows = []
     t0 = time.time()
