@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.errors import InputError  # noqa: E402
+from benchmarks.server_runs_ground_truth import compact  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "server_runs.json"
 SOURCE = "inference-sim-training"
@@ -208,13 +209,6 @@ def import_run(src: Source, name: str) -> tuple[dict | None, str]:
     return run, ""
 
 
-def compact(text: str) -> str:
-    """The file's layout as benchmarks/server_runs_ground_truth.py writes it (its trace runs' rows on one line each)."""
-    from benchmarks.server_runs_ground_truth import compact as gt_compact
-
-    return gt_compact(text)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", required=True, help="a checkout of inference-sim/training or its git directory")
@@ -255,7 +249,7 @@ def main(argv=None) -> int:
     d["not_judged"] = [x for x in d["not_judged"] if "inference-sim/training" not in x["url"]] + [
         {"what": "inference-sim/training default_args: " + "; ".join(left), "url": BASE,
          "why": "overloaded (the source's own exclusion): most requests time out, no steady state to judge"}]
-    path.write_text(compact(json.dumps(d, indent=1) + "\n"))
+    path.write_text(compact(json.dumps(d, indent=1) + "\n"))  # the layout server_runs_ground_truth.py writes
     print(f"{len(out)} runs imported, {len(left)} left out: " + "; ".join(left))
     return 0
 

@@ -124,20 +124,24 @@ def lengths(w: dict, key: str, n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(int(L * spread["low_ratio"]), L + 1, size=n).astype(np.int64)
 
 
+def requests_frame(prompt, output, arrival, **columns) -> pd.DataFrame:
+    """One-call programs (no tools), a request each: the trace frame the simulator reads; `columns`
+    adds per-request columns (shared_prefix_tokens, segments)."""
+    n = len(prompt)
+    return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(n)], "turn": np.zeros(n, dtype=np.int64),
+                         "new_input_tokens": np.asarray(prompt, dtype=np.int64), "output_tokens": np.asarray(output, dtype=np.int64),
+                         "tool": [None] * n, "tool_duration_s": np.full(n, np.nan), "arrival_s": arrival, **columns})
+
+
 def trace_of(run: dict, n: int, seed: int = 0) -> pd.DataFrame:
     w = run["workload"]
     if w.get("kind") == "trace":
         req = np.array(w["requests"][:n], dtype=float)
         arrival, prompt, out = req[:, 0], req[:, 1].astype(np.int64), req[:, 2].astype(np.int64)
-        return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(len(req))], "turn": np.zeros(len(req), dtype=np.int64),
-                             "new_input_tokens": prompt, "output_tokens": out, "tool": [None] * len(req),
-                             "tool_duration_s": np.full(len(req), np.nan), "arrival_s": arrival - arrival[0],
-                             "shared_prefix_tokens": np.minimum(int(w.get("shared_prefix_tokens") or 0), prompt)})
+        return requests_frame(prompt, out, arrival - arrival[0],
+                              shared_prefix_tokens=np.minimum(int(w.get("shared_prefix_tokens") or 0), prompt))
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(n)], "turn": np.zeros(n, dtype=np.int64),
-                         "new_input_tokens": lengths(w, "input_tokens", n, rng),
-                         "output_tokens": lengths(w, "output_tokens", n, rng), "tool": [None] * n,
-                         "tool_duration_s": np.full(n, np.nan), "arrival_s": np.zeros(n)})
+    return requests_frame(lengths(w, "input_tokens", n, rng), lengths(w, "output_tokens", n, rng), np.zeros(n))
 
 
 PROMPT_Q = (("min", 0.0), ("p0.1", 0.001), ("p1", 0.01), ("p5", 0.05), ("p10", 0.1), ("p25", 0.25), ("median", 0.5), ("p75", 0.75),
@@ -167,12 +171,10 @@ def stage_trace(run: dict, stage: int, n: int | None = None) -> pd.DataFrame:
     order = rng.permutation(count)
     n = total if n is None else min(n, total)
     idx = order[np.arange(n) % count]
-    return pd.DataFrame({"program_id": [f"r{i:06d}" for i in range(n)], "turn": np.zeros(n, dtype=np.int64),
-                         "new_input_tokens": lengths[idx], "output_tokens": np.full(n, int(w["output_len"]), dtype=np.int64),
-                         "tool": [None] * n, "tool_duration_s": np.full(n, np.nan), "arrival_s": arrival[:n],
-                         "shared_prefix_tokens": np.full(n, sys_len, dtype=np.int64),
-                         "segments": [[{"id": f"sys{j // per}", "tokens": sys_len}, {"id": f"q{j}", "tokens": int(lengths[j]) - sys_len}]
-                                      for j in idx]})
+    return requests_frame(lengths[idx], np.full(n, int(w["output_len"])), arrival[:n],
+                          shared_prefix_tokens=np.full(n, sys_len, dtype=np.int64),
+                          segments=[[{"id": f"sys{j // per}", "tokens": sys_len}, {"id": f"q{j}", "tokens": int(lengths[j]) - sys_len}]
+                                    for j in idx])
 
 
 def replay(run: dict, profile_path: str, view: str, trace: pd.DataFrame):
