@@ -63,8 +63,17 @@ def replace_block(text: str, script: str, key: str, body: str) -> str:
 
 def write_block(path: str | Path, script: str, key: str, body: str) -> None:
     """Replace the block of `script` marked with `key` in the page at path, atomically."""
+    write_blocks(path, script, {key: body})
+
+
+def write_blocks(path: str | Path, script: str, bodies: dict[str, str]) -> None:
+    """Replace each block of `script` keyed in bodies in the page at path: all in one atomic write,
+    or none (a missing marker stops before anything is written)."""
     path = Path(path)
-    new = replace_block(path.read_bytes().decode("utf-8"), script, key, body).encode("utf-8")
+    text = path.read_bytes().decode("utf-8")
+    for key, body in bodies.items():
+        text = replace_block(text, script, key, body)
+    new = text.encode("utf-8")
     atomic_write(path, lambda t: Path(t).write_bytes(new))
 
 

@@ -19,8 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # as a script: the repository root, for `benchmarks.`
-from benchmarks.docs_tables import replace_block  # noqa: E402
-from agentsim.files import atomic_write  # noqa: E402
+from benchmarks.docs_tables import write_blocks  # noqa: E402
 from sim.hardware.profile import BUNDLED_DIR, DEFAULT_PROFILE  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "profiles.md"
@@ -80,14 +79,6 @@ def calibration_table() -> str:
                 f"{fe['heldout_mape_decode']:.1f}%); {fe['prefill_quadratic_mape']:.1f}%")
         lines.append(f"| {what} | {cmd} | {duration(p['provenance']['total_calibration_s'])} | {mape} |")
     return "\n".join(lines)
-
-
-def write_blocks(page: Path, script: str, bodies: dict[str, str]) -> None:
-    """Replace each block of script keyed in bodies in page, all in one atomic write."""
-    text = page.read_bytes().decode("utf-8")
-    for key, body in bodies.items():
-        text = replace_block(text, script, key, body)
-    atomic_write(page, lambda t: Path(t).write_bytes(text.encode("utf-8")))
 
 
 TABLES = {"default": default_table, "calibration": calibration_table}

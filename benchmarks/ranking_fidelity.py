@@ -29,8 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # as a script: the repository root, for `benchmarks.`
-from benchmarks.docs_tables import replace_block  # noqa: E402
-from agentsim.files import atomic_write  # noqa: E402
+from benchmarks.docs_tables import write_blocks  # noqa: E402
 from calibrate.validate import RUNNABLE, SHAPES, run_matrix  # noqa: E402
 from calibrate.validate_report import rank, render_markdown  # noqa: E402
 
@@ -109,14 +108,6 @@ def table(name: str, report: str) -> tuple[str, str]:
     return key, rankings_table(shapes, report) if name == "rankings" else policy_table(shapes, name, report)
 
 
-def write_docs(page: str, bodies: dict[str, str]) -> None:
-    """Every block replaced in one atomic write, or none (a missing marker stops first)."""
-    text = Path(page).read_bytes().decode("utf-8")
-    for key, body in bodies.items():
-        text = replace_block(text, "ranking_fidelity", key, body)
-    atomic_write(Path(page), lambda t: Path(t).write_bytes(text.encode("utf-8")))
-
-
 def main(argv: list[str] | None = None) -> str | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="the run's folder (default out/ranking)")
@@ -141,7 +132,7 @@ def main(argv: list[str] | None = None) -> str | None:
         key, text = table(a.table, a.report)
         print(text)
         if a.write_docs:
-            write_docs(a.write_docs, {key: text})
+            write_blocks(a.write_docs, "ranking_fidelity", {key: text})
         return text
     out = Path(a.out or "out/ranking")
     shapes = (a.shapes or ",".join(SHAPES)).split(",")
@@ -156,7 +147,7 @@ def main(argv: list[str] | None = None) -> str | None:
     if a.write_docs:
         report = Path(a.report) if Path(a.report).is_absolute() else ROOT / a.report
         shutil.copyfile(out / "report.json", report)
-        write_docs(a.write_docs, dict(table(t, a.report) for t in ("shapes", *shapes, "rankings")))
+        write_blocks(a.write_docs, "ranking_fidelity", dict(table(t, a.report) for t in ("shapes", *shapes, "rankings")))
     return None
 
 
