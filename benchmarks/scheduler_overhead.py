@@ -308,16 +308,15 @@ def model_free_ab(policies: list[str], programs: int, output_tokens: int, rounds
                     f"{100 * min(whole):+.1f}..{100 * max(whole):+.1f}%, {len(mine[0]['steps'])} steps)")
             if all(m["schedule"] == mine[0]["schedule"] for m in mine):  # its own steps alike in every round
                 f["minima_pct"] = round(100 * float(per_step_min(mine).sum() / vmin.sum() - 1), 1)
-                line += f", {100 * (per_step_min(mine).sum() / vmin.sum() - 1):+.1f}% of per-step minima"
+                line += f", {f['minima_pct']:+.1f}% of per-step minima"
             if all(m["schedule"] == base[0]["schedule"] for m in mine):
                 amin = per_step_min(mine)
                 f["same_steps"] = {"total_pct": None, "median_pct": None}  # None: no step with >= 256 waiting
                 if busy.any():
-                    f["same_steps"] = {"total_pct": _num(100 * (amin[busy].sum() / vmin[busy].sum() - 1)),
-                                       "median_pct": _num(100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1))}
-                line += (f"; same steps as vLLM: {100 * (amin[busy].sum() / vmin[busy].sum() - 1):+.1f}% total "
-                         f"(= mean per step), {100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1):+.1f}% "
-                         f"median per step over the {busy.sum()} steps with >=256 waiting")
+                    same = f["same_steps"] = {"total_pct": _num(100 * (amin[busy].sum() / vmin[busy].sum() - 1)),
+                                              "median_pct": _num(100 * (np.median(amin[busy]) / np.median(vmin[busy]) - 1))}
+                    line += (f"; same steps as vLLM: {same['total_pct']:+.1f}% total (= mean per step), "
+                             f"{same['median_pct']:+.1f}% median per step over the {busy.sum()} steps with >=256 waiting")
             print(line, flush=True)
         return fig
     finally:
