@@ -21,8 +21,9 @@ Fitted (least squares over all requests):
 Written as a profile's `server` section (sim/hardware/profile.py; `sim run --metrics-at
 client`) with the CPU named and `host_cpu_factor` (default 1.0: the serving host's CPU
 is as fast as this one; the simulator multiplies every figure by it). Limits: a word-level
-tokenizer is cheaper per token than a Llama BPE one; one request at a time, so the API
-server's own queueing under load is not in it; loopback HTTP, no network.
+tokenizer is cheaper per token than a Llama BPE one; one request at a time (under load the
+simulator queues a first token behind its step's other outputs at per_output_token_s
+each: sim/run/metrics.outputs_ahead); loopback HTTP, no network.
 """
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ import pytest
 
 from agentsim.cli import main
 from agentsim.errors import InputError
-from sim.hardware.profile import load_profile
+from sim.hardware.profile import ServerTime, load_profile
 from sim.run.config import SimConfig, build_run, execute
+from sim.run.metrics import client_view, outputs_ahead
 
 SERVER = {"request_s": 0.004, "per_prompt_token_s": 2e-6, "per_output_token_s": 0.0005, "host_cpu_factor": 2.0,
           "cpu": "test CPU", "source": "hand-made for the test"}
@@ -41,10 +42,25 @@ def test_client_view_moves_ttft_and_e2el_not_the_steps(profile_with_server):
     f = SERVER["host_cpu_factor"]
     pre = f * (SERVER["request_s"] + SERVER["per_prompt_token_s"] * te["prompt_tokens"])
     post = f * SERVER["per_output_token_s"] * (te["output_tokens"] - 1)
-    assert np.allclose(tc["ttft"], te["ttft"] + pre) and np.allclose(tc["e2el"], te["e2el"] + pre + post)
-    assert b["mean_ttft_ms"] == pytest.approx(a["mean_ttft_ms"] + pre.mean() * 1000)
+    ahead = f * SERVER["per_output_token_s"] * outputs_ahead(te)
+    assert ahead.max() > 0  # calls overlap: some first tokens wait behind others' streams
+    assert np.allclose(tc["ttft"], te["ttft"] + pre + ahead) and np.allclose(tc["e2el"], te["e2el"] + pre + post)
+    assert b["mean_ttft_ms"] == pytest.approx(a["mean_ttft_ms"] + (pre + ahead).mean() * 1000)
     assert b["mean_e2el_ms"] == pytest.approx(a["mean_e2el_ms"] + (pre + post).mean() * 1000)
-    assert b["mean_tpot_ms"] == pytest.approx(a["mean_tpot_ms"] + f * SERVER["per_output_token_s"] * 1000)
+
+
+def test_outputs_ahead_counts_the_calls_streaming_in_the_first_tokens_step():
+    """Replica 0: a streams over [1, 5]; b's first token at 3 (a ahead), c's at 5 (a's last
+    token and b ahead), d's at 6 (b and c ahead; a finished at 5). Replica 1's e is alone although
+    its first token is at a time replica 0 streams."""
+    t = {"first_token": np.array([1.0, 3.0, 5.0, 6.0, 3.0]), "finish": np.array([5.0, 7.0, 9.0, 6.0, 4.0]),
+         "replica": np.array([0, 0, 0, 0, 1])}
+    assert outputs_ahead(t).tolist() == [0, 1, 2, 2, 0]
+    server = ServerTime(request_s=0.0, per_prompt_token_s=0.0, per_output_token_s=0.5)
+    seen = client_view({**t, "prompt_tokens": np.zeros(5), "output_tokens": np.array([5, 5, 5, 1, 2])}, server)
+    assert seen["first_token"].tolist() == [1.0, 3.5, 6.0, 7.0, 3.0]
+    assert seen["finish"][3] == seen["first_token"][3]  # one output token: its last is its first
+    assert seen["finish"].tolist()[:3] == [7.0, 9.0, 11.0] and seen["finish"][4] == 4.5
 
 
 def test_client_view_without_a_server_section_refused(capsys):

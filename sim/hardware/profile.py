@@ -163,7 +163,8 @@ class ServerTime:
     """The API server's time per request a benchmark client sees beside the engine's
     metrics (the profile's `server` section, host_cpu_factor applied): before the request
     reaches the engine request_s + per_prompt_token_s * prompt tokens, and per output token
-    after the first per_output_token_s (sim/run/metrics.client_view)."""
+    after the first per_output_token_s; a first token also waits per_output_token_s for each
+    token its step gave the calls ahead of it (sim/run/metrics.client_view)."""
 
     request_s: float
     per_prompt_token_s: float

@@ -150,10 +150,31 @@ def client_view(turns: dict[str, np.ndarray], server) -> dict[str, np.ndarray]:
     engine's timestamps, so the steps are the engine's own. The client sends at the
     call's arrival; the engine sees it request_s + per_prompt_token_s * prompt later (a
     constant shift of what follows: the first token and the last come that much later),
-    and each output token after the first costs per_output_token_s more to reach it."""
+    and each output token after the first costs per_output_token_s more to reach it.
+    A first token also waits while the API server streams the tokens its step gave the
+    calls ahead of it (`outputs_ahead`), per_output_token_s each."""
     pre = server.request_s + server.per_prompt_token_s * turns["prompt_tokens"]
     post = server.per_output_token_s * np.maximum(turns["output_tokens"] - 1, 0)
-    return {**turns, "first_token": turns["first_token"] + pre, "finish": turns["finish"] + pre + post}
+    first = turns["first_token"] + pre + server.per_output_token_s * outputs_ahead(turns)
+    finish = turns["finish"] + pre + post
+    return {**turns, "first_token": first, "finish": np.where(turns["output_tokens"] > 1, np.maximum(finish, first), first)}
+
+
+def outputs_ahead(turns: dict[str, np.ndarray]) -> np.ndarray:
+    """Per call, how many other calls of its replica got a token in the step that gave its
+    first: those between their first token and their last at that step's end. vLLM's
+    scheduler lists the running requests before the new ones (Scheduler.schedule), emits
+    a step's outputs in that order (update_from_output), and the API server's output
+    handler detokenizes and streams them in it (AsyncLLM.output_handler), so a new call's
+    first token reaches its client after theirs. A preempted call waiting for its
+    recompute is counted too (it emits nothing)."""
+    first, finish, replica = turns["first_token"], turns["finish"], turns["replica"]
+    ahead = np.zeros(len(first), dtype=np.int64)
+    for r in np.unique(replica):
+        on = replica == r
+        t = first[on]
+        ahead[on] = np.searchsorted(np.sort(t), t, "right") - np.searchsorted(np.sort(finish[on]), t, "left") - 1
+    return ahead
 
 
 def ms_stats(name: str, x: np.ndarray) -> dict[str, float]:
