@@ -167,7 +167,9 @@ def outputs_ahead(turns: dict[str, np.ndarray]) -> np.ndarray:
     a step's outputs in that order (update_from_output), and the API server's output
     handler detokenizes and streams them in it (AsyncLLM.output_handler), so a new call's
     first token reaches its client after theirs. A preempted call waiting for its
-    recompute is counted too (it emits nothing)."""
+    recompute is counted too (it emits nothing). No backlog is carried from step to step:
+    where a step's outputs keep the API server busier than the next step lasts, a client
+    sees later tokens than this."""
     first, finish, replica = turns["first_token"], turns["finish"], turns["replica"]
     ahead = np.zeros(len(first), dtype=np.int64)
     for r in np.unique(replica):
