@@ -227,6 +227,7 @@ def test_aiconfigurator_points_map_the_steps_onto_its_engine(monkeypatch):
     monkeypatch.setattr(pc, "_aic", lambda: (SimpleNamespace(EngineHandle=_FakeEngine), db, None))
     monkeypatch.setattr(pc, "aic_model", lambda model, utils: "meta-llama/Meta-Llama-3.1-8B")
     monkeypatch.setattr(pc, "aic_mem_bw", lambda system: 2.68e12)
+    monkeypatch.setattr(pc, "aic_decode_attention_remap", lambda *a: None)  # 8 KV heads: in its table
     _FakeEngine.calls = []
     pts = [pc.Probe("prefill", n=100, k=900), pc.Probe("decode", B=8, ctx=1000),
            pc.Probe("mixed", n=100, k=50, B=4, ctx=2000), pc.Probe("prefill", n=4000, k=1000)]  # over max_model_len
@@ -255,11 +256,55 @@ def test_aiconfigurator_is_asked_for_the_profiles_tensor_parallel_size(monkeypat
     monkeypatch.setattr(pc, "_aic", lambda: (SimpleNamespace(EngineHandle=_FakeEngine), db, None))
     monkeypatch.setattr(pc, "aic_model", lambda model, utils: "meta-llama/Meta-Llama-3.1-8B")
     monkeypatch.setattr(pc, "aic_mem_bw", lambda system: 2.68e12)
+    monkeypatch.setattr(pc, "aic_decode_attention_remap", lambda *a: None)  # 8 KV heads: in its table
     _FakeEngine.calls = []
     _, used = pc.aiconfigurator_points(_profile(model={**LLAMA, "tensor_parallel_size": 4}), [pc.Probe("decode", B=8, ctx=1000)])
     assert used["tp"] == 4 and _FakeEngine.calls[0][-2:] == (4, 4)
     with pytest.raises(InputError, match=r"is expert-parallel \(ep 8, data-parallel attention\)"):
         pc.aiconfigurator_points(_profile(model={**LLAMA, "expert_parallel_size": 8}), [pc.Probe("decode", B=8, ctx=1000)])
+
+
+def test_a_decode_attention_beyond_its_table_is_priced_on_the_same_launch(monkeypatch):
+    """Without the package: the remap's change is added to the decode attention of decode and
+    mixed steps (not prefills) and said in `used`; it is asked for the profile's tp and KV dtype."""
+    db = SimpleNamespace(get_supported_databases=lambda: {"h100_sxm": {"vllm": ["0.24.0"]}},
+                         get_latest_database_version=lambda s, b: "0.24.0")
+    monkeypatch.setattr(pc, "_aic", lambda: (SimpleNamespace(EngineHandle=_FakeEngine), db, None))
+    monkeypatch.setattr(pc, "aic_model", lambda model, utils: "meta-llama/Llama-2-7b-hf")
+    monkeypatch.setattr(pc, "aic_mem_bw", lambda system: 2.68e12)
+    asked = []
+
+    def remap(system, version, shape, tp, kv):
+        asked.append((system, version, shape["num_kv_heads"], tp, kv))
+        return 4, lambda B, ctx: -0.01 * B  # ms
+    monkeypatch.setattr(pc, "aic_decode_attention_remap", remap)
+    mha = {**LLAMA, "name": "meta-llama/Llama-2-7b-hf", "num_kv_heads": 32}
+    pts = [pc.Probe("prefill", n=100, k=900), pc.Probe("decode", B=8, ctx=1000), pc.Probe("mixed", n=100, k=50, B=4, ctx=2000)]
+    out, used = pc.aiconfigurator_points(_profile(model=mha), pts)
+    monkeypatch.setattr(pc, "aic_decode_attention_remap", lambda *a: None)
+    base, used0 = pc.aiconfigurator_points(_profile(model=mha), pts)
+    assert asked == [("h100_sxm", "0.24.0", 32, 1, 2)]
+    assert [a.seconds["median_s"] - b.seconds["median_s"] for a, b in zip(out, base)] == pytest.approx([0.0, -8e-5, -4e-5], abs=1e-15)
+    assert used["decode_attention"] == "32 KV heads per GPU priced as 8 over 4x the sequences (its table's largest)"
+    assert "decode_attention" not in used0
+
+
+@needs_aic
+def test_decode_attention_remap_on_aiconfigurators_table():
+    """Llama-2-7B (32 KV heads) at tp 1 and 2 exceeds the H100 vLLM table's 8 KV heads: priced as
+    8 heads over 4x (2x) the sequences, every layer; at tp 4 and for GQA models nothing changes."""
+    from aiconfigurator_core.sdk import common, operations, perf_database
+
+    llama2 = {**LLAMA, "num_kv_heads": 32}
+    db = perf_database.get_database("h100_sxm", "vllm", "0.24.0")
+    one = lambda n, kv, b, s: float(operations.GenerationAttention(  # noqa: E731
+        "a", 1, n, kv, common.KVCacheQuantMode.bfloat16, head_size=128)._engine_query(db, batch_size=b, s=s))
+    f, delta = pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 1, 2)
+    assert f == 4 and delta(9, 700) == pytest.approx(32 * (one(8, 8, 36, 700) - one(32, 32, 9, 700)))
+    assert delta(9, 700) < 0  # the table's own launch of the same grid is cheaper than 4x an under-filled one
+    assert pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 2, 2)[0] == 2
+    assert pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 4, 2) is None
+    assert pc.aic_decode_attention_remap("h100_sxm", "0.24.0", LLAMA, 1, 2) is None
 
 
 def test_aiconfigurator_without_data_for_the_gpu_is_one_line(monkeypatch):

@@ -406,6 +406,38 @@ def aic_token_extras_s(shape: dict, tp: int, tokens: int, mem_bw: float) -> floa
     return AIC_EXTRAS_FACTOR * shape["num_layers"] * max(tokens - 1, 0) * per_token / mem_bw
 
 
+def aic_decode_attention_remap(system: str, version: str, shape: dict, tp: int, kv: int):
+    """(f, ms(B, ctx)) where the model's decode attention has more KV heads per GPU than
+    aiconfigurator's decode-attention table measured (its vLLM rows stop at 8): it then scales
+    the largest rows linearly in the heads, pricing an under-filled kernel f times
+    (Llama-2-7B at tp 1, B=1 over 700 tokens: 48 us a layer, 0.24 TB/s). The same launch is
+    in the table: the kernel runs one thread block per (sequence, KV head) and split, so H
+    heads over B sequences are the grid and bytes of H/f heads over f*B sequences (the heads
+    per KV head kept). Returns the step's change, ms, of pricing it so (every layer), or
+    None where the heads fit the table or do not divide."""
+    import aiconfigurator_core
+    import pyarrow.parquet as pq
+    from aiconfigurator_core.sdk import common, operations, perf_database
+
+    table = (Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "attention" / AIC_BACKEND / version
+             / "generation_attention_perf.parquet")
+    if not table.exists():
+        return None
+    measured = max(pq.read_table(table, columns=["num_key_value_heads"]).column(0).to_pylist())
+    heads, kv_heads = shape["num_attention_heads"] // tp, max(1, shape["num_kv_heads"] // tp)
+    if kv_heads <= measured or kv_heads % measured or heads % (kv_heads // measured):
+        return None
+    f = kv_heads // measured
+    db = perf_database.get_database(system, AIC_BACKEND, version)
+    mode = common.KVCacheQuantMode.fp8 if kv == 1 else common.KVCacheQuantMode.bfloat16
+
+    def one(n: int, n_kv: int, b: int, ctx: int) -> float:
+        op = operations.GenerationAttention("generation_attention", 1, n, n_kv, mode, head_size=shape["head_dim"])
+        return float(op._engine_query(db, batch_size=b, s=ctx))
+
+    return f, lambda B, ctx: shape["num_layers"] * (one(heads // f, measured, B * f, ctx) - one(heads, kv_heads, B, ctx))
+
+
 def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[list[Probe], dict]:
     """The points (AIC_GRID by default, those beyond the profile's max_model_len left out),
     their seconds estimated by aiconfigurator for the profile's GPU and model under vLLM, and
@@ -416,7 +448,9 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     k, times ceil((n + k) / n): its engine spreads a prefill's attention over its chunks),
     plus the decode attention of B sequences at isl ctx (its mixed step takes one isl).
     A step with prefill tokens also pays the rotary and KV-cache write of all its tokens (n, plus B in a
-    mixed step), which aiconfigurator prices for one (aic_token_extras_s); decode steps as it prices them.
+    mixed step), which aiconfigurator prices for one (aic_token_extras_s); decode steps as it prices them,
+    except a decode attention of more KV heads per GPU than its table measured, priced on the table's
+    rows of the same launch (aic_decode_attention_remap).
     Every caller (the check, the measured-kernel derive, the docs' tables) prices steps this one way."""
     device = str(profile.raw.get("device", ""))
     system = aic_system(device)
@@ -454,18 +488,19 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
         # GEMMs' mode is the checkpoint's (fp8_block for block-FP8, fp8_static for ModelOpt's per-tensor FP8).
         h = engine.EngineHandle.compile(hf_id, system, AIC_BACKEND, backend_version=version, tp_size=tp, moe_tp_size=tp,
                                         kvcache_quant_mode="fp8" if kv == 1 else "bfloat16", fmha_quant_mode="bfloat16")
+        remap = aic_decode_attention_remap(system, version, shape, tp, kv)
         out = []
         for p in pts:
             if p.kind == "prefill":
                 ms = h.predict_prefill_latency(1, p.n + p.k, p.k)
             elif p.kind == "decode":
-                ms = h.predict_decode_latency(p.B, p.ctx, 2)
+                ms = h.predict_decode_latency(p.B, p.ctx, 2) + (remap[1](p.B, p.ctx) if remap else 0.0)
             else:
                 _, shared, ctx_attn, _ = h.mixed_step_breakdown(p.n, p.B, p.n + p.k, 2, p.k)
                 dec_attn = h.mixed_step_breakdown(min(p.n, p.ctx), p.B, p.ctx, 2, 0)[3]
                 # its context attention arrives divided by ceil(isl / chunk), the chunks of a whole
                 # prefill of isl: times that, it is this chunk's (n new over n + k keys)
-                ms = shared + ctx_attn * math.ceil((p.n + p.k) / p.n) + dec_attn
+                ms = shared + ctx_attn * math.ceil((p.n + p.k) / p.n) + dec_attn + (remap[1](p.B, p.ctx) if remap else 0.0)
             sec = ms / 1e3
             if p.kind != "decode":
                 sec += aic_token_extras_s(shape, tp, p.n + (p.B if p.kind == "mixed" else 0), bw)
@@ -479,6 +514,9 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
         hf_id = f"{Path(hf_id).name.replace('--', '/', 1)} (config.json from the zoo's shape)"
     used = {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
             "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
+    if remap:
+        used["decode_attention"] = (f"{shape['num_kv_heads'] // tp} KV heads per GPU priced as {shape['num_kv_heads'] // tp // remap[0]} "
+                                    f"over {remap[0]}x the sequences (its table's largest)")
     return out, used
 
 

@@ -22,7 +22,8 @@ DATA_FILE = Path(__file__).parent / "specs" / "measured_kernels.json"
 ABOUT = ("Step-time coefficients (sim/hardware/profile.py's GPU step model: c0..c5, w, launch, p) per GPU, model and tp, and "
          "collectives per GPU and GPU count, derived by benchmarks/measured_kernels.py from the vLLM kernel database of "
          "aiconfigurator-core 0.12.0 (NVIDIA, Apache-2.0; step times as its engine composes them from measured GEMM, "
-         "attention, MoE and all-reduce kernels). heldout/train: MAPE in percent per kind against that database's steps. "
+         "attention, MoE and all-reduce kernels; a decode attention of more KV heads per GPU than its table measured priced "
+         "on the table's rows of the same launch: sim/hardware/check.py aic_decode_attention_remap). heldout/train: MAPE in percent per kind against that database's steps. "
          "Only kernel data set these numbers; no end-to-end server run.")
 LICENCE = ("aiconfigurator-core is Apache-2.0 (SPDX header of its systems/data files: Copyright (c) NVIDIA CORPORATION & "
            "AFFILIATES); this file holds coefficients fitted to its data, not the data")
