@@ -276,7 +276,7 @@ def test_a_decode_attention_beyond_its_table_is_priced_on_the_same_launch(monkey
 
     def remap(system, version, shape, tp, kv):
         asked.append((system, version, shape["num_kv_heads"], tp, kv))
-        return 4, lambda B, ctx: -0.01 * B  # ms
+        return "said so", lambda B, ctx: -0.01 * B  # ms
     monkeypatch.setattr(pc, "aic_decode_attention_remap", remap)
     mha = {**LLAMA, "name": "meta-llama/Llama-2-7b-hf", "num_kv_heads": 32}
     pts = [pc.Probe("prefill", n=100, k=900), pc.Probe("decode", B=8, ctx=1000), pc.Probe("mixed", n=100, k=50, B=4, ctx=2000)]
@@ -285,7 +285,7 @@ def test_a_decode_attention_beyond_its_table_is_priced_on_the_same_launch(monkey
     base, used0 = pc.aiconfigurator_points(_profile(model=mha), pts)
     assert asked == [("h100_sxm", "0.24.0", 32, 1, 2)]
     assert [a.seconds["median_s"] - b.seconds["median_s"] for a, b in zip(out, base)] == pytest.approx([0.0, -8e-5, -4e-5], abs=1e-15)
-    assert used["decode_attention"] == "32 KV heads per GPU priced as 8 over 4x the sequences (its table's largest)"
+    assert used["decode_attention"] == "said so"
     assert "decode_attention" not in used0
 
 
@@ -299,10 +299,11 @@ def test_decode_attention_remap_on_aiconfigurators_table():
     db = perf_database.get_database("h100_sxm", "vllm", "0.24.0")
     one = lambda n, kv, b, s: float(operations.GenerationAttention(  # noqa: E731
         "a", 1, n, kv, common.KVCacheQuantMode.bfloat16, head_size=128)._engine_query(db, batch_size=b, s=s))
-    f, delta = pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 1, 2)
-    assert f == 4 and delta(9, 700) == pytest.approx(32 * (one(8, 8, 36, 700) - one(32, 32, 9, 700)))
+    said, delta = pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 1, 2)
+    assert said == "32 KV heads per GPU priced as 8 over 4x the sequences (its table's largest)"
+    assert delta(9, 700) == pytest.approx(32 * (one(8, 8, 36, 700) - one(32, 32, 9, 700)))
     assert delta(9, 700) < 0  # the table's own launch of the same grid is cheaper than 4x an under-filled one
-    assert pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 2, 2)[0] == 2
+    assert pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 2, 2)[0].startswith("16 KV heads per GPU priced as 8 over 2x")
     assert pc.aic_decode_attention_remap("h100_sxm", "0.24.0", llama2, 4, 2) is None
     assert pc.aic_decode_attention_remap("h100_sxm", "0.24.0", LLAMA, 1, 2) is None
 

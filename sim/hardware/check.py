@@ -407,7 +407,7 @@ def aic_token_extras_s(shape: dict, tp: int, tokens: int, mem_bw: float) -> floa
 
 
 def aic_decode_attention_remap(system: str, version: str, shape: dict, tp: int, kv: int):
-    """(f, ms(B, ctx)) where the model's decode attention has more KV heads per GPU than
+    """(what it did, ms(B, ctx)) where the model's decode attention has more KV heads per GPU than
     aiconfigurator's decode-attention table measured (its vLLM rows stop at 8): it then scales
     the largest rows linearly in the heads, pricing an under-filled kernel f times
     (Llama-2-7B at tp 1, B=1 over 700 tokens: 48 us a layer, 0.24 TB/s). The same launch is
@@ -435,7 +435,8 @@ def aic_decode_attention_remap(system: str, version: str, shape: dict, tp: int, 
         op = operations.GenerationAttention("generation_attention", 1, n, n_kv, mode, head_size=shape["head_dim"])
         return float(op._engine_query(db, batch_size=b, s=ctx))
 
-    return f, lambda B, ctx: shape["num_layers"] * (one(heads // f, measured, B * f, ctx) - one(heads, kv_heads, B, ctx))
+    said = f"{kv_heads} KV heads per GPU priced as {measured} over {f}x the sequences (its table's largest)"
+    return said, lambda B, ctx: shape["num_layers"] * (one(heads // f, measured, B * f, ctx) - one(heads, kv_heads, B, ctx))
 
 
 def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[list[Probe], dict]:
@@ -515,8 +516,7 @@ def aiconfigurator_points(profile, points: list[Probe] | None = None) -> tuple[l
     used = {"system": system, "backend": f"{AIC_BACKEND} {version}", "model": hf_id, "tp": tp,
             "package": f"{AIC_PACKAGE} {AIC_VERSION}"}
     if remap:
-        used["decode_attention"] = (f"{shape['num_kv_heads'] // tp} KV heads per GPU priced as {shape['num_kv_heads'] // tp // remap[0]} "
-                                    f"over {remap[0]}x the sequences (its table's largest)")
+        used["decode_attention"] = remap[0]
     return out, used
 
 
