@@ -288,15 +288,23 @@ def stage_rows(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
                         "stage": i, "rate": st["rate"], "concurrency": None, "profile": which, "unknown": unknown, "view": "client",
                         "metric": m, "stat": stat, "real_ms": r, "sim_ms": x, "error_pct": (x - r) / r * 100, "requests": len(trace),
                         "kind": "stages", "real_requests": real["requests"], "hit_ratio": s.get("cache_hit_ratio"),
+                        "settings": settings_of(run), "source": run["source"], "cpu_offload": bool(run["engine"].get("cpu_offload")),
                         "peak_kv_usage": s.get("peak_kv_usage"), "num_gpu_blocks": s.get("num_gpu_blocks")})
     return out
 
 
+def settings_of(run: dict) -> str:
+    """A `stages` run's engine settings in brief: the budget, the memory setting and KV CPU offloading where on."""
+    e = run["engine"]
+    return (f"budget {e['max_num_batched_tokens']}, util {e['gpu_memory_utilization']:g}"
+            + (", KV offload" if e.get("cpu_offload") else ""))
+
+
 def render_stages(rows: list[dict]) -> str:
     """One line per run and stage: real / sim and error of each STAGE_METRICS statistic."""
-    head = ["| run | GPU x tp | model | stage: rate (req/s) | profile | " + " | ".join(
+    head = ["| run | GPU x tp | model | settings | stage: rate (req/s) | profile | " + " | ".join(
         f"{'TPOT (derived)' if m == 'tpot' else 'E2E' if m == 'e2el' else 'TTFT'} {st}: real / sim (ms), error" for m, st in STAGE_METRICS)
-        + " |", "|---|---|---|---|---|" + "---|" * len(STAGE_METRICS)]
+        + " |", "|---|---|---|---|---|---|" + "---|" * len(STAGE_METRICS)]
     by = {}
     for r in rows:
         if r.get("kind") == "stages":
@@ -304,15 +312,25 @@ def render_stages(rows: list[dict]) -> str:
     for (rid, stage), d in by.items():
         f = next(iter(d.values()))
         cells = [f"{x['real_ms']:.1f} / {x['sim_ms']:.1f}, {x['error_pct']:+.1f}%" for x in (d[k] for k in STAGE_METRICS)]
-        head.append(f"| {rid} | {f['gpu']} x{f['tp']} | {f['model']} | {stage}: {f['rate']:g} | {f['profile']} | " + " | ".join(cells) + " |")
+        head.append(f"| {rid} | {f['gpu']} x{f['tp']} | {f['model']} | {f['settings']} | {stage}: {f['rate']:g} | {f['profile']} | "
+                    + " | ".join(cells) + " |")
     return "\n".join(head)
 
 
 QUEUE_BOUND = 0.25  # a stage whose real mean TTFT exceeds this share of its mean E2E: the server fell behind the arrivals
 
 
+def within_bounds(gpu: str, e: dict) -> bool:
+    """Issue 50's bounds for one stage's errors (%): on an H100 mean E2E within 3%, mean TTFT and the p99 of TTFT
+    and E2E within 10%; on another GPU mean E2E within 10%."""
+    if gpu != "H100":
+        return abs(e[("e2el", "mean")]) <= 10
+    return (abs(e[("e2el", "mean")]) <= 3 and abs(e[("ttft", "mean")]) <= 10 and abs(e[("ttft", "p99")]) <= 10
+            and abs(e[("e2el", "p99")]) <= 10)
+
+
 def stages_summary(rows: list[dict]) -> str:
-    """Per GPU x tp: how many stages meet issue 50's H100 bounds, mean |error| and signed mean per metric,
+    """Per GPU x tp: how many stages meet issue 50's bounds (within_bounds), mean |error| and signed mean per metric,
     over the stages the real server kept up with (the queue-bound ones named apart)."""
     groups, bound = {}, set()
     real = {(r["run"], r["stage"], r["metric"]): r["real_ms"] for r in rows if r.get("kind") == "stages" and r["stat"] == "mean"}
@@ -326,12 +344,12 @@ def stages_summary(rows: list[dict]) -> str:
     out = [f"Queue-bound on the real server (mean TTFT over {QUEUE_BOUND:.0%} of mean E2E: arrivals outran it), listed, not "
            f"summarized: {', '.join(f'{rid} stage {s}' for rid, s in sorted(bound))}"] if bound else []
     for (g, tp), stages in sorted(groups.items()):
-        ok = sum(abs(e[("e2el", "mean")]) <= 3 and abs(e[("ttft", "mean")]) <= 10 and abs(e[("ttft", "p99")]) <= 10
-                 and abs(e[("e2el", "p99")]) <= 10 for e in stages.values())
+        ok = sum(within_bounds(g, e) for e in stages.values())
         parts = ", ".join(f"{m} {st} {np.mean([abs(e[(m, st)]) for e in stages.values()]):.1f}% "
                           f"(signed {np.mean([e[(m, st)] for e in stages.values()]):+.1f}%)" for m, st in STAGE_METRICS)
-        out.append(f"{g} x{tp} inference-perf stages: mean |error| {parts}; {ok} of {len(stages)} stages mean E2E within 3%, "
-                   "mean TTFT within 10% and p99 TTFT and E2E within 10%")
+        bound = "mean E2E within 3%, mean TTFT within 10% and p99 TTFT and E2E within 10%" if g == "H100" else "mean E2E within 10%"
+        out.append(f"{g} x{tp} inference-perf stages ({len({rid for rid, _ in stages})} runs): mean |error| {parts}; "
+                   f"{ok} of {len(stages)} stages {bound}")
     return "\n".join(out[1:] + out[:1]) if bound else "\n".join(out)
 
 
@@ -356,8 +374,12 @@ def whole_run(rows: list[dict], runs: list[dict]) -> dict:
     return out
 
 
-STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 servers on H100 at BF16, inference-perf's "
-               "shared_prefix client; no per-request data published): each stage's requests synthesized from the stated spec "
+STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 servers at BF16, inference-perf's "
+               "shared_prefix client; no per-request data published; the runs ending -eN are the same campaign's experiment N, "
+               "their statistics from inference-sim/sim-to-real-accuracy-validation's CSV, their spec the campaign's "
+               "workloads.yaml by workload name (general-lite: general's lengths at 2.5 then 6 req/s), their prompt lengths "
+               "a same-model default_args run's report, or, for Llama-3.1-8B, system + question tokens as specified, not "
+               "re-tokenized): each stage's requests synthesized from the stated spec "
                "(seeded: arrivals at exponential gaps rescaled to the stage's duration, as inference-perf's constant load; "
                "num_groups x num_prompts_per_group prompts cycled by request number, so identical prompts recur; prompt lengths "
                "the reported distribution; output_len tokens each, ignore_eos), every request of the stage simulated from an "
@@ -372,14 +394,16 @@ PEERS_NOTE = ("Beside other simulators on the same runs (their published signed 
 
 def kv_note(rows: list[dict]) -> str:
     """Whether the KV cache's CPU offloading the runs enabled can matter: the simulated peak KV use of the derived pool."""
-    st = {(r["run"], r["stage"]): r for r in rows if r.get("kind") == "stages" and r.get("peak_kv_usage") is not None}
+    every = {(r["run"], r["stage"]): r for r in rows if r.get("kind") == "stages" and r.get("peak_kv_usage") is not None}
+    st = {k: r for k, r in every.items() if r.get("cpu_offload", True)}
     if not st:
         return ""
     top = max(st.values(), key=lambda r: r["peak_kv_usage"])
-    hit = np.mean([r["hit_ratio"] for r in st.values() if r.get("hit_ratio") is not None])
-    return (f"KV CPU offloading (8 GiB, enabled on the real servers) is not modelled: the simulated peak KV use is at most "
-            f"{top['peak_kv_usage']:.0%} of the derived GPU pool ({top['run']} stage {top['stage']}), so nothing is evicted "
-            f"for it to keep; the prefix cache serves {hit:.0%} of prompt tokens on average (recurring prompts).")
+    hit = np.mean([r["hit_ratio"] for r in every.values() if r.get("hit_ratio") is not None])
+    return (f"KV CPU offloading (8 GiB, enabled on the real servers marked KV offload) is not modelled: on those the "
+            f"simulated peak KV use is at most {top['peak_kv_usage']:.0%} of the derived GPU pool ({top['run']} stage "
+            f"{top['stage']}), so nothing is evicted for it to keep; the prefix cache serves {hit:.0%} of prompt tokens on "
+            "average (recurring prompts).")
 
 
 PEER_NAMES = ("blis-roofline", "blis-evolved", "vidur", "aiconfigurator-estimate", "llm-optimizer-estimate")
