@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -744,6 +745,24 @@ def ttft_lines(runs: list[dict], seen: dict, sim: dict) -> str:
             "of the mean prompt: " + "; ".join(out) + ".")
 
 
+def _rows_and_parts(job: tuple) -> tuple[list[dict], list[dict]]:
+    data, run, quick, tmp = job
+    parts = []
+    return rows_of(data, run, quick, Path(tmp), parts), parts
+
+
+def run_all(data: dict, runs: list[dict], quick: bool, tmp: Path, jobs: int) -> list[tuple[list[dict], list[dict]]]:
+    """Each run's (rows, trace parts), in the runs' order; with jobs > 1 the runs are simulated in that many
+    processes (each run is seeded on its own, so the rows are the same either way)."""
+    work = [(data, r, quick, str(tmp)) for r in runs]
+    if jobs == 1 or len(runs) < 2:
+        return [_rows_and_parts(w) for w in work]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_rows_and_parts, work))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(DATA), help="the runs file (default benchmarks/data/server_runs.json)")
@@ -753,8 +772,12 @@ def main(argv=None) -> int:
                     help="write the table into docs/reference/validation.md (or PAGE) in place of its marked block")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--no-explain", action="store_true", help="skip the KV-pool and roofline-against-kernels lines")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="runs simulated at once, each in its own process (default: 2, or 1 on one CPU)")
     args = ap.parse_args(argv)
     try:
+        if args.jobs < 1:
+            raise InputError(f"--jobs {args.jobs}: give 1 or more processes")
         data_path = ROOT / args.data if args.data.startswith("./") else Path(args.data)
         if args.write_docs and (args.quick or args.only or data_path.resolve() != DATA.resolve()):
             raise InputError("--write-docs writes the full table of the bundled file: drop --quick, --only and --data")
@@ -770,8 +793,9 @@ def main(argv=None) -> int:
             runs = runs[:2]
         rows, parts = [], []
         with tempfile.TemporaryDirectory() as tmp:
-            for r in runs:
-                rows += rows_of(data, r, args.quick, Path(tmp), parts)
+            for got, got_parts in run_all(data, runs, args.quick, Path(tmp), args.jobs):
+                rows += got
+                parts += got_parts
             traced_runs = [r for r in runs if r["workload"]["kind"] == "trace"]
             gap = what_if(data, traced_runs, parts, Path(tmp)) if parts and not (args.quick or args.no_explain) else ""
     except InputError as e:

@@ -205,3 +205,13 @@ def test_an_h100_tp1_llama31_8b_run_is_also_judged_on_the_bundled_profile(tmp_pa
     whole = srt.whole_run(rows, [run])[run["id"]][0]["e2el"]  # the peers' comparison uses the table's profile
     assert whole == next(r["error_pct"] for r in rows if (r["metric"], r["stat"], r["profile"]) == ("e2el", "mean", "measured"))
     assert "bundled profile (1 runs)" in srt.stages_summary(rows)
+
+
+def test_runs_in_two_processes_give_the_same_rows_and_a_bad_job_count_is_refused(tmp_path):
+    d, runs, _ = _data()
+    pick = [r for r in d["runs"] if r["id"] == "blis-h100-tp1-llama2-7b-train"] + [r for r in runs if r["gpu"] == "L40S"]
+    one, two = srt.run_all(d, pick, True, tmp_path, 1), srt.run_all(d, pick, True, tmp_path, 2)
+    assert one == two and [x[0][0]["run"] for x in two] == [r["id"] for r in pick] and one[0][1]  # order kept, trace parts back
+    p = subprocess.run([sys.executable, "benchmarks/server_runs_table.py", "--jobs", "0"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1 and "--jobs" in p.stderr
