@@ -1,7 +1,8 @@
 """Import the real vLLM 0.15.1 H100 server runs of inference-sim/training default_args into
-benchmarks/data/server_runs.json (runs of source `inference-sim-training`, workload kind `stages`).
+benchmarks/data/server_runs.json (runs of source `inference-sim-training`, workload kind `stages`), and with
+--campaign the same campaign's other runs (source `inference-sim-campaign`: H100, A100-80GB, L40S).
 
-    python benchmarks/server_runs_inference_perf.py --src DIR [--peers GITDIR] [--data FILE]
+    python benchmarks/server_runs_inference_perf.py --src DIR [--peers GITDIR [--campaign]] [--data FILE]
 
 DIR is a checkout of https://github.com/inference-sim/training at COMMIT or its git directory
 (read with `git show COMMIT:path`). Taken per run of default_args/: the engine settings its
