@@ -1,7 +1,8 @@
 """Import the real vLLM 0.15.1 H100 server runs of inference-sim/training default_args into
-benchmarks/data/server_runs.json (runs of source `inference-sim-training`, workload kind `stages`).
+benchmarks/data/server_runs.json (runs of source `inference-sim-training`, workload kind `stages`), and with
+--campaign the same campaign's other runs (source `inference-sim-campaign`: H100, A100-80GB, L40S).
 
-    python benchmarks/server_runs_inference_perf.py --src DIR [--peers GITDIR] [--data FILE]
+    python benchmarks/server_runs_inference_perf.py --src DIR [--peers GITDIR [--campaign]] [--data FILE]
 
 DIR is a checkout of https://github.com/inference-sim/training at COMMIT or its git directory
 (read with `git show COMMIT:path`). Taken per run of default_args/: the engine settings its
@@ -14,6 +15,13 @@ source excludes as overloaded (more than 10% of requests failed: split.py EXCLUD
 left out by the same rule. The requests themselves are not published: benchmarks/server_runs_table.py
 synthesizes them from this spec (seeded). The source has no licence file: only statistics and the
 stated settings are stored, with the URL at the commit.
+
+--campaign (with --peers) also imports the study's runs that default_args has no folder for, from the same
+campaign (inference-sim/tektonc-data-collection's blis-campaign): their per-stage actuals (mean, p90, p99 of E2E
+and TTFT) from its CSV, the settings its columns state, the workload spec of the campaign's workloads.yaml by
+workload name (SPECS; general-lite: general's data at 2.5 then 6 req/s). A run both hold must have the same
+actuals (checked), and default_args' profile.yaml must equal the spec of its name (checked). Runs whose model the
+zoo lacks are listed as not judged.
 
 --peers GITDIR (the git directory of inference-sim/sim-to-real-accuracy-validation) adds, per run and
 stage, other simulators' published signed errors of mean E2E and mean TTFT (their CSVs' `mpe`, as
@@ -95,7 +103,7 @@ def peer_errors(gitdir: Path, totals: dict) -> dict:
             raise InputError(f"--peers {gitdir}: no {rel} at {commit[:12]}; give the git directory of "
                              "inference-sim/sim-to-real-accuracy-validation")
         for x in csv.DictReader(io.StringIO(r.stdout)):
-            if x["metric_name"] not in ("e2e_mean", "ttft_mean") or x["hardware"] != "H100":
+            if x["metric_name"] not in ("e2e_mean", "ttft_mean") or x["hardware"] not in ("H100", "A100-80GB", "L40S"):
                 continue
             key = (x["simulator"], x["experiment_folder"].rsplit("/", 1)[-1], int(x["stage_index"]))
             rows.setdefault(key, {})[x["metric_name"]] = (float(x["mpe"]), float(x["actual"]), f"{PEER_REPO}/{commit}/{rel}")
@@ -209,13 +217,190 @@ def import_run(src: Source, name: str) -> tuple[dict | None, str]:
     return run, ""
 
 
+CAMPAIGN = "inference-sim-campaign"
+STUDY = "https://github.com/inference-sim/sim-to-real-accuracy-validation/blob"
+# the study's per-stage actuals: the file PEER_FILES[0] names (its results_iter29/iter36 files hold the same actuals)
+ACTUALS = PEER_FILES[0]
+TEKTON = "https://github.com/inference-sim/tektonc-data-collection/blob"
+SPEC_URL = f"{TEKTON}/5c7475b8bae936c24f2ab89708f63744ef90af1d/workloads.yaml"
+CLIENT_PIN = f"{TEKTON}/5ced0c46c4d9d9983fe85cb04c71dc1e302eb1a0/tekton/tasks/install-inference-perf-blis.yaml"
+# The campaign's workload specs (workloads.yaml at SPEC_URL, which its blis-campaign/generate.py reads into each run's
+# profile): the shared_prefix lengths and the constant-rate stages (rate, duration). general-lite is general's data
+# at lower rates. The four full workloads equal default_args' profile.yaml of the same name (checked on import).
+SPECS = {"general": ((100, 447, 248), ((8.0, 600.0), (20.0, 600.0))),
+         "codegen": ((100, 466, 247), ((5.0, 600.0), (10.0, 600.0))),
+         "roleplay": ((150, 600, 251), ((6.0, 1200.0),)),
+         "reasoning": ((100, 934, 1448), ((4.0, 1200.0),)),
+         "general-lite": ((100, 447, 248), ((2.5, 600.0), (6.0, 600.0)))}
+DATA_OF = {"general-lite": "general"}  # the workload whose data section a workload shares
+CAMPAIGN_GPUS = {"H100": "H100", "A100-80GB": "A100-80GB", "L40S": "L40S"}
+METRICS = {"e2e": "e2el_ms", "ttft": "ttft_ms"}
+CAMPAIGN_ENTRY = {
+    "what": "inference-sim/sim-to-real-accuracy-validation: per-stage client statistics (its CSVs' `actual`: mean, p90 and p99 of "
+            "E2E and TTFT, ms) of real vLLM v0.15.1 servers of the same campaign as inference-sim/training default_args, for the "
+            "runs that have no default_args folder: Llama-3.1-8B-Instruct on H100 at TP1 (three workloads; general at "
+            "max_num_batched_tokens 1024 and 8192, with KV CPU offloading, at gpu_memory_utilization 0.95) and TP2, and "
+            "Llama-3.1-8B, CodeLlama-34B and Llama-2-70B on A100-80GB and L40S and Mixtral-8x7B variants on H100, loaded by "
+            "inference-perf. Taken (benchmarks/server_runs_inference_perf.py --campaign): per run the hardware, tp, "
+            "gpu_mem_util, max_num_batched_tokens and cpu_offload its CSV rows state, per stage the actuals",
+    "licence": "no licence file in inference-sim/sim-to-real-accuracy-validation nor in inference-sim/tektonc-data-collection: only "
+               "statistics and stated settings are stored, nothing copied",
+    "settings": "per run from the CSV's columns; max_num_seqs 128 and max_model_len 4096 as the campaign's generated values.yaml "
+                "and default_args' exp-config.yaml state; prefix caching and chunked prefill on, asynchronous scheduling "
+                "(vLLM v0.15.1's defaults, the design doc); no vllm.log published: num_gpu_blocks derived",
+    "workload": f"the campaign's workloads.yaml ({SPEC_URL}; the same at 2a7cbcd4): stages and lengths per workload name; "
+                "general-lite is general's data at 2.5 then 6 req/s (600 s each). The client is the one pinned for the "
+                f"campaign (inference-perf e8e0aa99, {CLIENT_PIN}), the one default_args ran: its resolved config ignores the "
+                "profile's aliases (10 groups x 10 prompts, single-turn), taken the same here",
+    "actuals_url": f"{PEER_REPO}/{ACTUALS[0]}/{ACTUALS[1]}",
+}
+
+
+def read_csv(gitdir: Path, commit: str, rel: str) -> list[dict]:
+    import csv
+    import io
+
+    r = subprocess.run(["git", "--git-dir", str(gitdir), "show", f"{commit}:{rel}"], capture_output=True, text=True)
+    if r.returncode:
+        raise InputError(f"--peers {gitdir}: no {rel} at {commit[:12]}; give the git directory of "
+                         "inference-sim/sim-to-real-accuracy-validation")
+    return list(csv.DictReader(io.StringIO(r.stdout)))
+
+
+def study_runs(rows: list[dict]) -> dict:
+    """{their run name: {"meta": one row's settings, "stages": {stage: {metric: actual}}}} from an error_records CSV
+    (one simulator's rows: the actuals repeat per simulator)."""
+    out = {}
+    for x in rows:
+        if x["simulator"] != "blis-roofline":
+            continue
+        name = x["experiment_folder"].rsplit("/", 1)[-1]
+        e = out.setdefault(name, {"meta": x, "stages": {}})
+        e["stages"].setdefault(int(x["stage_index"]), {})[x["metric_name"]] = float(x["actual"])
+    return out
+
+
+def check_same(name: str, stages: dict, run: dict, whole: dict | None) -> float:
+    """The largest difference (ms) between the study's actuals of `name` and our stored statistics of `run` (mean and
+    p99 of E2E and TTFT per stage; whole: the run's summary statistics, stage -1); ours are rounded to 0.001 ms."""
+    worst = 0.0
+    for i, m in stages.items():
+        ours = run["measured"]["stages"][i]["client"] if i >= 0 else whole
+        if ours is None:
+            continue
+        for metric, key in METRICS.items():
+            for st in ("mean", "p99"):
+                a = m.get(f"{metric}_{st}")
+                if a is not None and st in ours.get(key, {}):
+                    worst = max(worst, abs(ours[key][st] - a))
+    return worst
+
+
+def nominal_lengths(sys_len: int, q_len: int) -> dict:
+    return {k: float(sys_len + q_len) for k in PROMPT_STATS}
+
+
+def campaign_runs(rows: list[dict], ours: list[dict], wholes: dict | None = None) -> tuple[list[dict], list[str], dict]:
+    """The study's runs that default_args does not hold, as `stages` runs: (runs, left out with why, {their name: our
+    run id and the largest difference of the actuals, ms}) for the runs both hold (matched by stage 0's mean E2E; a
+    match that differs by more than 0.001 ms, our rounding, in any statistic is refused). ours: the imported default_args runs; wholes:
+    run id -> its summary statistics (stage -1)."""
+    from sim.hardware.roofline import find_model
+
+    study = study_runs(rows)
+    by_e2e = {round(r["measured"]["stages"][0]["client"]["e2el_ms"]["mean"], 2): r for r in ours}
+    same, runs, left = {}, [], []
+    for name, e in sorted(study.items(), key=lambda kv: int(re.match(r"\d+", kv[0]).group() if re.match(r"\d+", kv[0]) else 0)):
+        m0 = e["stages"].get(0, {}).get("e2e_mean")
+        mine = by_e2e.get(round(m0, 2)) if m0 is not None else None
+        if mine is not None:
+            worst = check_same(name, e["stages"], mine, (wholes or {}).get(mine["id"]))
+            if worst > 0.001:
+                raise InputError(f"--peers: {name}'s actuals differ from {mine['id']}'s by {worst:.4f} ms (same run by its mean E2E)")
+            same[name] = {"run": mine["id"], "max_abs_diff_ms": worst}
+            continue
+        meta, label = e["meta"], e["meta"]["workload"]
+        num = int(meta["exp_id"].split(".")[0])
+        try:
+            model = find_model(meta["model"])[0]
+        except Exception:  # noqa: BLE001 - the zoo's lookup refuses an unknown name
+            left.append(f"{name}: {meta['model']} is not in the model zoo")
+            continue
+        if label not in SPECS:
+            left.append(f"{name}: no published spec for workload {label!r}")
+            continue
+        if meta["hardware"] not in CAMPAIGN_GPUS:
+            left.append(f"{name}: GPU {meta['hardware']!r} is not in the zoo")
+            continue
+        (sys_len, q_len, out_len), stages = SPECS[label]
+        if sorted(e["stages"]) != sorted({-1, *range(len(stages))}):
+            raise InputError(f"--peers: {name} has stages {sorted(e['stages'])}, its workload {label} {len(stages)}")
+        gpu, tp = CAMPAIGN_GPUS[meta["hardware"]], int(float(meta["tp"]))
+        # prompt lengths: the client re-tokenizes decoded random ids; a default_args run of the same model and data reports
+        # them, else the spec's token counts
+        data = DATA_OF.get(label, label)
+        twin = next((r for r in ours if r["model"] == model and r["workload"]["label"] == data), None)
+        plen = twin["workload"]["stages"][0]["prompt_len"] if twin else nominal_lengths(sys_len, q_len)
+        offload = meta["cpu_offload"] == "True"
+        ms = lambda m, metric: {st: round(m[f"{metric}_{st}"], 3) for st in ("mean", "p90", "p99")}  # noqa: E731
+        measured = [{"requests": int(rate * dur), "failures": None,
+                     "client": {"ttft_ms": ms(e["stages"][i], "ttft"), "e2el_ms": ms(e["stages"][i], "e2e"),
+                                "itl_ms": {"mean": round(e["stages"][i]["itl_mean"], 3)}}}
+                    for i, (rate, dur) in enumerate(stages)]
+        runs.append({
+            "id": f"ip-{gpu.lower()}-tp{tp}-{model}-{label}-e{num}", "source": CAMPAIGN, "experiment": name,
+            "url": f"{PEER_REPO}/{ACTUALS[0]}/{ACTUALS[1]}", "gpu": gpu, "tp": tp, "model": model, "served_model": meta["model"],
+            "vllm_version": "0.15.1",
+            "engine": {"max_num_seqs": 128, "max_num_batched_tokens": int(float(meta["max_num_batched_tokens"])), "max_model_len": 4096,
+                       "gpu_memory_utilization": float(meta["gpu_mem_util"]), "num_gpu_blocks": None, "kv_cache_dtype": "auto",
+                       "async_scheduling": True, "prefix_caching": True, "enable_chunked_prefill": True,
+                       "cpu_offload": "8 GiB OffloadingConnector (not modelled)" if offload else None,
+                       "settings_from": f"{PEER_REPO}/{ACTUALS[0]}/{ACTUALS[1]} (columns hardware, tp, gpu_mem_util, "
+                                        "max_num_batched_tokens, cpu_offload); max_num_seqs, max_model_len as default_args"},
+            "workload": {"kind": "stages", "label": label, "client": CLIENT, "num_groups": 10, "num_prompts_per_group": 10,
+                         "system_prompt_len": sys_len, "question_len": q_len, "output_len": out_len, "seed": 0,
+                         "spec_from": SPEC_URL + ("" if label in ("general-lite",) else " (equal to default_args' profile.yaml "
+                                                  f"of {label})"),
+                         "prompt_len_from": (f"the client's report of {twin['id']} (same model and data)" if twin else
+                                             "the spec's token counts (system + question): no run of this tokenizer reports "
+                                             "the client's re-tokenized lengths"),
+                         "stages": [{"rate": rate, "duration": dur, "prompt_len": plen} for rate, dur in stages]},
+            "measured": {"stages": measured},
+            "measured_whole_run": {"ttft_ms": ms(e["stages"][-1], "ttft"), "e2el_ms": ms(e["stages"][-1], "e2e")},
+            "measured_stats": "client (inference-perf), as the study publishes them (its `actual`); requests: rate x duration "
+                              "sent (failures not published)"})
+    return runs, left, same
+
+
+def check_profiles(src: "Source", names: list[str]) -> list[str]:
+    """default_args' profile.yaml (the profile the campaign generated) against SPECS, per workload name: the
+    names checked; a difference is refused."""
+    import yaml
+
+    seen = set()
+    for name in names:
+        label = re.sub(r".*-tp\d+-", "", name)
+        p = yaml.safe_load(src.read(f"default_args/{name}/profile.yaml"))
+        sp = p["data"]["shared_prefix"]
+        got = ((sp["system_prompt_len"], sp["question_len"], sp["output_len"]),
+               tuple((float(x["rate"]), float(x["duration"])) for x in p["load"]["stages"]))
+        if label not in SPECS or got != SPECS[label]:
+            raise InputError(f"default_args/{name}/profile.yaml: {got} is not the campaign's {label} spec {SPECS.get(label)}")
+        seen.add(label)
+    return sorted(seen)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", required=True, help="a checkout of inference-sim/training or its git directory")
     ap.add_argument("--peers", help="the git directory of inference-sim/sim-to-real-accuracy-validation: add its published errors")
+    ap.add_argument("--campaign", action="store_true",
+                    help="also import the study's runs that default_args lacks, their actuals from its CSV (needs --peers)")
     ap.add_argument("--data", default=str(DATA), help="the runs file to update (default benchmarks/data/server_runs.json)")
     args = ap.parse_args(argv)
     try:
+        if args.campaign and not args.peers:
+            raise InputError("--campaign reads the study's CSV: give --peers GITDIR (inference-sim/sim-to-real-accuracy-validation)")
         src = Source(Path(args.src))
         out, left = [], []
         for name in src.runs():
@@ -231,8 +416,23 @@ def main(argv=None) -> int:
                     for r in out}
             for rid, s in summ.items():
                 totals[rid][-1] = s["successes"]["latency"]["request_latency"]["mean"] * 1e3
+            camp, camp_left, checked = [], [], ""
+            if args.campaign:
+                wholes = {rid: {"ttft_ms": _ms(s["successes"]["latency"]["time_to_first_token"]),
+                                "e2el_ms": _ms(s["successes"]["latency"]["request_latency"])} for rid, s in summ.items()}
+                camp, camp_left, same = campaign_runs(read_csv(Path(args.peers), *ACTUALS), out, wholes)
+                labels = check_profiles(src, [r["url"].rsplit("/", 1)[1] for r in out])
+                checked = (f"the study's actuals of {len(same)} runs default_args also holds ("
+                           + ", ".join(f"{k} = {v['run']}" for k, v in same.items())
+                           + f") equal our stored mean and p99 of E2E and TTFT per stage and whole run (largest "
+                           f"difference {max([v['max_abs_diff_ms'] for v in same.values()] or [0]):.4f} ms, our rounding to "
+                           "0.001 ms); default_args' "
+                           f"profile.yaml of {', '.join(labels)} equals the campaign's spec of that name")
+                for r in camp:
+                    totals[r["id"]] = {i: s["client"]["e2el_ms"]["mean"] for i, s in enumerate(r["measured"]["stages"])}
+                    totals[r["id"]][-1] = r["measured_whole_run"]["e2el_ms"]["mean"]
             found = peer_errors(Path(args.peers), totals)
-            for r in out:
+            for r in out + camp:
                 r["peers"] = found.get(r["id"], [])
         path = Path(args.data)
         try:
@@ -242,7 +442,14 @@ def main(argv=None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    d["runs"] = [r for r in d["runs"] if r.get("source") != SOURCE] + out
+    campaign = bool(args.campaign)
+    d["runs"] = [r for r in d["runs"] if r.get("source") != SOURCE and not (campaign and r.get("source") == CAMPAIGN)] + out
+    if campaign:
+        d["runs"] += camp
+        d["sources"][CAMPAIGN] = {**CAMPAIGN_ENTRY, "checked": checked}
+        d["not_judged"] = [x for x in d["not_judged"] if x["url"] != CAMPAIGN_ENTRY["actuals_url"]] + [
+            {"what": "inference-sim/sim-to-real-accuracy-validation: " + "; ".join(camp_left), "url": CAMPAIGN_ENTRY["actuals_url"],
+             "why": "the model (or GPU, or workload spec) is not one the simulator has"}]
     d["sources"][SOURCE] = SOURCE_ENTRY
     if args.peers:
         d["sources"][SOURCE]["peers"] = [f"{PEER_REPO}/{c}/{p}" for c, p in PEER_FILES]
@@ -251,6 +458,8 @@ def main(argv=None) -> int:
          "why": "overloaded (the source's own exclusion): most requests time out, no steady state to judge"}]
     path.write_text(compact(json.dumps(d, indent=1) + "\n"))  # the layout server_runs_ground_truth.py writes
     print(f"{len(out)} runs imported, {len(left)} left out: " + "; ".join(left))
+    if campaign:
+        print(f"{len(camp)} campaign runs imported, {len(camp_left)} left out: " + "; ".join(camp_left))
     return 0
 
 
