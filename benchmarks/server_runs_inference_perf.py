@@ -90,19 +90,23 @@ PEER_FILES = (("b70edb9a13e729acc61515338b40ad8f381867cd", "results_iter16/error
               ("dcec3fd4711c761ac16557db720d1856b604579c", "results/llmservingsim_error_records_matched.csv"))
 
 
-def peer_errors(gitdir: Path, totals: dict) -> dict:
-    """{run id: [{stage, simulator, e2e_mean_pct, ttft_mean_pct, their_run, file}]}; totals: run id ->
-    {stage: real mean E2E (ms)}, stage -1 the whole run."""
+def read_csv(gitdir: Path, commit: str, rel: str) -> list[dict]:
     import csv
     import io
 
+    r = subprocess.run(["git", "--git-dir", str(gitdir), "show", f"{commit}:{rel}"], capture_output=True, text=True)
+    if r.returncode:
+        raise InputError(f"--peers {gitdir}: no {rel} at {commit[:12]}; give the git directory of "
+                         "inference-sim/sim-to-real-accuracy-validation")
+    return list(csv.DictReader(io.StringIO(r.stdout)))
+
+
+def peer_errors(gitdir: Path, totals: dict) -> dict:
+    """{run id: [{stage, simulator, e2e_mean_pct, ttft_mean_pct, their_run, file}]}; totals: run id ->
+    {stage: real mean E2E (ms)}, stage -1 the whole run."""
     rows = {}
     for commit, rel in PEER_FILES:
-        r = subprocess.run(["git", "--git-dir", str(gitdir), "show", f"{commit}:{rel}"], capture_output=True, text=True)
-        if r.returncode:
-            raise InputError(f"--peers {gitdir}: no {rel} at {commit[:12]}; give the git directory of "
-                             "inference-sim/sim-to-real-accuracy-validation")
-        for x in csv.DictReader(io.StringIO(r.stdout)):
+        for x in read_csv(gitdir, commit, rel):
             if x["metric_name"] not in ("e2e_mean", "ttft_mean") or x["hardware"] not in ("H100", "A100-80GB", "L40S"):
                 continue
             key = (x["simulator"], x["experiment_folder"].rsplit("/", 1)[-1], int(x["stage_index"]))
@@ -254,17 +258,6 @@ CAMPAIGN_ENTRY = {
                 "profile's aliases (10 groups x 10 prompts, single-turn), taken the same here",
     "actuals_url": f"{PEER_REPO}/{ACTUALS[0]}/{ACTUALS[1]}",
 }
-
-
-def read_csv(gitdir: Path, commit: str, rel: str) -> list[dict]:
-    import csv
-    import io
-
-    r = subprocess.run(["git", "--git-dir", str(gitdir), "show", f"{commit}:{rel}"], capture_output=True, text=True)
-    if r.returncode:
-        raise InputError(f"--peers {gitdir}: no {rel} at {commit[:12]}; give the git directory of "
-                         "inference-sim/sim-to-real-accuracy-validation")
-    return list(csv.DictReader(io.StringIO(r.stdout)))
 
 
 def study_runs(rows: list[dict]) -> dict:
