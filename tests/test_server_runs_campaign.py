@@ -51,7 +51,8 @@ def test_the_campaign_runs_cover_llama31_8b_at_tp1_and_tp2_and_the_a100_and_l40s
     # the runs default_args also holds were checked equal, and what the zoo lacks is listed, not judged
     assert "7 runs default_args also holds" in d["sources"][ip.CAMPAIGN]["checked"]
     left = next(x for x in d["not_judged"] if x["url"] == d["sources"][ip.CAMPAIGN]["actuals_url"])
-    assert "Qwen/Qwen3-14B is not in the model zoo" in left["what"] and "Mixtral-8x22B" in left["what"]
+    assert "Mixtral-8x22B-Instruct-v0.1 is not in the model zoo" in left["what"] and "Qwen3-14B" not in left["what"]
+    assert {r["model"] for r in runs if r["gpu"] in ("L40S", "A100-80GB")} >= {"qwen3-14b", "llama3.1-8b"}
 
 
 def test_prompt_lengths_come_from_a_same_model_run_else_the_specs_token_counts():
@@ -88,10 +89,11 @@ def test_the_csv_import_takes_the_spec_by_name_and_checks_the_runs_both_hold():
                 {-1: _stats(3400, 44), 0: _stats(3000, 42), 1: _stats(3600, 46)}, hw="L40S", max_num_batched_tokens="1024.0",
                 cpu_offload="True")
     same = _csv("9-llama-2-7b-tp1-general", "meta-llama/Llama-2-7b-hf", "general", {0: {**_stats(2000, 20), "e2e_p99": 2400.0, "ttft_p99": 30.0}})
-    qwen = _csv("13-qwen3-14b-tp1-general-1", "Qwen/Qwen3-14B", "general", {-1: _stats(4000, 50), 0: _stats(3300, 41), 1: _stats(4300, 54)})
-    runs, left, matched = ip.campaign_runs(lite + same + qwen, [_ours(2000.0)])
+    big = _csv("49-mixtral-8x22b-tp8-general-8", "mistralai/Mixtral-8x22B-Instruct-v0.1", "general",
+               {-1: _stats(4000, 50), 0: _stats(3300, 41), 1: _stats(4300, 54)})
+    runs, left, matched = ip.campaign_runs(lite + same + big, [_ours(2000.0)])
     assert matched == {"9-llama-2-7b-tp1-general": {"run": "mine", "max_abs_diff_ms": pytest.approx(0, abs=1e-9)}}
-    assert left == ["13-qwen3-14b-tp1-general-1: Qwen/Qwen3-14B is not in the model zoo"]
+    assert left == ["49-mixtral-8x22b-tp8-general-8: mistralai/Mixtral-8x22B-Instruct-v0.1 is not in the model zoo"]
     (r,) = runs
     assert r["id"] == "ip-l40s-tp1-llama3.1-8b-general-lite-e38" and (r["gpu"], r["model"]) == ("L40S", "llama3.1-8b")
     assert r["engine"]["max_num_batched_tokens"] == 1024 and r["engine"]["cpu_offload"]
