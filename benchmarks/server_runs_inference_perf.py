@@ -19,7 +19,7 @@ stated settings are stored, with the URL at the commit.
 --campaign (with --peers) also imports the study's runs that default_args has no folder for, from the same
 campaign (inference-sim/tektonc-data-collection's blis-campaign): their per-stage actuals (mean, p90, p99 of E2E
 and TTFT) from its CSV, the settings its columns state, the workload spec of the campaign's workloads.yaml by
-workload name (SPECS; general-lite: general's data at 2.5 then 6 req/s). A run both hold must have the same
+workload name (SPECS; general-lite: general's data at 2.5 then 6 req/s; reasoning-lite: reasoning's at 1 req/s). A run both hold must have the same
 actuals (checked), and default_args' profile.yaml must equal the spec of its name (checked). Runs whose model the
 zoo lacks are listed as not judged.
 
@@ -235,8 +235,9 @@ SPECS = {"general": ((100, 447, 248), ((8.0, 600.0), (20.0, 600.0))),
          "codegen": ((100, 466, 247), ((5.0, 600.0), (10.0, 600.0))),
          "roleplay": ((150, 600, 251), ((6.0, 1200.0),)),
          "reasoning": ((100, 934, 1448), ((4.0, 1200.0),)),
-         "general-lite": ((100, 447, 248), ((2.5, 600.0), (6.0, 600.0)))}
-DATA_OF = {"general-lite": "general"}  # the workload whose data section a workload shares
+         "general-lite": ((100, 447, 248), ((2.5, 600.0), (6.0, 600.0))),
+         "reasoning-lite": ((100, 934, 1448), ((1.0, 1200.0),))}
+DATA_OF = {"general-lite": "general", "reasoning-lite": "reasoning"}  # the workload whose data section a workload shares
 CAMPAIGN_GPUS = {"H100": "H100", "A100-80GB": "A100-80GB", "L40S": "L40S"}
 METRICS = {"e2e": "e2el_ms", "ttft": "ttft_ms"}
 CAMPAIGN_ENTRY = {
@@ -442,7 +443,7 @@ def main(argv=None) -> int:
         d["sources"][CAMPAIGN] = {**CAMPAIGN_ENTRY, "checked": checked}
         d["not_judged"] = [x for x in d["not_judged"] if x["url"] != CAMPAIGN_ENTRY["actuals_url"]] + [
             {"what": "inference-sim/sim-to-real-accuracy-validation: " + "; ".join(camp_left), "url": CAMPAIGN_ENTRY["actuals_url"],
-             "why": "the model (or GPU, or workload spec) is not one the simulator has"}]
+             "why": "the model (or GPU, or workload spec) is not one the simulator has"} for _ in camp_left[:1]]
     d["sources"][SOURCE] = SOURCE_ENTRY
     if args.peers:
         d["sources"][SOURCE]["peers"] = [f"{PEER_REPO}/{c}/{p}" for c, p in PEER_FILES]
