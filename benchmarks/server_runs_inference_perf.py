@@ -304,7 +304,7 @@ def campaign_runs(rows: list[dict], ours: list[dict], wholes: dict | None = None
     study = study_runs(rows)
     by_e2e = {round(r["measured"]["stages"][0]["client"]["e2el_ms"]["mean"], 2): r for r in ours}
     same, runs, left = {}, [], []
-    for name, e in sorted(study.items(), key=lambda kv: int(re.match(r"\d+", kv[0]).group() if re.match(r"\d+", kv[0]) else 0)):
+    for name, e in sorted(study.items(), key=lambda kv: int(re.match(r"\d*", kv[0]).group() or 0)):
         m0 = e["stages"].get(0, {}).get("e2e_mean")
         mine = by_e2e.get(round(m0, 2)) if m0 is not None else None
         if mine is not None:
@@ -441,9 +441,11 @@ def main(argv=None) -> int:
     if campaign:
         d["runs"] += camp
         d["sources"][CAMPAIGN] = {**CAMPAIGN_ENTRY, "checked": checked}
-        d["not_judged"] = [x for x in d["not_judged"] if x["url"] != CAMPAIGN_ENTRY["actuals_url"]] + [
-            {"what": "inference-sim/sim-to-real-accuracy-validation: " + "; ".join(camp_left), "url": CAMPAIGN_ENTRY["actuals_url"],
-             "why": "the model (or GPU, or workload spec) is not one the simulator has"} for _ in camp_left[:1]]
+        d["not_judged"] = [x for x in d["not_judged"] if x["url"] != CAMPAIGN_ENTRY["actuals_url"]]
+        if camp_left:
+            d["not_judged"].append({"what": "inference-sim/sim-to-real-accuracy-validation: " + "; ".join(camp_left),
+                                    "url": CAMPAIGN_ENTRY["actuals_url"],
+                                    "why": "the model (or GPU, or workload spec) is not one the simulator has"})
     d["sources"][SOURCE] = SOURCE_ENTRY
     if args.peers:
         d["sources"][SOURCE]["peers"] = [f"{PEER_REPO}/{c}/{p}" for c, p in PEER_FILES]
