@@ -20,6 +20,7 @@ from tqdm import tqdm
 from policies.base import PolicyError
 from policies.registry import POLICIES
 from agentsim.plugins import POLICY_GROUP, ROUTER_GROUP, declared
+from sim.hardware.profile import SAMPLING_MODES
 from sim.cluster.router import router_names
 from sim.run.bound import parse_bound
 from sim.run.config import FLAG_NAMES, SimConfig, build_run, execute, from_flat, leaves, parse_config, read_config
@@ -31,7 +32,7 @@ from traces.validation import Model, validated
 
 _GROUPS = {"workload": None, "policy": None, "engine": "engine limits (default: the profile's)",
            "cluster": "memory tiers and clusters"}
-_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "mode": "open|closed", "scheduler": "simpy|vllm", "trace": "NAME|PATH", "profile": "NAME|PATH"}
+_METAVAR = {"offload": "SPEC", "disagg": "xPyD", "mode": "open|closed", "scheduler": "simpy|vllm", "sampling": "greedy|random|top-p", "trace": "NAME|PATH", "profile": "NAME|PATH"}
 
 
 def register(sub) -> None:
@@ -170,7 +171,9 @@ HOST_TIME = {"none": "device time only (the profile has no host section)", "adde
 def format_summary(s: dict) -> str:
     rows = [
         ("policy", s["policy"] + (" (scheduler: vLLM's own)" if s.get("scheduler") == "vllm" else "")),
-        ("scheduling", f"{s['scheduling']}, " + HOST_TIME[s["host_time"]]), ("programs / calls", f"{s['programs']} / {s['calls']}"),
+        ("scheduling", f"{s['scheduling']}, " + HOST_TIME[s["host_time"]]
+         + (f", the sampler priced for {s['sampling']} calls" if s.get("sampling") in SAMPLING_MODES else "")),
+        ("programs / calls", f"{s['programs']} / {s['calls']}"),
         ("JCT mean / p50", f"{s['mean_jct']:.2f} s / {s['p50_jct']:.2f} s"),
         ("JCT p90 / p95 / p99", f"{s['p90_jct']:.2f} / {s['p95_jct']:.2f} / {s['p99_jct']:.2f} s"),
         ("turn latency mean / p99", f"{s['mean_turn_latency']:.2f} / {s['p99_turn_latency']:.2f} s"),

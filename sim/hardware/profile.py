@@ -50,7 +50,15 @@ Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
   {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
   per_output_token_s, host_cpu_factor (optional, 1), cpu, source} (the API server's time
-  per request a client sees, benchmarks/server_time.py; read by `--metrics-at client`).
+  per request a client sees, benchmarks/server_time.py; read by `--metrics-at client`),
+  sampler {in_steps, vocab_size, modes {MODE: {step_s, per_row_s}}, measured} (vLLM's
+  sampler per step by sampling mode, benchmarks/sampler_time.py; read by `--sampling`).
+
+vLLM samples a row of logits for every request a step schedules, and what that costs depends
+on how the requests sample (greedy, random, or top-p, which sorts the vocabulary on the
+native path). The step model holds the sampler of the mode its probes ran (`in_steps`:
+greedy for a calibration on vLLM, none for step times from kernels); a run in another mode
+(`Profile.sampling`) adds the difference, per step and per scheduled sequence, to c0 and c3.
 
 A GPU profile prices the device. vLLM's own host work per step (scheduling, inputs,
 sampling, outputs; `host`, measured apart by benchmarks/vllm_host_time.py) adds to a
@@ -63,6 +71,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -73,6 +82,7 @@ from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofline stays as llama3.1-8b-a100-80gb
+SAMPLING_MODES = ("greedy", "random", "top-p")  # how a run's calls sample (top-p: with or without top-k)
 
 
 def step_features(chunks) -> tuple[int, int, float, float, float]:
@@ -110,6 +120,10 @@ class StepModel:
     host_token: float = 0.0
     overlap: bool = False  # asynchronous scheduling: the host's work hides behind the device's
     single: float = 0.0  # s: extra of a one-token step (one-row GEMMs; 0 = off)
+    # the sampler of a run's sampling mode beyond the one the probes held (`Profile.with_sampling`):
+    # already in c0 (per step) and c3 (per sequence); kept apart so a launch-bound step adds it after its floor
+    sample: float = 0.0
+    sample_row: float = 0.0
 
     def host_time(self, tokens: int, seqs: int) -> float:
         return self.host + self.host_seq * seqs + self.host_token * tokens
@@ -132,7 +146,11 @@ class StepModel:
         c0 = self.c0 if self.routed == 0 and not self.single else self.fixed(tokens)
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         if self.launch and tokens > seqs:
-            t = _smax(self.launch, t, self.p)
+            if self.sample or self.sample_row:  # the sampler runs after the forward, whose launches floor it
+                s = self.sample + self.sample_row * seqs
+                t = _smax(self.launch, t - s, self.p) + s
+            else:
+                t = _smax(self.launch, t, self.p)
         h = self.host_time(tokens, seqs)
         if h != 0.0:  # a synchronous step waits for the host's work, an asynchronous one overlaps it
             return max(t, h) if self.overlap else t + h
@@ -155,7 +173,7 @@ class StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
         return replace(self, **{k: getattr(self, k) * factor
                                 for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed", "host", "host_seq", "host_token",
-                                          "single")})
+                                          "single", "sample", "sample_row")})
 
 
 @dataclass(frozen=True)
@@ -182,6 +200,8 @@ class Profile:
     kv_bytes_per_block: int = 0
     raw: dict = field(default_factory=dict, repr=False)
     server: ServerTime | None = None  # the `server` section; None = not measured
+    sampler: dict | None = None  # the `sampler` section as checked; None = not measured
+    sampling: str | None = None  # the mode `sampling` priced (None: as the step probes ran)
     # prefill_time by token count: policies ask it for every finished call (Continuum's
     # benefit) and context lengths recur; the fields it reads are never reassigned.
     _prefill: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -199,6 +219,23 @@ class Profile:
         if self.step.overlap == async_scheduling or not self.step.has_host:
             return self
         return replace(self, step=replace(self.step, overlap=async_scheduling))
+
+    def with_sampling(self, mode: str | None) -> Profile:
+        """This profile as a run whose calls sample in `mode` prices its steps: the sampler of
+        `mode` less the one the step model already holds (`in_steps`), per step into c0 and per
+        scheduled sequence into c3 (every step samples a row per request). None: unchanged."""
+        if mode is None:
+            return self
+        s = self.sampler
+        if s is None or mode not in s["modes"]:
+            have = "no `sampler` section" if s is None else f"a `sampler` section without {mode!r}"
+            raise InputError(f"--sampling {mode}: profile {self.name!r} has {have}; measure it with "
+                             f"benchmarks/sampler_time.py --into, or drop --sampling")
+        base = s["modes"].get(s["in_steps"], {"step_s": 0.0, "per_row_s": 0.0})
+        d0 = s["modes"][mode]["step_s"] - base["step_s"]
+        d3 = s["modes"][mode]["per_row_s"] - base["per_row_s"]
+        return replace(self, step=replace(self.step, c0=self.step.c0 + d0, c3=self.step.c3 + d3, sample=d0, sample_row=d3),
+                       sampling=mode)
 
     def linear_step(self) -> tuple[float, float]:
         """(fixed s, s per token) of a step ~ fixed + per_token*tokens, for policies that
@@ -290,6 +327,20 @@ class _Server(Model):  # the API server's time per request, as a client sees it 
     source: str
 
 
+class _SamplerMode(Model):
+    model_config = {**Model.model_config, "extra": "forbid"}
+    step_s: JSONFloat = Field(ge=0)  # s a step
+    per_row_s: JSONFloat = Field(ge=0)  # s per request the step schedules (one row of logits each)
+    points: list | None = None  # the (rows, s) the fit was made on
+
+
+class _Sampler(Model):  # vLLM's sampler per step by sampling mode (benchmarks/sampler_time.py)
+    in_steps: Literal["greedy", "random", "top-p", "none"]  # the mode whose sampler the step model holds
+    vocab_size: JSONInt = Field(gt=0)
+    modes: dict[Literal["greedy", "random", "top-p"], _SamplerMode]
+    measured: str
+
+
 class _Link(Model):  # pcie, ssd
     bandwidth_GBps: JSONFloat | None = Field(None, gt=0)
     latency_s: JSONFloat | None = Field(None, ge=0)
@@ -304,6 +355,7 @@ class _ProfileModel(Model):
     kv_bytes_per_block: JSONInt | None = Field(None, gt=0)
     host: _Host | None = None
     server: _Server | None = None
+    sampler: _Sampler | None = None
 
 
 def _json_type(v) -> str:
@@ -327,6 +379,9 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
                      st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s, single=st.single)
     if step.c0 + step.c1 <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
+    if m.sampler is not None and m.sampler.in_steps != "none" and m.sampler.in_steps not in m.sampler.modes:
+        raise InputError(f"profile {name!r}: sampler.in_steps is {m.sampler.in_steps!r} but sampler.modes has no such mode; "
+                         f"add its timing (benchmarks/sampler_time.py) or fix in_steps")
     kv = m.kv_bytes_per_block
     if kv is None:
         shape = m.model
@@ -346,6 +401,7 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         server=None if m.server is None else ServerTime(
             m.server.request_s * m.server.host_cpu_factor, m.server.per_prompt_token_s * m.server.host_cpu_factor,
             m.server.per_output_token_s * m.server.host_cpu_factor),
+        sampler=None if m.sampler is None else m.sampler.model_dump(include={"in_steps", "vocab_size", "modes"}),
     )
 
 

@@ -30,7 +30,7 @@ from policies.base import Policy, PolicyError
 from policies.registry import make_policy, params_model, policy_params
 from sim.kv.tiers import TierSpec, build_tiers, parse_offload
 from sim.cluster.disagg import DEFAULT_LINK, Disagg, MAX_LOCAL_PREFILL, MAX_PREFILL_QUEUE, check_replicas, make_disagg
-from sim.hardware.profile import DEFAULT_PROFILE, Profile, load_profile
+from sim.hardware.profile import DEFAULT_PROFILE, SAMPLING_MODES, Profile, load_profile
 from sim.cluster.router import Router, make_router, router_args, router_names
 from sim.hardware.engine_config import RENAMED_FIELDS, EngineConfig, renamed_flag
 from sim.run.simulate import arrivals_for, engine_config, execute  # noqa: F401 - execute: runs are built and run here
@@ -66,6 +66,7 @@ SCHEDULERS = ("simpy", "vllm")  # a replica's scheduler: the SimPy model, or vLL
 WorkloadMode = OneOf(WORKLOAD_MODES, "workload mode")
 MetricsView = OneOf(METRICS_AT, "view")
 SchedulerKind = OneOf(SCHEDULERS, "scheduler")
+SamplingMode = OneOf(SAMPLING_MODES, "sampling mode")
 CacheModel = OneOf(CACHES, "cache model")
 
 
@@ -114,6 +115,10 @@ class EngineLimits(_Section):
                               "arrival at the engine, or as a benchmark client does: plus the API server's time per "
                               "request (HTTP, tokenizing, streaming) from the profile's `server` section, added after "
                               "the run (the steps do not change); client or engine")
+    sampling: SamplingMode | None = Field(
+        None, description="how the calls sample (greedy, random: temperature > 0, top-p: with or without top-k), priced "
+                          "from the profile's `sampler` section beyond the sampler its step times hold (a step samples "
+                          "a row of logits per call it schedules; default: as the profile's steps were measured)")
     scheduler: SchedulerKind = Field(
         "simpy", description="the replica's scheduler: simpy (the simulator's model of vLLM, fast) or vllm (the installed "
                              "vLLM 0.32's own Scheduler and KV cache manager, no model, same step times; docs/validation.md)")
@@ -368,7 +373,7 @@ def build_run(config: SimConfig, *, trace: pd.DataFrame | Columns | None = None,
     if profile is None:
         profile = load_profile(e.profile)
         check_limits(profile, e)
-    profile = profile.scheduled(e.async_scheduling)
+    profile = profile.scheduled(e.async_scheduling).with_sampling(e.sampling)
     if e.metrics_at == "client" and profile.server is None:
         raise InputError(f"--metrics-at client needs the API server's time per request, the profile's `server` section; "
                          f"profile {profile.name!r} has none: add it with benchmarks/server_time.py --into, or drop the flag")

