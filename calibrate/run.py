@@ -21,6 +21,7 @@ from calibrate.fit import fit_gpu_step_model, fit_quadratic, fit_step_model
 from calibrate.limits import check_limits, read_limits
 from calibrate.pcie import measure_pcie
 from calibrate.probes import REPEATS, Runner, plan, repeat_noise, repeat_time
+from calibrate import sampler
 from agentsim.files import atomic_write
 
 HOW = {
@@ -78,8 +79,18 @@ def calibrate_engine(llm, device: str, quick: bool = False, reps: int | None = N
     rows = [p.to_json(budget) for p in probes]
     meta = {"quick": quick, "repeats": reps, "seed": seed, "engine_start_s": round(started_s, 1)}
     profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta)
+    profile["sampler"] = measure_sampler(vocab, eng["max_num_seqs"], device, quick)
     profile["provenance"]["total_calibration_s"] = round(time.perf_counter() - t0 + started_s, 1)
     return profile
+
+
+def measure_sampler(vocab: int, max_seqs: int, device: str, quick: bool, impl: str = "vllm") -> dict:
+    """The profile's `sampler` section (calibrate/sampler.py): vLLM's own Sampler per sampling
+    mode on this device, whose greedy one the probes above hold (in_steps), or, for the torch
+    backend, vLLM's native path re-written in torch, which its steps do not hold."""
+    rows, repeats = sampler.rows_for(max_seqs, device, quick), 5 if quick else 10
+    modes = sampler.measure(vocab, rows, device, impl, repeats)
+    return sampler.section(modes, vocab, device, device_name(device), impl, rows, repeats, how="sim calibrate")
 
 
 VLLM_METHOD = "sim calibrate (calibrate/run.py) on a real vLLM engine, dummy weights"

@@ -33,7 +33,7 @@ from calibrate.engine import CPU_KV_CACHE_BYTES, default_model, engine_dtype, re
 from calibrate.fit import FEATURES
 from calibrate.limits import display_name
 from calibrate.pcie import measure_pcie
-from calibrate.run import HOW, build_profile, device_name, write_profile
+from calibrate.run import HOW, build_profile, device_name, measure_sampler, write_profile
 from agentsim.errors import InputError
 
 METHOD = ("sim calibrate --backend torch (calibrate/torch_backend.py): torch kernels, not vLLM - a pure-torch "
@@ -423,6 +423,7 @@ def calibrate_torch(model=None, out=None, device: str = "auto", quick: bool = Fa
     lim = {"model": mdl, "engine": eng, "kv_bytes_per_block": kv_per_block}
     profile = build_profile(lim, rows, measure_pcie(device), device_name(device), meta, method=METHOD,
                             engine_version=f"torch {torch.__version__} (not vLLM)", how=TORCH_HOW, gpu_form=gpu)
+    profile["sampler"] = measure_sampler(cfg.vocab, eng["max_num_seqs"], device, quick, impl="torch")
     profile["provenance"]["total_calibration_s"] = round(time.perf_counter() - t0, 1)
     if out:
         write_profile(profile, out)

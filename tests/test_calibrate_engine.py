@@ -85,6 +85,16 @@ def test_fit_errors_reported_and_small(calibrated):
     assert raw["provenance"]["repeats"] == REPEATS and all(len(r["samples"]) == REPEATS for r in raw["probes"])
 
 
+def test_the_calibration_measures_the_engines_sampler(calibrated):
+    """vLLM's own Sampler beside the (greedy) probes: `sim run --sampling MODE` prices the rest."""
+    _, raw, prof, _ = calibrated
+    smp = raw["sampler"]
+    assert smp["in_steps"] == "greedy" and smp["vocab_size"] == 32000 and "own Sampler" in smp["top_p_path"]
+    m = smp["modes"]
+    assert m["top-p"]["per_row_s"] > m["random"]["per_row_s"] > m["greedy"]["per_row_s"]
+    assert prof.with_sampling("top-p").step.c3 > prof.step.c3
+
+
 def test_profile_limits_equal_the_engines(calibrated):
     from calibrate.engine import default_model, engine_dtype
     from calibrate.limits import read_limits

