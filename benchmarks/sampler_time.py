@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.files import atomic_write  # noqa: E402
-from calibrate.sampler import SAMPLING_MODES, TEMPERATURE, TOP_P, measure, section  # noqa: E402
+from calibrate.sampler import PARAMS, SAMPLING_MODES, TEMPERATURE, TOP_P, measure, section  # noqa: E402
 
 DOCS = ROOT / "docs" / "reference" / "profiles.md"
 START, END = "<!-- sampler-time:start -->", "<!-- sampler-time:end -->"
@@ -50,13 +50,11 @@ def engine_decode(rows: list[int], out_tokens: int = 48) -> dict:
     from calibrate.engine import start_engine
 
     llm = start_engine(device="cpu", max_num_seqs=max(rows))
-    params = {"greedy": dict(temperature=0.0), "random": dict(temperature=TEMPERATURE),
-              "top-p": dict(temperature=TEMPERATURE, top_p=TOP_P)}
     res = {m: [] for m in SAMPLING_MODES}
     for n in rows:
         prompts = [{"prompt_token_ids": [1 + (i * 7 + j) % 30000 for j in range(32)]} for i in range(n)]
         for m in SAMPLING_MODES:
-            sp = SamplingParams(max_tokens=out_tokens, ignore_eos=True, detokenize=False, **params[m])
+            sp = SamplingParams(max_tokens=out_tokens, ignore_eos=True, detokenize=False, **PARAMS[m])
             best = min(statistics.mean((o.metrics.last_token_ts - o.metrics.first_token_ts) / (out_tokens - 1)
                                        for o in llm.generate(prompts, sp, use_tqdm=False)) for _ in range(2))
             res[m].append([n, float(f"{best:.4g}")])

@@ -85,6 +85,9 @@ def register(sub) -> None:
     v.add_argument("--max-model-len", type=int_flag(1, COUNT_MAX), default=4096, help="max context of the engine (default 4096)")
     v.add_argument("--model", default=None, help="model dir (default: the shipped tiny Llama config)")
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="engine device (default cpu)")
+    v.add_argument("--sampling", default=None, choices=("greedy", "random", "top-p"),
+                   help="how every call samples, on the engine (temperature 0.6, top-p 0.9) and in the simulator (the "
+                        "profile's `sampler` section; a calibration measures one); default greedy")
     v.set_defaults(func=_validate)  # with --server-run, the flags that drive an engine are refused (agentsim/requires.py)
 
 
@@ -204,7 +207,7 @@ def _validate(args) -> int:
     policies = list(RUNNABLE) if args.policy.strip() == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
     if args.shape:
         run_matrix([s.strip() for s in args.shape.split(",")], policies, args.repeats, args.out, args.profile,
-                   args.seed, args.model, args.device, merge=args.merge)
+                   args.seed, args.model, args.device, merge=args.merge, sampling=args.sampling)
         print((Path(args.out) / "report.md").read_text())
         print(f"report: {Path(args.out) / 'report.md'} (+ report.json, mean_jct_sim_vs_real.png, one folder per shape)")
         return 0
@@ -217,7 +220,7 @@ def _validate(args) -> int:
         raise PolicyError(f"--policy-arg {', '.join(sorted(unused))}: none of {', '.join(policies)} has that parameter")
     rep = run_validation(trace, policies, arrivals_for(trace, args.jps, args.seed), args.profile, args.out, args.seed,
                          args.model, args.device, policy_args=per_policy, repeats=args.repeats,
-                         num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len)
+                         num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len, sampling=args.sampling)
     print(render_markdown(rep))
     print(f"report: {Path(args.out) / 'report.md'} (+ report.json, jct_sim_vs_real.png)")
     return 0

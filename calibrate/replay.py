@@ -136,14 +136,17 @@ class TraceReplay:
         return turns, progs.reset_index()
 
 
-def _sampling(max_tokens: int, xargs: dict):
+def _sampling(max_tokens: int, xargs: dict, mode: str = "greedy"):
     from vllm import SamplingParams
 
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False, temperature=0.0, extra_args=xargs)
+    from calibrate.sampler import PARAMS
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False, extra_args=xargs, **PARAMS[mode])
 
 
-def replay_in_process(llm, replay: TraceReplay, timeout_s: float = 1800.0) -> float:
-    """Drive an in-process `vllm.LLM` through the trace in real time; returns the wall span."""
+def replay_in_process(llm, replay: TraceReplay, timeout_s: float = 1800.0, sampling: str = "greedy") -> float:
+    """Drive an in-process `vllm.LLM` through the trace in real time, its calls sampling in
+    `sampling` (calibrate/sampler.py PARAMS); returns the wall span."""
     engine = llm.llm_engine
     t0 = replay.t0 = time.monotonic()  # the scheduler's clock too: late arrivals are measured on it
     submitted: dict[str, float] = {}
@@ -153,7 +156,7 @@ def replay_in_process(llm, replay: TraceReplay, timeout_s: float = 1800.0) -> fl
             raise RuntimeError(f"replay did not finish within {timeout_s:.0f} s ({replay.open} programs open)")
         for rid, ids, n_out, xargs, due in replay.pop_due(now):
             submitted[rid] = due
-            engine.add_request(rid, {"prompt_token_ids": ids}, _sampling(n_out, xargs))
+            engine.add_request(rid, {"prompt_token_ids": ids}, _sampling(n_out, xargs, sampling))
         if not engine.has_unfinished_requests():
             nxt = replay.next_due()
             if nxt is not None:

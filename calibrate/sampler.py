@@ -20,6 +20,9 @@ import numpy as np
 # sim/hardware/profile.py's (not imported: a GPU machine measuring this may lack pydantic)
 SAMPLING_MODES = ("greedy", "random", "top-p")
 TEMPERATURE, TOP_P = 0.6, 0.9  # Llama-3.1-8B-Instruct's generation_config.json
+# each mode as vLLM's SamplingParams (the real-engine replays and the engine check)
+PARAMS = {"greedy": {"temperature": 0.0}, "random": {"temperature": TEMPERATURE},
+          "top-p": {"temperature": TEMPERATURE, "top_p": TOP_P}}
 
 
 def _torch_sampler(mode: str):

@@ -196,7 +196,7 @@ def one_core() -> int:
 
 
 def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref: str | None, limits: dict,
-             seed: int = 0, model=None, device: str = "cpu", policy_args: dict | None = None):
+             seed: int = 0, model=None, device: str = "cpu", policy_args: dict | None = None, sampling: str | None = None):
     """One policy on a fresh engine (in its own process): (turns, programs, info). With
     profile_ref None the engine is profiled first (quick probes); info['profile'] holds
     that profile, and the policy inside the engine uses it too."""
@@ -226,7 +226,7 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
             raise RuntimeError("vLLM refused to reset its prefix cache before the replay")
         sched.reset_stats()
         replay = TraceReplay(trace, arrivals, vocab, seed)
-        info["wall_s"] = replay_in_process(llm, replay)
+        info["wall_s"] = replay_in_process(llm, replay, sampling=sampling or "greedy")
         info.update(sched.pin_report())
         info["steps"] = pd.DataFrame(sched.step_log, columns=["start", "seconds", "tokens", "seqs", "sum_qk",
                                                               "sum_k", "sum_qc"])
@@ -242,7 +242,8 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
 
 def sim_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile: Profile, engine: dict,
             policy_args: dict | None = None):
-    """The simulator on the real engine's own limits and the real replay's trace and arrivals."""
+    """The simulator on the real engine's own limits and the real replay's trace and arrivals
+    (`profile` already priced for the replay's sampling: Profile.with_sampling)."""
     config = SimConfig(policy=PolicyConfig(name=policy, args=dict(policy_args or {})), engine=EngineLimits(
         num_gpu_blocks=engine["num_gpu_blocks"], block_size=engine["block_size"],
         max_num_batched_tokens=engine["max_num_batched_tokens"], max_num_seqs=engine["max_num_seqs"],
@@ -285,19 +286,21 @@ def _one_engine(args: tuple):
 def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarray, profile: str | None = None,
                    out: str | Path | None = None, seed: int = 0, model=None, device: str = "cpu",
                    log=print, policy_args: dict[str, dict] | None = None, repeats: int = 1,
-                   merge_from: str | Path | None = None, **limits) -> dict:
+                   merge_from: str | Path | None = None, sampling: str | None = None, **limits) -> dict:
     """One workload, each policy `repeats` times on a fresh engine and, per repeat, in the
     simulator on the band of clocks around that repeat's (clock_band). `profile`: a
     profile name or path; None = calibrate on the first engine (written to out/profile.json) and use it for the rest.
     `policy_args`: per policy name, its parameters (the same on both sides). `merge_from`:
     an earlier report.json of the same workload whose other policies' rows are kept (the
-    ranking is recomputed over all): re-run some policies after a fix without the rest."""
+    ranking is recomputed over all): re-run some policies after a fix without the rest.
+    `sampling`: how every call samples on both sides (calibrate/sampler.py PARAMS on the engine,
+    the profile's `sampler` section in the simulator); None: greedy, as the step probes."""
     policy_args = {p: dict((policy_args or {}).get(p) or {}) for p in policies}
     check_policies(policies, policy_args)
     if repeats < 1:
         raise InputError(f"--repeats {repeats}: give 1 or more")
     if profile is not None:
-        load_profile(profile)  # a bad profile fails here too
+        load_profile(profile).with_sampling(sampling)  # a bad profile, or one without its sampler, fails here too
     elif out is None:
         raise InputError("calibrating needs --out: the profile is written there for the next engines (or give --profile)")
     real: dict[str, list] = {p: [] for p in policies}
@@ -306,7 +309,7 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
         for pol in policies:
             t0 = time.perf_counter()
             ref = profile if profile is not None or calibrated is None else str(Path(out) / "profile.json")
-            run = _one_engine((trace, arrivals, pol, ref, limits, seed, model, device, policy_args[pol]))
+            run = _one_engine((trace, arrivals, pol, ref, limits, seed, model, device, policy_args[pol], sampling))
             info = run[2]
             if "profile" in info:
                 calibrated = info.pop("profile")
@@ -315,6 +318,7 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
             log(f"{pol} #{rep_i + 1}: real replay {info['wall_s']:.1f} s, mean JCT {run[1]['jct'].mean():.2f} s "
                 f"(engine start to finish {time.perf_counter() - t0:.1f} s)")
     prof = parse_profile(calibrated, "calibrated") if calibrated is not None else load_profile(profile)
+    prof = prof.with_sampling(sampling)  # before the clock scales it: the sampler runs on the same clock
     sim, unscaled, rows = {}, {}, {}
     for pol in policies:
         sim[pol], unscaled[pol] = [], []
@@ -336,6 +340,7 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
     rep = {"policies": rows, **rank(rows)}
     first = real[policies[0]][0][2]
     rep["setup"] = {"programs": int(trace["program_id"].nunique()), "calls": int(len(trace)), "seed": seed,
+                    "sampling": sampling or "greedy",
                     "repeats": repeats, "engine": first["limits"]["engine"], "model": first["limits"]["model"],
                     "engine_cpu_core": first["cpu_core"], "machine": device_name(device),
                     "engine_threads": sorted({r[2]["threads"] for runs in real.values() for r in runs}),
@@ -350,11 +355,12 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
 
 def run_matrix(shapes: list[str], policies: list[str], repeats: int = 2, out: str | Path = "val",
                profile: str | None = None, seed: int = 0, model=None, device: str = "cpu", log=print,
-               merge: bool = False) -> dict:
+               merge: bool = False, sampling: str | None = None) -> dict:
     """Every policy on every shape (SHAPES), `repeats` real runs each; one calibration
     shared by all. Writes out/<shape>/ per shape, then out/report.{md,json} and
     out/mean_jct_sim_vs_real.png (written last). `merge`: keep the rows of policies not
-    run now from out/<shape>/report.json (give the profile those were judged on)."""
+    run now from out/<shape>/report.json (give the profile those were judged on). `sampling`: as
+    run_validation's."""
     from traces.schema import read_trace
 
     unknown = [s for s in shapes if s not in SHAPES]
@@ -375,7 +381,7 @@ def run_matrix(shapes: list[str], policies: list[str], repeats: int = 2, out: st
         if merge and not old.exists():
             raise InputError(f"--merge: {old} does not exist; run the full matrix into {out} first")
         reports[s] = run_validation(trace, policies, arrivals_for(trace, shape.jps, seed), profile, out / s, seed,
-                                    model, device, log, args, repeats, old if merge else None, **shape.limits)
+                                    model, device, log, args, repeats, old if merge else None, sampling, **shape.limits)
         reports[s]["shape"] = dataclasses.asdict(shape)
         profile = profile or str(out / s / "profile.json")  # calibrate once
     rep = {"shapes": reports, "not_runnable": {p: r for p, r in NOT_RUNNABLE.items()}, "wall_s": time.perf_counter() - t0}

@@ -224,8 +224,10 @@ class Profile:
         """This profile as a run whose calls sample in `mode` prices its steps: the sampler of
         `mode` less the one the step model already holds (`in_steps`), per step into c0 and per
         scheduled sequence into c3 (every step samples a row per request). None: unchanged."""
-        if mode is None:
+        if mode is None or mode == self.sampling:
             return self
+        if self.sampling is not None:
+            raise ValueError(f"profile {self.name!r} is priced for {self.sampling} sampling already")
         s = self.sampler
         if s is None or mode not in s["modes"]:
             have = "no `sampler` section" if s is None else f"a `sampler` section without {mode!r}"
