@@ -416,8 +416,11 @@ STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 ser
                "empty engine (the real second stage followed the first on a warm server), "
                "client view, the KV pool derived (no vllm.log published); Mixtral-8x7B priced by the roofline (aiconfigurator "
                "0.12.0 lists no Mixtral); an H100 TP1 Llama-3.1-8B run also on the bundled profile llama3.1-8b-h100 (profile "
-               "bundled: its step prices, the run's engine limits and KV pool). TPOT (derived) = (mean E2E - mean TTFT) / "
-               "(output_len - 1) on both sides:")
+               "bundled: its step prices, the run's engine limits and KV pool). Not priced: vLLM's sampler (the requests set no "
+               "sampling parameters, so each model's generation_config.json applies: top-p for Llama-3.1-8B-Instruct and "
+               "Llama-2-7b-hf, whose top-p vLLM 0.15.1 sorts the whole vocabulary for, a cost growing with the calls a step; "
+               "no H100 timing of it is measured: docs/reference/profiles.md, the sampler a step). TPOT (derived) = "
+               "(mean E2E - mean TTFT) / (output_len - 1) on both sides:")
 PEERS_NOTE = ("Beside other simulators on the same runs (their published signed errors of mean E2E / mean TTFT, as in "
               "inference-sim/sim-to-real-accuracy-validation's CSVs at the commits benchmarks/data/server_runs.json names; "
               "a row matched to a run by its actual mean E2E; whole run: stage means weighted by requests; LLMServingSim's file "
