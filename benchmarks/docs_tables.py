@@ -41,6 +41,7 @@ DOCS = ROOT / "docs"
 # page's n-th table5 block and its n-th fig9 block are one run's)
 SCRIPT_OF = {"table5": "table5_fig9", "fig9": "table5_fig9"}
 NOT_REDONE = {"sim_speed": "wall-clock timings against a baseline commit", "clock_sensitivity": "runs a real vLLM engine",
+              "sampler_time": "times vLLM's sampler and a real vLLM engine",
               "tune_speed": "a wall-clock timing on a shared machine"}
 # what differs from run to run in a table's text and is not a result
 VOLATILE = re.compile(r" Run on \d{4}-\d{2}-\d{2}: \d+ runs, [\d.]+ min wall with \d+ worker\(s\)\.")

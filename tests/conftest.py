@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 # The environment this test run started with, before any test or import changed it:
 # tests that must measure a real engine as a user's shell would start it run their
@@ -76,6 +77,16 @@ def make_trace(programs: list[list[tuple[int, int, str | None, float | None]]], 
                 row["shared_prefix_tokens"] = shared_prefix
             rows.append(row)
     return validate(pd.DataFrame(rows))
+
+
+def assert_script_refuses(main, argv: list[str], says: str, monkeypatch, capsys, folder) -> None:
+    """A benchmark script's main() run in `folder` with `argv` exits 2 saying `says`, writing nothing."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "argv", ["script.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not list(Path(folder).iterdir())  # nothing written
 
 
 def trace_and_profile_files(d, seed: int, programs: int, blocks: int) -> tuple[str, str]:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import sampler_time  # noqa: E402
+from conftest import assert_script_refuses  # noqa: E402
 from calibrate import sampler  # noqa: E402
 
 SECTION = {"in_steps": "greedy", "vocab_size": 32000, "measured": "test",
@@ -130,12 +131,7 @@ def test_the_torch_rewrite_keeps_the_same_nucleus_as_vllms_top_p():
     (["--into", "llama3.1-8b-h100", "--out", "p.json", "--vocab", "32000"], "not the profile's model's vocab_size"),
 ])
 def test_bad_flags_refused(argv, says, monkeypatch, capsys, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["sampler_time.py", *argv])
-    with pytest.raises(SystemExit) as e:
-        sampler_time.main()
-    assert e.value.code == 2 and says in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())
+    assert_script_refuses(sampler_time.main, argv, says, monkeypatch, capsys, tmp_path)
 
 
 def test_fit_is_affine_and_never_negative():
@@ -192,3 +188,11 @@ def test_agent_programs_sampling_top_p_on_the_real_engine(tmp_path):
                      rep["setup"]["engine"])
     unpriced = greedy.programs["jct"].mean() / row["real"]["mean_jct"] - 1
     assert unpriced < -0.15 and abs(row["mean_jct_error"]) < abs(unpriced), (unpriced, row["mean_jct_error"])
+
+
+def test_cuda_without_a_gpu_is_one_line(monkeypatch, capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
+    assert_script_refuses(sampler_time.main, ["--device", "cuda", "--impl", "torch"], "torch sees no CUDA GPU",
+                          monkeypatch, capsys, tmp_path)

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import server_time  # noqa: E402
+from conftest import assert_script_refuses  # noqa: E402
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -22,12 +23,7 @@ import server_time  # noqa: E402
     (["--concurrency", "0,8", "--into", "cpu-micro-llama", "--out", "p.json"], "do not apply with --concurrency"),
 ])
 def test_bad_flags_refused(argv, says, monkeypatch, capsys, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["server_time.py", *argv])
-    with pytest.raises(SystemExit) as e:
-        server_time.main()
-    assert e.value.code == 2 and says in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())  # nothing written
+    assert_script_refuses(server_time.main, argv, says, monkeypatch, capsys, tmp_path)  # nothing written
 
 
 def test_recorded_wait_per_stream_ahead_agrees_with_the_server_section():

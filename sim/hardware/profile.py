@@ -58,7 +58,7 @@ vLLM samples a row of logits for every request a step schedules, and what that c
 on how the requests sample (greedy, random, or top-p, which sorts the vocabulary on the
 native path). The step model holds the sampler of the mode its probes ran (`in_steps`:
 greedy for a calibration on vLLM, none for step times from kernels); a run in another mode
-(`Profile.sampling`) adds the difference, per step and per scheduled sequence, to c0 and c3.
+(`Profile.with_sampling`) adds the difference, per step and per scheduled sequence, to c0 and c3.
 
 A GPU profile prices the device. vLLM's own host work per step (scheduling, inputs,
 sampling, outputs; `host`, measured apart by benchmarks/vllm_host_time.py) adds to a
