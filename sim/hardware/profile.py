@@ -201,7 +201,7 @@ class Profile:
     raw: dict = field(default_factory=dict, repr=False)
     server: ServerTime | None = None  # the `server` section; None = not measured
     sampler: dict | None = None  # the `sampler` section as checked; None = not measured
-    sampling: str | None = None  # the mode `sampling` priced (None: as the step probes ran)
+    sampling: str | None = None  # the mode with_sampling priced (None: as the step probes ran)
     # prefill_time by token count: policies ask it for every finished call (Continuum's
     # benefit) and context lengths recur; the fields it reads are never reassigned.
     _prefill: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -231,8 +231,8 @@ class Profile:
         s = self.sampler
         if s is None or mode not in s["modes"]:
             have = "no `sampler` section" if s is None else f"a `sampler` section without {mode!r}"
-            raise InputError(f"--sampling {mode}: profile {self.name!r} has {have}; measure it with "
-                             f"benchmarks/sampler_time.py --into, or drop --sampling")
+            raise InputError(f"--sampling {mode}: profile {self.name!r} has {have}; calibrate one (`sim calibrate` "
+                             f"measures it) or add it with benchmarks/sampler_time.py --into, or drop --sampling")
         base = s["modes"].get(s["in_steps"], {"step_s": 0.0, "per_row_s": 0.0})
         d0 = s["modes"][mode]["step_s"] - base["step_s"]
         d3 = s["modes"][mode]["per_row_s"] - base["per_row_s"]
