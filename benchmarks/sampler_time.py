@@ -109,9 +109,13 @@ def main() -> int:
         ap.error("--write-docs needs --engine: the table sets the sampler beside the engine")
     raw = None
     if args.into:
+        from agentsim.errors import InputError
         from sim.hardware.profile import load_profile
 
-        raw = dict(load_profile(args.into).raw)
+        try:
+            raw = dict(load_profile(args.into).raw)
+        except InputError as e:
+            ap.error(str(e))
         have = raw["model"].get("vocab_size")
         if have is None and args.vocab is None:
             ap.error(f"profile {args.into!r} does not name its model's vocab_size; give it with --vocab")
@@ -150,9 +154,8 @@ def main() -> int:
         raw["sampler"] = sec
         atomic_write(args.out, lambda tmp: Path(tmp).write_text(json.dumps(raw, indent=1) + "\n"))  # the bundled profiles' layout
         print(f"wrote {args.out}")
-    if args.write_docs:  # the block's key: the rows it was timed at (docs_tables.py does not redo it: an engine run)
-        write_block(PAGE, "sampler_time", f"--engine --rows {','.join(map(str, rows))}",
-                    docs_table(sec, "python benchmarks/sampler_time.py " + " ".join(sys.argv[1:])))
+    if args.write_docs:  # docs_tables.py does not redo this block: an engine run
+        write_block(PAGE, "sampler_time", "--engine", docs_table(sec, "python benchmarks/sampler_time.py " + " ".join(sys.argv[1:])))
         print(f"wrote {PAGE.relative_to(ROOT)}")
     return 0
 

@@ -129,9 +129,19 @@ def test_the_torch_rewrite_keeps_the_same_nucleus_as_vllms_top_p():
     (["--into", "cpu-micro-llama"], "--into and --out go together"),
     (["--into", "cpu-micro-llama", "--out", "p.json"], "give it with --vocab"),
     (["--into", "llama3.1-8b-h100", "--out", "p.json", "--vocab", "32000"], "not the profile's model's vocab_size"),
+    (["--into", "nosuch", "--out", "p.json"], "profile 'nosuch' not found"),
+    (["--write-docs"], "--write-docs needs --engine"),
 ])
 def test_bad_flags_refused(argv, says, monkeypatch, capsys, tmp_path):
     assert_script_refuses(sampler_time.main, argv, says, monkeypatch, capsys, tmp_path)
+
+
+def test_the_docs_page_has_the_block_write_docs_replaces():
+    from benchmarks.docs_tables import replace_block
+
+    text = sampler_time.PAGE.read_text()
+    assert "| rows | sampler alone" in text  # the block as written
+    assert "new body" in replace_block(text, "sampler_time", "--engine", "new body")  # found: --write-docs cannot fail late
 
 
 def test_fit_is_affine_and_never_negative():
