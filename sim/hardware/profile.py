@@ -145,12 +145,9 @@ class StepModel:
         gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
         c0 = self.c0 if self.routed == 0 and not self.single else self.fixed(tokens)
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
-        if self.launch and tokens > seqs:
-            if self.sample or self.sample_row:  # the sampler runs after the forward, whose launches floor it
-                s = self.sample + self.sample_row * seqs
-                t = _smax(self.launch, t - s, self.p) + s
-            else:
-                t = _smax(self.launch, t, self.p)
+        if self.launch and tokens > seqs:  # the sampler (0 unless priced) runs after the forward its launches floor
+            s = self.sample + self.sample_row * seqs
+            t = _smax(self.launch, t - s, self.p) + s
         h = self.host_time(tokens, seqs)
         if h != 0.0:  # a synchronous step waits for the host's work, an asynchronous one overlaps it
             return max(t, h) if self.overlap else t + h
