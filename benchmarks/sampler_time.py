@@ -130,6 +130,9 @@ def main() -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA GPU here")
+    # the engine first: it binds this process's torch threads to the one it serves with, which the
+    # sampler alone is then timed with too (set after the binding, the count would not take)
+    eng = engine_decode(rows) if args.engine else None
     modes = measure(vocab, rows, args.device, impl, args.repeats)
     print("mode     step_ms  per_row_us   " + "  ".join(f"{n:>6d}" for n in rows))
     for m, f in modes.items():
@@ -138,8 +141,7 @@ def main() -> int:
     from calibrate.run import device_name
 
     sec = section(modes, vocab, args.device, device_name(args.device), impl, rows, args.repeats)
-    if args.engine:
-        eng = engine_decode(rows)
+    if eng is not None:
         sec["engine_decode_s"] = eng
         print("engine decode per output token (ms), and its increase over greedy beside the sampler's:")
         for m in SAMPLING_MODES:

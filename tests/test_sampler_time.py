@@ -157,8 +157,8 @@ def test_the_sampler_timed_alone_is_what_the_engines_decode_step_grows_by():
     the one torch thread the engine serves with (2026-11-29, a 2-core EPYC: +50.4 ms against +49.6,
     top-p; +4.4 against +4.2, random). Timed interleaved in one process, so a busy machine slows both."""
     rows = [1, 16]
+    eng = sampler_time.engine_decode(rows, out_tokens=32)  # first: the engine binds the torch threads it serves with
     alone = sampler.measure(32000, rows, "cpu", "vllm", 8)
-    eng = sampler_time.engine_decode(rows, out_tokens=32)
     for mode in ("random", "top-p"):
         m, g = alone[mode], alone["greedy"]
         predicted = (m["step_s"] - g["step_s"]) + (m["per_row_s"] - g["per_row_s"]) * 16
