@@ -202,8 +202,10 @@ def import_run(folder: Path) -> tuple[dict, dict]:
 
 def compact(text: str) -> str:
     """The runs file as json.dumps(indent=1) writes it, with each request [arrival, prompt, output]
-    and the list of requests that ran alone on one line."""
-    text = re.sub(r"\[\n\s+(-?[\d.]+),\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2, \3]", text)
+    (and, where a run has them, [.., prefix_of, prefix_tokens]) and the list of requests that ran
+    alone on one line."""
+    text = re.sub(r"\[\n\s+(-?[\d.]+),\n\s+(\d+),\n\s+(\d+)(?:,\n\s+(-?\d+),\n\s+(\d+))?\n\s+\]",
+                  lambda m: "[" + ", ".join(g for g in m.groups() if g is not None) + "]", text)
     return re.sub(r'"requests": \[\n((?:\s+\d+,?\n)+)\s+\]', lambda m: '"requests": [' + ", ".join(m[1].split()).replace(",,", ",") + "]", text)
 
 

@@ -19,8 +19,9 @@ DATA = ROOT / "benchmarks" / "data" / "server_runs.json"
 
 
 def _traced():
+    """The BLIS H100 trace runs (the RTX-class ones: tests/test_server_runs_rtx.py)."""
     d = srt.load_data(DATA)
-    return d, [r for r in d["runs"] if r["workload"]["kind"] == "trace"]
+    return d, [r for r in d["runs"] if r["workload"]["kind"] == "trace" and r["source"] == gt.SOURCE]
 
 
 def test_the_trace_runs_are_the_sources_and_their_settings_the_logs(tmp_path):
