@@ -22,6 +22,17 @@ shape (HELD below). Collectives: vLLM's all-reduce (its custom all-reduce in a C
 graph, comm/vllm) and NCCL's all-to-all (comm/nccl) per GPU at 2, 4 and 8 GPUs, each
 fitted as latency + bytes / bandwidth over 8 KiB-256 MiB messages.
 
+A GPU aiconfigurator has no data of, from LLMServingSim's per-layer vLLM measurements instead (no extra):
+
+    python benchmarks/measured_kernels.py --layers DIR [--out FILE]
+
+DIR: a checkout of casys-kaist/LLMServingSim (LAYERS below: the GPU, its profiler folder, the models);
+each step of LAYER_GRID composed from the layers vLLM 0.19.0 ran on that GPU (benchmarks/
+llmservingsim_layers.py Layers: a decoder block's layers times the model's layers, embedding, final
+norm, LM head and sampler; attention as measured at the step's exact chunk, cached context, decodes
+and their context), fitted and held out by shape as above. Their grid stops at 2,048 tokens a step
+and 16,384 of context, so the fit covers those steps (prefill past them is the model's extrapolation).
+
 Tables (from the shipped file; no extra needed):
 
     python benchmarks/measured_kernels.py [--table heldout|collectives] [--write-docs [PAGE]]
@@ -78,18 +89,18 @@ def kind(p: pc.Probe) -> str:
     return {"fresh_prefill": "fresh prefill", "cached_prefill": "cached prefill"}.get(p.group, p.group)
 
 
-def held_out(p: pc.Probe) -> bool:
-    return any(getattr(p, f) in vals for f, vals in HELD[kind(p)].items())
+def held_out(p: pc.Probe, held: dict = HELD) -> bool:
+    return any(getattr(p, f) in vals for f, vals in held[kind(p)].items())
 
 
-def _rows(points: list[pc.Probe]) -> list[dict]:
+def _rows(points: list[pc.Probe], held: dict = HELD) -> list[dict]:
     from calibrate.fit import FEATURES
     from calibrate.probes import step_row
 
     out = []
     for p in points:
         k = {"fresh prefill": "prefill", "cached prefill": "cached_prefill"}.get(kind(p), kind(p))
-        out.append({"kind": k, "heldout": held_out(p), "seconds": p.seconds[pc.STAT], "probe": p,
+        out.append({"kind": k, "heldout": held_out(p, held), "seconds": p.seconds[pc.STAT], "probe": p,
                     "features": dict(zip(FEATURES, map(float, step_row(p.chunks()))))})
     return out
 
@@ -196,6 +207,79 @@ def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> di
     for e, r in zip(errs, rows):
         e["heldout"] = r["heldout"]
     return {"coef": coef, "used": used, "rows": errs}
+
+
+# GPUs without aiconfigurator data, from LLMServingSim's profiler (profiler/perf/<folder>/<model>/bf16/tp<N>/); max_context:
+# the most context a step of the card can hold (a 24 GB RTX 4090 holds 41,408 tokens of Llama-3.1-8B: vLLM 0.19.0's own
+# pool, benchmarks/data/vllm_kv_pool_cases.json), so the fit is not bent by steps the card never runs
+LAYERS = {"RTX-4090": {"folder": "RTX4090", "models": {"llama3.1-8b": ("meta-llama/Llama-3.1-8B", (1,))}, "max_context": 65536}}
+LAYERS_SOURCE = ("LLMServingSim profiler, vLLM {vllm} layers (casys-kaist/LLMServingSim {commit}: one decoder block's "
+                 "layers timed eagerly by vLLM's own modules, dummy weights, per token count; attention per chunk, cached "
+                 "context, decodes and their context)")
+# HELD at the layers' grid, whose batches are powers of 2: decode contexts of 512 held out too, so that every decode
+# bucket has held-out steps
+LAYER_HELD = {**HELD, "decode": {"B": {2}, "ctx": {512, 4096}}}
+LAYER_HELD_RULE = HELD_RULE.replace("decode B in {2, 24, 96, 192} or ctx = 4096", "decode B = 2 or ctx in {512, 4096}")
+LAYER_GRID_TEXT = ("fresh prefill 16-2048 tokens, cached prefill 128-2048 over 1K-16K, decode B 1-256 over 256-16K "
+                   "tokens, mixed; at most {max_context} tokens of context a step")
+# the measured grid: powers of 2 from 16 to 2,048 tokens a step and 16,384 of context
+LAYER_PREFILL_N = (16, 32, 64, 128, 256, 512, 1024, 2048)
+LAYER_CACHED_N, LAYER_CACHED_K = (128, 512, 1024, 2048), (1024, 4096, 8192, 16384)
+LAYER_DECODE_B = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LAYER_DECODE_CTX = (256, 512, 1024, 2048, 4096, 8192, 16384)
+LAYER_MIXED_N, LAYER_MIXED_K, LAYER_MIXED_B, LAYER_MIXED_CTX = (256, 512, 1024), (0, 8192), (8, 16, 32, 64, 128), (512, 2048)
+
+
+def layer_grid(max_context: int) -> list[pc.Probe]:
+    """grid()'s kinds at the sizes LLMServingSim measured (a step of at most 2,048 tokens, 255 decodes beside a chunk)
+    whose context (every token a step attends over) fits max_context."""
+    pts = [pc.Probe("prefill", n=n) for n in LAYER_PREFILL_N]
+    pts += [pc.Probe("prefill", n=n, k=k) for n in LAYER_CACHED_N for k in LAYER_CACHED_K if n + k <= max_context]
+    pts += [pc.Probe("decode", B=b, ctx=c) for b in LAYER_DECODE_B for c in LAYER_DECODE_CTX if b * c <= max_context]
+    pts += [pc.Probe("mixed", n=n, k=k, B=b, ctx=c) for n in LAYER_MIXED_N for k in LAYER_MIXED_K for b in LAYER_MIXED_B
+            for c in LAYER_MIXED_CTX if n + b <= 2048 and n + k + b * c <= max_context]
+    return pts
+
+
+def layer_points(lay, layers: int, max_context: int) -> list[pc.Probe]:
+    """layer_grid's steps priced by the layers: `lay` a benchmarks/llmservingsim_layers.py Layers."""
+    from dataclasses import replace
+
+    return [replace(p, seconds={pc.STAT: lay.step(layers, p.n, p.k, p.B, p.ctx)}) for p in layer_grid(max_context)]
+
+
+def derive_layers(src: Path, out_path: Path) -> dict:
+    """Each GPU of LAYERS fitted on its composed steps, in place of its entry in out_path (the rest kept)."""
+    import yaml
+
+    from benchmarks.llmservingsim_layers import Layers
+    from benchmarks.server_runs_llmservingsim import COMMIT
+
+    data = json.loads(out_path.read_text())
+    for g, spec in LAYERS.items():
+        entry, version = {"models": {}, "collectives": {}}, None
+        for m, (repo, tps) in spec["models"].items():
+            base = src / "profiler" / "perf" / spec["folder"] / repo / "bf16"
+            if not (base / "meta.yaml").is_file():
+                raise InputError(f"--layers {src}: no profiler/perf/{spec['folder']}/{repo}/bf16/meta.yaml; give a checkout "
+                                 f"of casys-kaist/LLMServingSim at {COMMIT[:7]}")
+            version = str(yaml.safe_load((base / "meta.yaml").read_text())["vllm_version"])
+            for tp in tps:
+                rows = _rows(layer_points(Layers(base / f"tp{tp}"), roofline.find_model(m)[1]["num_layers"], spec["max_context"]),
+                             LAYER_HELD)
+                coef = fit_rows(rows, None, single=False)
+                errs = pc.error_rows(predict(coef, rows), [r["probe"] for r in rows])
+                for e, r in zip(errs, rows):
+                    e["heldout"] = r["heldout"]
+                sm = _summary(errs)
+                entry["models"].setdefault(m, {})[str(tp)] = {"coef": coef, "points": len(rows), "heldout": sm["heldout"],
+                                                              "train": {k: v["mape_pct"] for k, v in sm["train"].items()}}
+                print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in sm["heldout"].items()),
+                      file=sys.stderr, flush=True)
+        data["gpus"][g] = {"source": LAYERS_SOURCE.format(vllm=version, commit=COMMIT[:7]), "vllm": version,
+                           "grid": LAYER_GRID_TEXT.format(max_context=spec["max_context"]), "held_out": LAYER_HELD_RULE, **entry}
+    out_path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
 
 
 def _summary(errs: list[dict]) -> dict:
@@ -361,8 +445,10 @@ TABLE_KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16",
 def heldout_table(data: dict | None = None) -> str:
     data = data or mk.load()
     gpus = list(data["gpus"])
-    lines = [f"Held-out error of the measured coefficients against {data['package']}'s vLLM kernels, per GPU and kind: "
-             "MAPE over every model and tp fitted (worst model and tp's MAPE), "
+    others = {g: d["source"] for g, d in data["gpus"].items() if "source" in d}
+    lines = [f"Held-out error of the measured coefficients against {data['package']}'s vLLM kernels"
+             + "".join(f" ({g}: against the {src}, `--layers`; its grid: {data['gpus'][g]['grid']})" for g, src in others.items())
+             + ", per GPU and kind: MAPE over every model and tp fitted (worst model and tp's MAPE), "
              "by `python benchmarks/measured_kernels.py --derive` (table: `--table heldout`):", "",
              "| kind | " + " | ".join(gpus) + " |", "|" + "---|" * (len(gpus) + 1)]
     for k in TABLE_KINDS:
@@ -420,6 +506,8 @@ def collectives_table(data: dict | None = None) -> str:
              "", "| GPU | all-reduce tp 2 | tp 4 | tp 8 | all-to-all ep 2 | ep 4 | ep 8 | worst fit MAPE |",
              "|---|---|---|---|---|---|---|---|"]
     for g, d in data["gpus"].items():
+        if not d["collectives"]:  # a GPU fitted from LLMServingSim's layers: single-GPU steps only
+            continue
         cells, worst = [], 0.0
         for op in ("all_reduce", "all_to_all"):
             c = d["collectives"].get(op, {})
@@ -445,6 +533,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="derive: only these models (comma-separated), in place of theirs in --out")
     ap.add_argument("--kv-cache-dtype", choices=roofline.KV_CACHE_DTYPES, default="auto",
                     help="derive: fp8 fits steps with an FP8 KV cache into each GPU's kv_fp8_models (with --gpus/--models)")
+    ap.add_argument("--layers", metavar="DIR", help="fit LAYERS' GPUs from a checkout of casys-kaist/LLMServingSim into --out")
     ap.add_argument("--table", choices=("heldout", "collectives"), default=None, help="one table (default both)")
     ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "profiles.md"), default=None, metavar="PAGE")
     a = ap.parse_args(argv)
@@ -452,10 +541,22 @@ def main(argv=None) -> int:
     if a.kv_cache_dtype != "auto" and (not a.derive or a.collectives_only):
         print("error: --kv-cache-dtype applies to --derive only", file=sys.stderr)
         return 2
-    if a.collectives_only:
+    if a.layers and (a.derive or a.collectives_only or a.gpus or a.models or a.kv_cache_dtype != "auto"):
+        print("error: --layers fits LAYERS' GPUs on their own: drop --derive, --collectives-only, --gpus, --models and "
+              "--kv-cache-dtype", file=sys.stderr)
+        return 2
+    if a.layers:
+        try:
+            data = derive_layers(Path(a.layers), Path(a.out))
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {a.out}", file=sys.stderr)
+    elif a.collectives_only:
         data = json.loads(Path(a.out).read_text())
         for d in data["gpus"].values():
-            d["collectives"] = collectives(d["system"])
+            if "system" in d:  # a GPU fitted from LLMServingSim's layers has no aiconfigurator collectives
+                d["collectives"] = collectives(d["system"])
         Path(a.out).write_text(json.dumps(data, indent=1) + "\n")
     elif a.derive:
         if a.kv_cache_dtype == "fp8" and not (a.gpus or a.models):

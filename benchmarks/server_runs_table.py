@@ -17,11 +17,14 @@ TPOT only, mean E2E is taken as TTFT + TPOT x (mean n - 1) on both sides (exact 
 output lengths n; the same identity applied to the simulator's own means).
 
 A run of workload kind `trace` (real vLLM 0.11.0 servers on H100, guidellm sweeps:
-benchmarks/server_runs_ground_truth.py imports them) is replayed request by request: each
-request's arrival at the engine, prompt and output tokens and the shared prefix its client
-sent, the engine settings and block count its log states. Its measured statistics are per
-view: `engine` from vLLM's own per-request spans (TTFT and E2E from the arrival at the
-engine), `client` from the benchmark client's results where published; each simulated view
+benchmarks/server_runs_ground_truth.py imports them; real vLLM 0.19.0 on RTX 4090 and RTX PRO
+6000 cards, ShareGPT token ids: benchmarks/server_runs_llmservingsim.py) is replayed request by
+request: each request's arrival at the engine, prompt and output tokens and the shared prefix
+its client sent (or, given as prefix_of / prefix_tokens columns, the prompt prefix each request
+shares with an earlier one: prefix_segments), the engine settings and the block count where the
+source states it. Its measured statistics are per view: `engine` from vLLM's own per-request
+stamps (TTFT and E2E from the arrival at the engine), `client` from the benchmark client's
+results where published; each simulated view
 is judged against its own (mean and p99 of TTFT and E2E, mean TPOT), never across views; the
 engine view also in parts (render_parts: wait, prefill, decode, and the requests that ran alone),
 and, as a diagnostic that changes no profile, replayed with the prices those alone requests show
@@ -289,7 +292,7 @@ def trace_rows(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None
                         "concurrency": None, "profile": which, "unknown": unknown, "view": view, "metric": m, "stat": stat,
                         "real_ms": r, "sim_ms": x, "error_pct": (x - r) / r * 100, "requests": n, "kind": "trace",
                         "max_num_batched_tokens": run["engine"]["max_num_batched_tokens"],
-                        "shared_prefix_tokens": int(w.get("shared_prefix_tokens") or 0)})
+                        "shared_prefix_tokens": "by token ids" if "prefix_of" in w["columns"] else int(w.get("shared_prefix_tokens") or 0)})
     return out
 
 
@@ -858,8 +861,9 @@ def main(argv=None) -> int:
                 + summary(closed_rows).replace("\n", "; ") + ".\n\n"
                 + why
                 + ("\n\nReplayed request by request (workload kind trace: each request's arrival at the engine, prompt and "
-                   "output tokens, the client's shared prefix; the block count vLLM logged), both views, each against its own "
-                   "measurement (engine: vLLM's per-request spans; client: guidellm's results, where published):\n\n"
+                   "output tokens, the client's shared prefix or, where the source gives each prompt's token ids, the prefix "
+                   "each shares with an earlier one; the block count vLLM logged where it did), both views, each against its own "
+                   "measurement (engine: vLLM's per-request stamps; client: guidellm's results, where published):\n\n"
                    + traced + "\n\n" + trace_summary(rows).replace("\n", "; ") + "." if traced else "")
                 + (f"\n\n{PARTS_NOTE}\n\n{parted}" if parted else "")
                 + (f"\n\n{WHAT_IF_NOTE}\n\n{gap}" if gap else "")

@@ -37,6 +37,9 @@ def test_the_shipped_file_names_its_source_and_covers_the_measured_gpus():
     assert DATA["package"] == "aiconfigurator-core 0.12.0" and "Apache-2.0" in DATA["licence"]
     assert {"H100", "H200", "B200", "GB200", "A100-80GB", "L40S", "RTX-PRO-6000"} <= set(DATA["gpus"])
     for g, d in DATA["gpus"].items():
+        if "source" in d:  # a GPU aiconfigurator has no data of: tests/test_measured_kernels_layers.py
+            assert "aiconfigurator_system" not in R.find_gpu(g)[1], g
+            continue
         assert R.find_gpu(g)[1]["aiconfigurator_system"] == d["system"], g
         assert d["models"], g
         for m, by_tp in d["models"].items():
@@ -54,10 +57,11 @@ def test_held_out_error_per_gpu_and_kind():
     9.1%); the bf16 dense models at tp 1-4 within 11% in every cell. The cells over
     10% (FP8 on Blackwell, tp 8 decode B=17-64, L40S at tp 8: kernels not monotone in the
     batch) are listed with why under the docs table; none over 45%."""
-    cells = [(g, m, int(tp), k, fit["heldout"][k]) for g, d in DATA["gpus"].items() for m, by in d["models"].items()
+    aic = {g: d for g, d in DATA["gpus"].items() if "system" in d}
+    cells = [(g, m, int(tp), k, fit["heldout"][k]) for g, d in aic.items() for m, by in d["models"].items()
              for tp, fit in by.items() for k in KINDS if k in fit["heldout"]]
     assert len(cells) > 1400
-    for g in DATA["gpus"]:
+    for g in aic:
         for k in KINDS:
             sel = [h for gg, _, _, kk, h in cells if gg == g and kk == k]
             pooled = sum(h["mape_pct"] * h["points"] for h in sel) / sum(h["points"] for h in sel)
@@ -94,7 +98,7 @@ def test_a_measured_gpu_says_measured_and_differs_from_its_roofline():
         assert meas["fit_error"]["heldout_all"] <= 10
 
 
-@pytest.mark.parametrize("gpu,model,kw", [("RTX-5090", "llama3.1-8b", {}), ("RTX-4090", "llama3.1-8b", {}),
+@pytest.mark.parametrize("gpu,model,kw", [("RTX-5090", "llama3.1-8b", {}), ("RTX-6000-Ada", "llama3.1-8b", {}),
                                           ("A100-40GB", "llama3.1-8b", {}), ("H100", "gemma-3-12b", {}),
                                           ("H100", "glm-4.5-fp8", {"tp": 8}), ("H100", "qwen3-30b-a3b", {"ep": 4})])
 def test_without_measured_kernels_it_falls_back_and_says_roofline(gpu, model, kw):

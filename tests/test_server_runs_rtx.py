@@ -146,5 +146,32 @@ def test_the_rtx_runs_are_judged_with_the_bound_for_their_gpu(tmp_path):
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())
     assert {r["view"] for r in rows} == {"engine"} and {r["gpu"] for r in rows} == {"RTX-4090"}
-    assert all(r["profile"] == "roofline" and r["requests"] == 75 for r in rows)
+    assert all(r["profile"] == "measured" and r["requests"] == 75 for r in rows)  # LLMServingSim's layers (--layers)
     assert "RTX-4090 x1 traces, engine:" in p.stdout and "runs mean E2E within 10%" in p.stdout
+
+
+def _layers(folder: Path) -> None:
+    """Per-layer timings of a miniature decoder block: every dense layer 1 us a token, attention 10 us
+    plus 1 us per decode sequence, LM head 100 us and sampler 10 us a sequence."""
+    folder.mkdir(parents=True)
+    names = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj", "act_fn", "down_proj", "final_layernorm")
+    (folder / "dense.csv").write_text("layer,tokens,time_us\n" + "".join(f"{x},{n},{n}\n" for x in names for n in (1, 64, 2048)))
+    (folder / "per_sequence.csv").write_text("layer,sequences,time_us\n" + "".join(
+        f"{x},{n},{u * n}\n" for x, u in (("lm_head", 100), ("sampler", 10)) for n in (1, 256)))
+    (folder / "attention.csv").write_text("prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n" + "".join(
+        f"{c},0,{b},{k},{10 + b}\n" for c in (0, 2048) for b in (0, 1, 64) for k in (0, 1024)))
+
+
+def test_the_layers_compose_a_step_as_the_model_runs_them(tmp_path):
+    from benchmarks import llmservingsim_layers as ll
+
+    _layers(tmp_path / "l")
+    lay = ll.Layers(tmp_path / "l")
+    # decode 64 x 1024 over 2 layers: 8 block layers x 64 us + attention 74 us, twice; embedding and final norm
+    # 64 us each; LM head and sampler 110 us a sequence
+    assert lay.step(2, 0, 0, 64, 1024) == pytest.approx((2 * (8 * 64 + 74) + 2 * 64 + 110 * 64) * 1e-6)
+    # a 2048-token chunk: 2048 tokens through the dense layers, one sequence sampled
+    assert lay.step(1, 2048, 0, 0, 0) == pytest.approx((8 * 2048 + 10 + 2 * 2048 + 110) * 1e-6)
+    p = subprocess.run([sys.executable, "benchmarks/llmservingsim_layers.py", "--src", str(tmp_path / "none")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and "--src" in p.stderr

@@ -41,9 +41,22 @@ def load() -> dict:
 
 def source_text(gpu: str) -> str:
     d = load()
+    g = d["gpus"][gpu]
+    if "source" in g:  # fitted from LLMServingSim's per-layer measurements (a GPU aiconfigurator has no data of)
+        return f"measured-kernels ({g['source'].split(' (')[0]})"
     # the derive adds the rotary and KV-cache write of every token, which aiconfigurator prices for one
     return (f"measured-kernels ({d['package'].replace('aiconfigurator-core', 'aiconfigurator')} database, "
-            f"vLLM {d['gpus'][gpu]['vllm']}, rotary and KV write of every token)")
+            f"vLLM {g['vllm']}, rotary and KV write of every token)")
+
+
+def kernels_text(gpu: str, kv_fp8: bool = False) -> str:
+    """Where a GPU's fitted steps come from, for a profile's provenance."""
+    d = load()
+    g = d["gpus"][gpu]
+    if "source" in g:
+        return f"the steps composed from the {g['source']}"
+    return (f"the vLLM {g['vllm']} kernels of {d['package']}'s database for {g['system']} (GEMMs, "
+            f"attention{' with an FP8 KV cache' if kv_fp8 else ''}, MoE, all-reduce, as its engine composes a step)")
 
 
 def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False) -> dict | None:
@@ -88,16 +101,15 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     c = dict(fit["coef"])
     src = source_text(gpu)
     prov["source"] = src
-    prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on the "
-                      f"vLLM {d['gpus'][gpu]['vllm']} kernels of {d['package']}'s database for {d['gpus'][gpu]['system']} "
-                      f"(GEMMs, attention{' with an FP8 KV cache' if kv_fp8 else ''}, MoE, all-reduce, as its engine composes a step; benchmarks/measured_kernels.py, "
-                      "sim/hardware/specs/measured_kernels.json); engine limits and host link as the roofline's. "
-                      "Written by `sim profile roofline`.")
+    prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on "
+                      f"{kernels_text(gpu, kv_fp8)} (benchmarks/measured_kernels.py, sim/hardware/specs/measured_kernels.json); "
+                      "engine limits and host link as the roofline's. Written by `sim profile roofline`.")
     for k in ("c0", "c1", "c2", "c3", "c4", "c5", "constants", "moe", "collectives"):
         prov.pop(k, None)
-    held = fit["heldout"]["all"]["points"]
-    prov["step_time"] = (f"fitted on {fit['points'] - held} steps (fresh and cached prefill, decode B 1-256 over 256-32K "
-                         f"tokens, mixed), judged on {held} others ({d['held_out']})"
+    held, g = fit["heldout"]["all"]["points"], d["gpus"][gpu]
+    grid = g.get("grid", "fresh and cached prefill, decode B 1-256 over 256-32K tokens, mixed")
+    prov["step_time"] = (f"fitted on {fit['points'] - held} steps ({grid}), judged on {held} others "
+                         f"({g.get('held_out', d['held_out'])})"
                          + ("; collectives inside: aiconfigurator's step includes vLLM's measured all-reduce" if n > 1 else ""))
     # the roofline's caveats are about its own step prices
     caveats = prov.pop("caveats", [])
@@ -111,6 +123,7 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     profile["step_time"] = c
     profile["prefill_quadratic"] = {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"),
                                     "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]}
-    profile["fit_error"] = {"anchor": f"held-out MAPE % against {d['package']}'s vLLM kernel steps of this GPU, model and tp",
+    against = g["source"].split(" (")[0] if "source" in g else f"{d['package']}'s vLLM kernel"
+    profile["fit_error"] = {"anchor": f"held-out MAPE % against {against} steps of this GPU, model and tp",
                             **{f"heldout_{k.replace(' ', '_').replace('=', '')}": v["mape_pct"] for k, v in fit["heldout"].items()}}
     return notes

@@ -1,0 +1,109 @@
+"""Steps composed from LLMServingSim's per-layer vLLM 0.19.0 measurements on the RTX cards of its held-out runs,
+beside the step the table's profile prices (a diagnostic: nothing is fitted or kept).
+
+    python benchmarks/llmservingsim_layers.py --src DIR
+
+DIR is a checkout of https://github.com/casys-kaist/LLMServingSim at benchmarks/server_runs_llmservingsim.py's
+COMMIT (profiler/perf/<GPU>/<model>/bf16/tp<N>/: dense.csv, attention.csv, per_sequence.csv: each layer of one
+decoder block timed eagerly by vLLM 0.19.0's own modules, dummy weights, at each token count; the attention
+per (prefill chunk, its cached context, decode sequences, their context)). A step = the decoder block's layers
+x the model's layers + embedding, final norm, LM head and sampler; interpolated linearly between measured
+token counts, attention at a measured grid point; at tp 2 each layer as one rank ran it. Compared, per step shape, with the profile
+benchmarks/server_runs_table.py builds for the run (measured kernels of aiconfigurator or the roofline).
+Eager per-layer timings carry each kernel's launch; the server ran CUDA graphs: the composed steps are an
+upper bound on the device time of a graphed decode step.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentsim.errors import InputError  # noqa: E402
+
+# (GPU folder, model folder, tp) of each judged run -> its id in benchmarks/data/server_runs.json
+RUNS = {("RTX4090", "meta-llama/Llama-3.1-8B", 1): "llmss-rtx4090-tp1-llama3.1-8b-sharegpt",
+        ("RTXPRO6000", "meta-llama/Llama-3.1-8B", 1): "llmss-rtxpro6000-tp1-llama3.1-8b-sharegpt",
+        ("RTXPRO6000", "Qwen/Qwen3-32B", 2): "llmss-rtxpro6000-tp2-qwen3-32b-sharegpt"}
+ENDS = ("embedding", "final_layernorm")  # once a step; every other dense layer once a decoder block, layernorm twice
+DECODE = ((1, 1024), (16, 1024), (64, 1024), (128, 1024), (256, 1024), (128, 2048))  # (sequences, context)
+MIXED = ((2048, 0, 0), (1024, 0, 64), (512, 1024, 128))  # (prefill chunk, its cached context, decode sequences at 1024)
+
+
+class Layers:
+    def __init__(self, folder: Path):
+        self.dense = pd.read_csv(folder / "dense.csv")
+        self.seq = pd.read_csv(folder / "per_sequence.csv")
+        self.attn = pd.read_csv(folder / "attention.csv")
+        names = [x for x in dict.fromkeys(self.dense["layer"]) if x not in ENDS]
+        self.block = names + ["layernorm"]  # the block's input and post-attention norms
+
+    def _at(self, frame: pd.DataFrame, col: str, layer: str, n: int) -> float:
+        f = frame[frame["layer"] == layer].sort_values(col)
+        return float(np.interp(n, f[col], f["time_us"])) * 1e-6
+
+    def attention(self, chunk: int, cached: int, decodes: int, ctx: int) -> float:
+        """The attention of one layer measured at exactly this (chunk, cached, decodes, context)."""
+        a = self.attn
+        hit = a[(a["prefill_chunk"] == chunk) & (a["kv_prefill"] == cached) & (a["n_decode"] == decodes)
+                & (a["kv_decode"] == (ctx if decodes else 0))]
+        if hit.empty:
+            raise InputError(f"attention.csv has no row of prefill chunk {chunk}, cached {cached}, {decodes} decodes at {ctx}")
+        return float(hit["time_us"].iloc[0]) * 1e-6
+
+    def step(self, layers: int, chunk: int, cached: int, decodes: int, ctx: int) -> float:
+        tokens, seqs = chunk + decodes, decodes + (1 if chunk else 0)
+        block = sum(self._at(self.dense, "tokens", x, tokens) for x in self.block) + self.attention(chunk, cached, decodes, ctx)
+        ends = sum(self._at(self.dense, "tokens", x, tokens) for x in ENDS)
+        return layers * block + ends + sum(self._at(self.seq, "sequences", x, seqs) for x in ("lm_head", "sampler"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--src", required=True, help="a checkout of casys-kaist/LLMServingSim")
+    args = ap.parse_args(argv)
+    from benchmarks import server_runs_table as srt
+    from sim.hardware.profile import load_profile, step_features
+    from sim.hardware.roofline import find_model
+
+    data = srt.load_data(srt.DATA)
+    runs = {r["id"]: r for r in data["runs"]}
+    lines = ["| run | profile | step | LLMServingSim's layers composed (ms) | profile (ms) | profile / layers |",
+             "|---|---|---|---:|---:|---:|"]
+    try:
+        for (gpu, model, tp), rid in RUNS.items():
+            folder = Path(args.src) / "profiler" / "perf" / gpu / model / "bf16" / f"tp{tp}"
+            if not (folder / "dense.csv").is_file():
+                raise InputError(f"--src {args.src}: no profiler/perf/{gpu}/{model}/bf16/tp{tp}/dense.csv")
+            if rid not in runs:
+                raise InputError(f"benchmarks/data/server_runs.json has no run {rid}")
+            lay = Layers(folder)
+            run = runs[rid]
+            with tempfile.TemporaryDirectory() as tmp:
+                path, which, _ = srt.build_profile(data, run, "engine", Path(tmp))
+                prof = load_profile(path)
+            n_layers = (srt.model_spec(data, run["model"]) or find_model(run["model"])[1])["num_layers"]
+            shapes = [(0, 0, b, k) for b, k in DECODE] + [(c, cached, b, 1024) for c, cached, b in MIXED]
+            for chunk, cached, b, k in shapes:
+                chunks = [(1, k)] * b + ([(chunk, cached + chunk)] if chunk else [])
+                ours = prof.step.time(*step_features(chunks))
+                theirs = lay.step(n_layers, chunk, cached, b, k)
+                what = (f"decode {b} x {k}" if not chunk else
+                        f"chunk {chunk}{f' after {cached} cached' if cached else ''}{f' + decode {b} x {k}' if b else ''}")
+                lines.append(f"| {rid} | {which} | {what} | {theirs * 1e3:.2f} | {ours * 1e3:.2f} | {ours / theirs:.2f} |")
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
