@@ -35,6 +35,7 @@ RUNS = {("RTX4090", "meta-llama/Llama-3.1-8B", 1): "llmss-rtx4090-tp1-llama3.1-8
 ENDS = ("embedding", "final_layernorm")  # once a step; every other dense layer once a decoder block, layernorm twice
 DECODE = ((1, 1024), (16, 1024), (64, 1024), (128, 1024), (256, 1024), (128, 2048))  # (sequences, context)
 MIXED = ((2048, 0, 0), (1024, 0, 64), (512, 1024, 128))  # (prefill chunk, its cached context, decode sequences at 1024)
+RATIO_CHUNKS, RATIO_DECODES, RATIO_CTX = (256, 1024), (16, 64, 128), (512, 2048)
 
 
 class Layers:
@@ -58,6 +59,11 @@ class Layers:
             raise InputError(f"attention.csv has no row of prefill chunk {chunk}, cached {cached}, {decodes} decodes at {ctx}")
         return float(hit["time_us"].iloc[0]) * 1e-6
 
+    def mixed_ratio(self, chunk: int, decodes: int, ctx: int) -> float:
+        """One layer's attention of a chunk and decodes in one step over the same chunk alone plus the decodes
+        alone: 1 where a decode costs the same beside a chunk as in a decode-only step."""
+        return self.attention(chunk, 0, decodes, ctx) / (self.attention(chunk, 0, 0, 0) + self.attention(0, 0, decodes, ctx))
+
     def step(self, layers: int, chunk: int, cached: int, decodes: int, ctx: int) -> float:
         tokens, seqs = chunk + decodes, decodes + (1 if chunk else 0)
         block = sum(self._at(self.dense, "tokens", x, tokens) for x in self.block) + self.attention(chunk, cached, decodes, ctx)
@@ -75,6 +81,7 @@ def main(argv=None) -> int:
 
     data = srt.load_data(srt.DATA)
     runs = {r["id"]: r for r in data["runs"]}
+    ratios = {}
     lines = ["| run | profile | step | LLMServingSim's layers composed (ms) | profile (ms) | profile / layers |",
              "|---|---|---|---:|---:|---:|"]
     try:
@@ -84,7 +91,7 @@ def main(argv=None) -> int:
                 raise InputError(f"--src {args.src}: no profiler/perf/{gpu}/{model}/bf16/tp{tp}/dense.csv")
             if rid not in runs:
                 raise InputError(f"benchmarks/data/server_runs.json has no run {rid}")
-            lay = Layers(folder)
+            lay = ratios[rid] = Layers(folder)
             run = runs[rid]
             with tempfile.TemporaryDirectory() as tmp:
                 path, which, _ = srt.build_profile(data, run, "engine", Path(tmp))
@@ -102,6 +109,14 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("\n".join(lines))
+    print("\nAttention of a prefill chunk and decodes in one step over the chunk alone + the decodes alone (one layer, "
+          "the same measurements; 1.00: a decode costs beside a chunk what it costs in a decode-only step, as the step "
+          "model and aiconfigurator's composed steps price it):\n")
+    print("| run | " + " | ".join(f"chunk {c} + {b} x {k}" for c in RATIO_CHUNKS for b in RATIO_DECODES for k in RATIO_CTX) + " |")
+    print("|---|" + "---:|" * (len(RATIO_CHUNKS) * len(RATIO_DECODES) * len(RATIO_CTX)))
+    for rid, lay in ratios.items():
+        print(f"| {rid} | " + " | ".join(f"{lay.mixed_ratio(c, b, k):.2f}" for c in RATIO_CHUNKS for b in RATIO_DECODES
+                                        for k in RATIO_CTX) + " |")
     return 0
 
 

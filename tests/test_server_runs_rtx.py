@@ -172,6 +172,10 @@ def test_the_layers_compose_a_step_as_the_model_runs_them(tmp_path):
     assert lay.step(2, 0, 0, 64, 1024) == pytest.approx((2 * (8 * 64 + 74) + 2 * 64 + 110 * 64) * 1e-6)
     # a 2048-token chunk: 2048 tokens through the dense layers, one sequence sampled
     assert lay.step(1, 2048, 0, 0, 0) == pytest.approx((8 * 2048 + 10 + 2 * 2048 + 110) * 1e-6)
+    # a chunk beside 64 decodes (74 us) against the chunk alone (10) and the decodes alone (74)
+    assert lay.mixed_ratio(2048, 64, 1024) == pytest.approx(74 / 84)
+    with pytest.raises(ll.InputError, match="no row"):
+        lay.attention(512, 0, 64, 1024)  # not measured: no nearest point stands in
     p = subprocess.run([sys.executable, "benchmarks/llmservingsim_layers.py", "--src", str(tmp_path / "none")], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and "--src" in p.stderr
