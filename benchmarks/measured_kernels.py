@@ -105,9 +105,10 @@ def _rows(points: list[pc.Probe], held: dict = HELD) -> list[dict]:
     return out
 
 
-def step_times(theta, X, share: float):
+def step_times(theta, X, share: float, mixed=None, c6: float = 0.0):
     """sim/hardware/profile.py StepModel.time, vectorised: theta = c0..c5, w, launch, p, routed, single; X rows
-    of calibrate/fit.py FEATURES (one step each); share = routed_share (top-k / experts)."""
+    of calibrate/fit.py FEATURES (one step each); share = routed_share (top-k / experts); mixed: each step's
+    mixed decodes' context, priced c6 a token (None: none)."""
     import numpy as np
 
     from calibrate.fit import smooth_max
@@ -118,6 +119,8 @@ def step_times(theta, X, share: float):
     gemm = smooth_max(np.full(len(tokens), w), c[1] * tokens, p) if w > 0 else c[1] * tokens
     t = c[0] * steps + routed * (1.0 - (1.0 - share) ** tokens) + single * (tokens == 1) + gemm + c[2] * sum_qk \
         + c[3] * seqs + c[4] * sum_k + c[5] * sum_qc
+    if c6:
+        t = t + c6 * np.asarray(mixed, float)
     if launch > 0:
         t = np.where(tokens > seqs, smooth_max(np.full(len(t), launch), t, p), t)
     return t
@@ -183,7 +186,9 @@ def fit_rows(rows: list[dict], share: float | None, starts: int = 6, single: boo
 
 def predict(coef: dict, rows: list[dict]) -> list[float]:
     theta = [coef.get(k, 0.0) for k in NAMES]
-    return list(map(float, step_times(theta, [list(r["features"].values()) for r in rows], coef.get("routed_share", 0.0))))
+    mixed = [r["probe"].features()[5] for r in rows] if coef.get("c6") else None
+    return list(map(float, step_times(theta, [list(r["features"].values()) for r in rows], coef.get("routed_share", 0.0),
+                                      mixed, coef.get("c6", 0.0))))
 
 
 def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> dict | None:
@@ -209,10 +214,15 @@ def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> di
     return {"coef": coef, "used": used, "rows": errs}
 
 
-# GPUs without aiconfigurator data, from LLMServingSim's profiler (profiler/perf/<folder>/<model>/bf16/tp<N>/); max_context:
-# the most context a step of the card can hold (a 24 GB RTX 4090 holds 41,408 tokens of Llama-3.1-8B: vLLM 0.19.0's own
-# pool, benchmarks/data/vllm_kv_pool_cases.json), so the fit is not bent by steps the card never runs
-LAYERS = {"RTX-4090": {"folder": "RTX4090", "models": {"llama3.1-8b": ("meta-llama/Llama-3.1-8B", (1,))}, "max_context": 65536}}
+# LLMServingSim's profiler (profiler/perf/<folder>/<model>/bf16/tp<N>/), per GPU: `steps` fits every coefficient on the
+# composed steps (a GPU aiconfigurator has no data of); `c6` adds only the mixed decodes' price to aiconfigurator's fits
+# (its composed mixed steps add decode and prefill attention as if apart). max_context: the most context a step of the
+# card holds (a 24 GB RTX 4090: 41,408 tokens of Llama-3.1-8B, vLLM 0.19.0's own pool, benchmarks/data/
+# vllm_kv_pool_cases.json), so the fit is not bent by steps the card never runs.
+LAYERS = {"RTX-4090": {"folder": "RTX4090", "fit": "steps", "max_context": 65536,
+                       "models": {"llama3.1-8b": ("meta-llama/Llama-3.1-8B", (1,))}},
+          "RTX-PRO-6000": {"folder": "RTXPRO6000", "fit": "c6", "max_context": 1 << 20,
+                           "models": {"llama3.1-8b": ("meta-llama/Llama-3.1-8B", (1, 2)), "qwen3-32b": ("Qwen/Qwen3-32B", (1, 2))}}}
 LAYERS_SOURCE = ("LLMServingSim profiler, vLLM {vllm} layers (casys-kaist/LLMServingSim {commit}: one decoder block's "
                  "layers timed eagerly by vLLM's own modules, dummy weights, per token count; attention per chunk, cached "
                  "context, decodes and their context)")
@@ -222,6 +232,8 @@ LAYER_HELD = {**HELD, "decode": {"B": {2}, "ctx": {512, 4096}}}
 LAYER_HELD_RULE = HELD_RULE.replace("decode B in {2, 24, 96, 192} or ctx = 4096", "decode B = 2 or ctx in {512, 4096}")
 LAYER_GRID_TEXT = ("fresh prefill 16-2048 tokens, cached prefill 128-2048 over 1K-16K, decode B 1-256 over 256-16K "
                    "tokens, mixed; at most {max_context} tokens of context a step")
+C6_TEXT = ("c6 (a mixed step's decodes, per context token): the measured attention of a chunk and decodes in one step less "
+           "the chunk's and the decodes' alone, over the training mixed steps' decode context")
 # the measured grid: powers of 2 from 16 to 2,048 tokens a step and 16,384 of context
 LAYER_PREFILL_N = (16, 32, 64, 128, 256, 512, 1024, 2048)
 LAYER_CACHED_N, LAYER_CACHED_K = (128, 512, 1024, 2048), (1024, 4096, 8192, 16384)
@@ -248,8 +260,20 @@ def layer_points(lay, layers: int, max_context: int) -> list[pc.Probe]:
     return [replace(p, seconds={pc.STAT: lay.step(layers, p.n, p.k, p.B, p.ctx)}) for p in layer_grid(max_context)]
 
 
+def mixed_c6(lay, layers: int, points: list[pc.Probe], held: dict = LAYER_HELD) -> tuple[float, float]:
+    """(c6, its held-out MAPE %): the mixed steps' attention beyond the chunk's and the decodes' alone, summed over the
+    training mixed points, over their decodes' context (s per context token), and how far c6 x context misses that
+    excess on the held-out mixed points."""
+    excess = {p: layers * (lay.attention(p.n, p.k, p.B, p.ctx) - lay.attention(p.n, p.k, 0, 0) - lay.attention(0, 0, p.B, p.ctx))
+              for p in points if p.kind == "mixed"}
+    train = [p for p in excess if not held_out(p, held)]
+    c6 = max(0.0, sum(excess[p] for p in train) / sum(p.B * p.ctx for p in train))
+    test = [p for p in excess if held_out(p, held) and excess[p] > 0]
+    return float(f"{c6:.6g}"), round(100 * sum(abs(c6 * p.B * p.ctx / excess[p] - 1) for p in test) / max(len(test), 1), 2)
+
+
 def derive_layers(src: Path, out_path: Path) -> dict:
-    """Each GPU of LAYERS fitted on its composed steps, in place of its entry in out_path (the rest kept)."""
+    """Each GPU of LAYERS from its layers, in place of its entry (`steps`) or into its fits' c6 (`c6`) in out_path."""
     import yaml
 
     from benchmarks.llmservingsim_layers import Layers
@@ -265,19 +289,35 @@ def derive_layers(src: Path, out_path: Path) -> dict:
                                  f"of casys-kaist/LLMServingSim at {COMMIT[:7]}")
             version = str(yaml.safe_load((base / "meta.yaml").read_text())["vllm_version"])
             for tp in tps:
-                rows = _rows(layer_points(Layers(base / f"tp{tp}"), roofline.find_model(m)[1]["num_layers"], spec["max_context"]),
-                             LAYER_HELD)
-                coef = fit_rows(rows, None, single=False)
+                lay, layers = Layers(base / f"tp{tp}"), roofline.find_model(m)[1]["num_layers"]
+                points = layer_points(lay, layers, spec["max_context"])
+                c6, c6_err = mixed_c6(lay, layers, points)
+                print(f"{g} {m} tp{tp}: c6 {c6:.3g} s per mixed decode context token (held out {c6_err}%)", file=sys.stderr)
+                if spec["fit"] == "c6":
+                    fit = data["gpus"][g]["models"].get(m, {}).get(str(tp))
+                    if fit is not None:
+                        fit["coef"]["c6"] = c6
+                        fit["c6"] = {"source": LAYERS_SOURCE.format(vllm=version, commit=COMMIT[:7]), "how": C6_TEXT,
+                                     "heldout_mape_pct": c6_err}
+                    continue
+                rows = _rows(points, LAYER_HELD)
+                mixed = [r["probe"].features()[5] for r in rows]
+                # the rest fitted on the steps less the mixed decodes' c6, which is priced apart
+                coef = fit_rows([{**r, "seconds": r["seconds"] - c6 * x} for r, x in zip(rows, mixed)], None, single=False)
+                coef["c6"] = c6
                 errs = pc.error_rows(predict(coef, rows), [r["probe"] for r in rows])
                 for e, r in zip(errs, rows):
                     e["heldout"] = r["heldout"]
                 sm = _summary(errs)
                 entry["models"].setdefault(m, {})[str(tp)] = {"coef": coef, "points": len(rows), "heldout": sm["heldout"],
-                                                              "train": {k: v["mape_pct"] for k, v in sm["train"].items()}}
+                                                              "train": {k: v["mape_pct"] for k, v in sm["train"].items()},
+                                                              "c6": {"how": C6_TEXT, "heldout_mape_pct": c6_err}}
                 print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in sm["heldout"].items()),
                       file=sys.stderr, flush=True)
-        data["gpus"][g] = {"source": LAYERS_SOURCE.format(vllm=version, commit=COMMIT[:7]), "vllm": version,
-                           "grid": LAYER_GRID_TEXT.format(max_context=spec["max_context"]), "held_out": LAYER_HELD_RULE, **entry}
+        if spec["fit"] == "steps":
+            data["gpus"][g] = {"source": LAYERS_SOURCE.format(vllm=version, commit=COMMIT[:7]), "vllm": version,
+                               "grid": LAYER_GRID_TEXT.format(max_context=spec["max_context"]), "held_out": LAYER_HELD_RULE,
+                               **entry}
     out_path.write_text(json.dumps(data, indent=1) + "\n")
     return data
 
@@ -476,6 +516,14 @@ def heldout_table(data: dict | None = None) -> str:
     by_gm = {}
     for (g, m, k), tps in over.items():
         by_gm.setdefault((g, m), []).append(f"{k} (tp {','.join(tp for tp, _ in tps)}: {max(e for _, e in tps):.0f}%)")
+    c6 = [(g, m, tp, fit) for g, d in data["gpus"].items() for m, by_tp in d["models"].items() for tp, fit in by_tp.items()
+          if fit["coef"].get("c6")]
+    if c6:
+        lines += ["", "c6, a decode's price per context token beside a prefill chunk (FlashAttention 2's mixed call), from "
+                  "LLMServingSim's layers (`--layers`; held-out MAPE of the excess it prices): "
+                  + "; ".join(f"{g} {m} tp {tp} {fit['coef']['c6'] * 1e9:.0f} ns ({fit['c6']['heldout_mape_pct']:.0f}%)"
+                              for g, m, tp, fit in c6)
+                  + ". Elsewhere 0: aiconfigurator composes a mixed step's attention as its parts apart."]
     lines += ["", f"Over 10% held out: {sum(len(v) for v in over.values())} of {cells} model-tp-kind cells: "
               + "; ".join(f"{g} {m} {', '.join(v)}" for (g, m), v in by_gm.items()) + ". " + MISSES]
     return "\n".join(lines)

@@ -55,9 +55,9 @@ def _file(tmp_path, edit=lambda d: None, name="probes.json"):
 
 
 def test_step_features_of_each_kind():
-    assert pc.Probe("prefill", n=100, k=50).features() == (100, 1, 100 * 150, 150, 100 * 50)
-    assert pc.Probe("decode", B=3, ctx=10).features() == (3, 3, 30, 30, 27)
-    assert pc.Probe("mixed", n=100, k=50, B=2, ctx=1000).features() == (102, 3, 100 * 150 + 2000, 2150, 100 * 50 + 2 * 999)
+    assert pc.Probe("prefill", n=100, k=50).features() == (100, 1, 100 * 150, 150, 100 * 50, 0)
+    assert pc.Probe("decode", B=3, ctx=10).features() == (3, 3, 30, 30, 27, 0)  # no chunk beside: no mixed decodes
+    assert pc.Probe("mixed", n=100, k=50, B=2, ctx=1000).features() == (102, 3, 100 * 150 + 2000, 2150, 100 * 50 + 2 * 999, 2000)
 
 
 def test_hand_worked_errors_per_kind(tmp_path):

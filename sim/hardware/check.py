@@ -69,8 +69,8 @@ class Probe:
         pre = [(self.n, self.k + self.n)] if self.kind in ("prefill", "mixed") else []
         return pre + [(1, self.ctx)] * (self.B if self.kind in ("decode", "mixed") else 0)
 
-    def features(self) -> tuple[int, int, float, float, float]:
-        """(tokens, seqs, sum q*k, sum k, sum q*(k-q)): Profile.step_time's arguments."""
+    def features(self) -> tuple[int, int, float, float, float, float]:
+        """(tokens, seqs, sum q*k, sum k, sum q*(k-q), mixed decodes' sum k): Profile.step_time's arguments."""
         from sim.hardware.profile import step_features
 
         return step_features(self.chunks())

@@ -111,6 +111,9 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     prov["step_time"] = (f"fitted on {fit['points'] - held} steps ({grid}), judged on {held} others "
                          f"({g.get('held_out', d['held_out'])})"
                          + ("; collectives inside: aiconfigurator's step includes vLLM's measured all-reduce" if n > 1 else ""))
+    if "c6" in fit and "source" in fit["c6"]:  # the mixed decodes' price from another source than the rest
+        notes = notes + [f"{fit['c6']['how']}, from the {fit['c6']['source']}; held-out MAPE of that excess "
+                         f"{fit['c6']['heldout_mape_pct']}%"]
     # the roofline's caveats are about its own step prices
     caveats = prov.pop("caveats", [])
     notes = [x for x in notes if x not in caveats]

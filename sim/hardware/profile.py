@@ -34,6 +34,14 @@ uniform), so c0 is joined by
 
     routed * (1 - (1 - routed_share)^tokens)     routed: s to stream every routed expert once
 
+A decode in a step that also has a prefill chunk adds c6 (optional, absent = 0) per context token:
+vLLM's FlashAttention 2 backend (A100, L40S, RTX cards) runs a mixed batch as one varlen call whose
+grid tiles every sequence by the longest query, so a decode there misses the decode path (packed
+GQA, split KV) and costs 1.2-3.8x its decode-only attention (vLLM PR #58013; measured on RTX cards,
+benchmarks/llmservingsim_layers.py):
+
+    t_gpu += c6 * sum(k of the q = 1 chunks)      if the step has a prefill chunk (tokens > seqs)
+
 A step of exactly one token (a lone decode) adds `single` (optional, absent = 0): its GEMMs run
 one row, which FP8 GEMMs on Blackwell price at up to twice two rows (measured kernels,
 benchmarks/measured_kernels.py), a dip no smooth term follows. It sits in the fixed part:
@@ -45,7 +53,7 @@ Required keys:
   engine:  {block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs,
             enable_chunked_prefill, max_model_len}
   step_time: {c0, c1, c2, c3, c4, c5 (optional, 0), w, launch (optional, 0 s), p (optional, hard max),
-              routed (optional, 0 s), routed_share (optional, 1), single (optional, 0 s)}
+              routed (optional, 0 s), routed_share (optional, 1), single (optional, 0 s), c6 (optional, 0)}
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
   {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
@@ -85,19 +93,22 @@ DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofl
 SAMPLING_MODES = ("greedy", "random", "top-p")  # how a run's calls sample (top-p: with or without top-k)
 
 
-def step_features(chunks) -> tuple[int, int, float, float, float]:
+def step_features(chunks) -> tuple[int, int, float, float, float, float]:
     """One step's (q, k) chunks (q new tokens attending over k, k counting the chunk) ->
-    the step model's inputs (tokens, seqs, sum q*k, sum k, sum q*(k-q)): the one place
-    the features are defined; every engine and every probe prices a step through it."""
+    the step model's inputs (tokens, seqs, sum q*k, sum k, sum q*(k-q), and the decodes'
+    sum k if the step has a prefill chunk, else 0): the one place the features are
+    defined; every engine and every probe prices a step through it."""
     tokens = seqs = 0
-    sum_qk = sum_k = sum_qc = 0.0
+    sum_qk = sum_k = sum_qc = decode_k = 0.0
     for q, k in chunks:
         tokens += q
         seqs += 1
         sum_qk += q * k
         sum_k += k
         sum_qc += q * (k - q)
-    return tokens, seqs, sum_qk, sum_k, sum_qc
+        if q == 1:
+            decode_k += k
+    return tokens, seqs, sum_qk, sum_k, sum_qc, decode_k if tokens > seqs else 0.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,7 @@ class StepModel:
     host_token: float = 0.0
     overlap: bool = False  # asynchronous scheduling: the host's work hides behind the device's
     single: float = 0.0  # s: extra of a one-token step (one-row GEMMs; 0 = off)
+    c6: float = 0.0  # s per context token of a decode beside a prefill chunk (FlashAttention 2's mixed call; 0 = off)
     # the sampler of a run's sampling mode beyond the one the probes held (`Profile.with_sampling`):
     # already in c0 (per step) and c3 (per sequence); kept apart so a launch-bound step adds it after its floor
     sample: float = 0.0
@@ -141,10 +153,13 @@ class StepModel:
     def coefficients(self) -> tuple[float, float, float, float, float, float]:
         return self.c0, self.c1, self.c2, self.c3, self.c4, self.c5
 
-    def time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
+    def time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0,
+             mixed_k: float = 0.0) -> float:
         gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
         c0 = self.c0 if self.routed == 0 and not self.single else self.fixed(tokens)
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
+        if self.c6:  # the decodes of a mixed step (mixed_k: 0 in any other step)
+            t += self.c6 * mixed_k
         if self.launch and tokens > seqs:  # the sampler (0 unless priced) runs after the forward its launches floor
             s = self.sample + self.sample_row * seqs
             t = _smax(self.launch, t - s, self.p) + s
@@ -169,7 +184,7 @@ class StepModel:
     def scaled(self, factor: float) -> StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
         return replace(self, **{k: getattr(self, k) * factor
-                                for k in ("c0", "c1", "c2", "c3", "c4", "c5", "w", "launch", "routed", "host", "host_seq", "host_token",
+                                for k in ("c0", "c1", "c2", "c3", "c4", "c5", "c6", "w", "launch", "routed", "host", "host_seq", "host_token",
                                           "single", "sample", "sample_row")})
 
 
@@ -207,8 +222,9 @@ class Profile:
     def block_size(self) -> int:
         return self.engine.block_size
 
-    def step_time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0) -> float:
-        return self.step.time(tokens, seqs, sum_qk, sum_k, sum_q_cached)
+    def step_time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0,
+                  mixed_k: float = 0.0) -> float:
+        return self.step.time(tokens, seqs, sum_qk, sum_k, sum_q_cached, mixed_k)
 
     def scheduled(self, async_scheduling: bool) -> Profile:
         """This profile as a run with or without asynchronous scheduling prices its steps:
@@ -306,6 +322,7 @@ class _Step(Model):
     routed: JSONFloat = Field(0.0, ge=0)
     routed_share: JSONFloat = Field(1.0, gt=0, le=1)
     single: JSONFloat = Field(0.0, ge=0)
+    c6: JSONFloat = Field(0.0, ge=0)
 
 
 class _Host(Model):  # vLLM's host work per step, measured apart (benchmarks/vllm_host_time.py --into)
@@ -375,7 +392,7 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
     st = m.step_time
     host = m.host or _Host()
     step = StepModel(st.c0, st.c1, st.c2, st.c3, st.c4, st.c5, st.w, st.launch, math.inf if st.p is None else st.p,
-                     st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s, single=st.single)
+                     st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s, single=st.single, c6=st.c6)
     if step.c0 + step.c1 <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
     if m.sampler is not None and m.sampler.in_steps != "none" and m.sampler.in_steps not in m.sampler.modes:

@@ -224,7 +224,7 @@ def probe_rows(meas: dict) -> list[tuple[str, np.ndarray, float]]:
     rows = []
     for p in read_probes(meas, "measurement file"):
         if p.kind != "mixed":
-            tokens, seqs, sum_qk, sum_k, sum_q_cached = p.features()
+            tokens, seqs, sum_qk, sum_k, sum_q_cached, _ = p.features()  # no mixed probes: no mixed decodes
             rows.append((p.group, np.array([1, tokens, sum_qk, seqs, sum_k, sum_q_cached], float), p.seconds["median_s"]))
     if not rows:
         raise InputError("the measurement file has no prefill/decode probes")

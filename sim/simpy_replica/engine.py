@@ -291,7 +291,7 @@ class SimpyReplica(Replica):
             dt, moved = self.tier.price_step(self.profile.step_time(*features), now)
             dts = [dt]
             if self.fast_forward and not moved and features[0] == features[1] == len(sched.running) and self._steady(scheduled):
-                dts = self._stretch(scheduled, dt, now, *features[2:])
+                dts = self._stretch(scheduled, dt, now, *features[2:5])
             self._start, self._dts, self._batch = now, dts, scheduled
             self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))
             self._end = step_end(env, self._account(now, dts, scheduled), self.index)
@@ -345,7 +345,7 @@ class SimpyReplica(Replica):
                     features = step_features([(q, call.num_computed + call.in_flight) for call, q in scheduled])
                     dt, moved = self.tier.price_step(self.profile.step_time(*features), start)
                     if not moved and self.fast_forward and in_flight and self._steady_async(in_flight[0], scheduled):
-                        dts = self._stretch_async(scheduled, dt, start, *features[2:])
+                        dts = self._stretch_async(scheduled, dt, start, *features[2:5])
                         if len(dts) > 1:  # it lands at the end of its step before the last (_land_stretch)
                             self._start, self._dts, self._batch = start, dts, scheduled
                             self._kept = (self._used_area, self.busy_time, self.peak_used, len(self.kv_samples))
