@@ -229,7 +229,7 @@ def real_run(trace: pd.DataFrame, arrivals: np.ndarray, policy: str, profile_ref
         info["wall_s"] = replay_in_process(llm, replay, sampling=sampling or "greedy")
         info.update(sched.pin_report())
         info["steps"] = pd.DataFrame(sched.step_log, columns=["start", "seconds", "tokens", "seqs", "sum_qk",
-                                                              "sum_k", "sum_qc"])
+                                                              "sum_k", "sum_qc", "mixed_k"])
         arrived, sched.step_log = dict(sched.arrival_log), None  # stop logging before the clock probes
         info["clock_after"] = clock_probes(llm, vocab, budget, seed + 2)
         turns, progs = replay.tables()

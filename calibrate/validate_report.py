@@ -58,8 +58,9 @@ def late_arrivals(turns: pd.DataFrame, arrived: dict[str, float], t0: float, ste
 
 def step_check(steps: pd.DataFrame, profile: Profile) -> dict:
     """The profile's step model on the real engine's own steps: where the time went."""
-    pred = np.array([profile.step_time(*row) for row in
-                     steps[["tokens", "seqs", "sum_qk", "sum_k", "sum_qc"]].itertuples(index=False)])
+    # a step log saved before mixed_k was logged (real_steps_*.parquet) counts no mixed decodes
+    cols = steps.reindex(columns=["tokens", "seqs", "sum_qk", "sum_k", "sum_qc", "mixed_k"], fill_value=0.0)
+    pred = np.array([profile.step_time(*row) for row in cols.itertuples(index=False)])
     real = steps["seconds"].to_numpy()
     return {"steps": int(len(steps)), "busy_s": float(real.sum()), "model_busy_s": float(pred.sum()),
             "step_model_error": float(pred.sum() / real.sum() - 1) if len(real) else float("nan")}
