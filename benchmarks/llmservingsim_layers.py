@@ -1,5 +1,7 @@
 """Steps composed from LLMServingSim's per-layer vLLM 0.19.0 measurements on the RTX cards of its held-out runs,
-beside the step the table's profile prices (a diagnostic: nothing is fitted or kept).
+beside the step the table's profile prices; then the attention of decodes beside a prefill chunk against the same
+parts alone (what the step model's c6 prices). Layers is the composition benchmarks/measured_kernels.py --layers fits;
+this script itself keeps nothing.
 
     python benchmarks/llmservingsim_layers.py --src DIR
 
@@ -8,8 +10,8 @@ COMMIT (profiler/perf/<GPU>/<model>/bf16/tp<N>/: dense.csv, attention.csv, per_s
 decoder block timed eagerly by vLLM 0.19.0's own modules, dummy weights, at each token count; the attention
 per (prefill chunk, its cached context, decode sequences, their context)). A step = the decoder block's layers
 x the model's layers + embedding, final norm, LM head and sampler; interpolated linearly between measured
-token counts, attention at a measured grid point; at tp 2 each layer as one rank ran it. Compared, per step shape, with the profile
-benchmarks/server_runs_table.py builds for the run (measured kernels of aiconfigurator or the roofline).
+token counts, attention at a measured grid point; at tp 2 each layer as one rank ran it. Compared, per step shape,
+with the profile benchmarks/server_runs_table.py builds for the run.
 Eager per-layer timings carry each kernel's launch; the server ran CUDA graphs: the composed steps are an
 upper bound on the device time of a graphed decode step.
 """
