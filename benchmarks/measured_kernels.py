@@ -55,6 +55,7 @@ from agentsim.errors import InputError  # noqa: E402
 from sim.hardware import measured_kernels as mk  # noqa: E402
 from sim.hardware import check as pc  # noqa: E402
 from sim.hardware import roofline  # noqa: E402
+from sim.hardware.kv_pool import release  # noqa: E402
 
 TPS = (1, 2, 4, 8)
 # The grid and what is held out of the fit (by shape: a point is held out when one of its
@@ -354,20 +355,28 @@ def collectives(system: str) -> dict:
     out = {}
 
     def latest(d: Path) -> Path | None:
-        vs = sorted((v for v in d.iterdir() if v.is_dir()), key=lambda v: tuple(int(x) if x.isdigit() else 0
-                                                                               for x in v.name.split("."))) if d.is_dir() else []
+        vs = sorted((v for v in d.iterdir() if v.is_dir()), key=lambda v: release(v.name)) if d.is_dir() else []
         return vs[-1] if vs else None
 
-    v = latest(root / "vllm")
-    if v is not None and (v / "custom_allreduce_perf.parquet").is_file():
+    def all_reduce(v: Path) -> dict:
         d = pd.read_parquet(v / "custom_allreduce_perf.parquet")
         d = d.assign(nbytes=d.message_size * 2)
         d = d[(d.backend == "vllm_graph") & d.nbytes.between(*COMM_RANGE)]
         ver = str(d.version.iloc[0]) if len(d) else v.name
-        out["all_reduce"] = {"source": f"comm/vllm/{v.name}/custom_allreduce_perf.parquet (vLLM {ver}, CUDA graph, bf16; "
-                                       "message = 2 B x the reduced tensor's elements)",
-                             **{str(n): _fit_link(g.nbytes.to_numpy(float), (g.latency.to_numpy(float) / 1e3))
-                                for n, g in d.groupby("num_gpus")}}
+        return {"source": f"comm/vllm/{v.name}/custom_allreduce_perf.parquet (vLLM {ver}, CUDA graph, bf16; "
+                          "message = 2 B x the reduced tensor's elements)",
+                **{str(n): _fit_link(g.nbytes.to_numpy(float), (g.latency.to_numpy(float) / 1e3))
+                   for n, g in d.groupby("num_gpus")}}
+
+    v = latest(root / "vllm")
+    if v is not None and (v / "custom_allreduce_perf.parquet").is_file():
+        # the latest release's is the one aiconfigurator's composed steps hold; each release's own
+        # (vLLM's all-reduce changed between them: RTX PRO 6000 x2, 16 MB: 1.12 ms in 0.19.0, 0.47 in 0.24.0)
+        # prices a run of that release (sim/hardware/measured_kernels.py collective)
+        out["all_reduce"] = {**all_reduce(v), "vllm": v.name,
+                             "by_vllm": {r.name: all_reduce(r) for r in sorted(
+                                 (r for r in (root / "vllm").iterdir() if (r / "custom_allreduce_perf.parquet").is_file()),
+                                 key=lambda r: release(r.name))}}
     v = latest(root / "nccl")
     if v is not None and (v / "nccl_perf.parquet").is_file():
         d = pd.read_parquet(v / "nccl_perf.parquet")
@@ -567,8 +576,31 @@ def collectives_table(data: dict | None = None) -> str:
     lines += ["", "Sources: vLLM's `custom_allreduce_perf` (latest vLLM version of each GPU's comm data) and NCCL's "
               "`nccl_perf` alltoall; GB200 has no 8-GPU data. "
               "All-reduce per step: 2 per layer of a token's hidden state (bf16); all-to-all: a dispatch and a combine "
-              "per MoE layer of each GPU's top-k copies."]
+              "per MoE layer of each GPU's top-k copies. A profile for a vLLM release (`sim profile roofline` of a "
+              "server run's release) takes that release's all-reduce, else the latest measured before it, else the "
+              "earliest; where one differs from the latest by more than 10% at 16 MiB:"]
+    lines += [""] + [f"- {x}" for x in release_differences(data)]
     return "\n".join(lines)
+
+
+def release_differences(data: dict) -> list[str]:
+    """Per GPU and GPU count, the vLLM releases whose all-reduce of a 16 MiB message (a 1,024-token
+    step of an 8,192-wide model) takes 10% more or less than the latest release's."""
+    size, out = 16 * 2 ** 20, []
+    for g, d in data["gpus"].items():
+        ar = d["collectives"].get("all_reduce", {})
+        latest = ar.get("vllm")
+        for n in ("2", "4", "8"):
+            f = ar.get(n)
+            if not f or not f.get("GBps"):
+                continue
+            t0 = f["latency_s"] + size / (f["GBps"] * 1e9)
+            diff = [(v, o[n]["latency_s"] + size / (o[n]["GBps"] * 1e9)) for v, o in ar.get("by_vllm", {}).items()
+                    if v != latest and o.get(n, {}).get("GBps")]
+            diff = [f"{v} {t * 1e6:.0f} us" for v, t in diff if abs(t / t0 - 1) > 0.10]
+            if diff:
+                out.append(f"{g} x{n}: {latest} {t0 * 1e6:.0f} us; " + ", ".join(diff))
+    return out or ["none"]
 
 
 def main(argv=None) -> int:

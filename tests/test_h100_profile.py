@@ -161,7 +161,7 @@ def test_a_scaled_step_model_scales_every_step_time():
     from sim.hardware.profile import StepModel
 
     s = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, 4e-10, w=4e-3, launch=6e-3, p=4.0, routed=9e-3, routed_share=0.05,
-                  host=1e-3, host_seq=2e-5, host_token=1e-7, single=2e-3)
+                  host=1e-3, host_seq=2e-5, host_token=1e-7, single=2e-3, collective_shift=3e-4, collective_shift_token=-2e-8)
     for shape in [(1, 1, 900.0, 900.0, 0.0), (32, 32, 32e4, 32e4, 31e4), (2048, 3, 2e6, 3e6, 1e6), (100, 1, 1e4, 100.0, 0.0)]:
         assert s.scaled(1.7).time(*shape) == pytest.approx(1.7 * s.time(*shape), rel=1e-12)
     assert s.scaled(1.7).p == s.p and s.coefficients[4] == 3e-8
@@ -171,12 +171,14 @@ def test_a_scaled_step_model_scales_every_step_time():
 @given(coef=st.lists(st.floats(0, 1e-2, allow_nan=False), min_size=9, max_size=9), p=st.sampled_from([math.inf, 1.5, 4.0, 9.3]),
        seqs=st.integers(1, 256), base=st.tuples(st.integers(0, 10**9), st.integers(0, 10**7), st.integers(0, 10**9)),
        share=st.floats(1e-3, 1.0), host=st.lists(st.floats(0, 1e-2) | st.just(0.0), min_size=3, max_size=3),
-       overlap=st.booleans(), single=st.floats(0, 1e-2) | st.just(0.0))
-def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base, share, host, overlap, single):
+       overlap=st.booleans(), single=st.floats(0, 1e-2) | st.just(0.0),
+       shift=st.tuples(st.floats(-1e-4, 1e-3), st.floats(-1e-8, 1e-5)) | st.just((0.0, 0.0)))
+def test_decode_stretch_steps_are_the_step_times_to_the_last_bit(coef, p, seqs, base, share, host, overlap, single, shift):
     # a decode stretch's inner loop must give the floats step-by-step gets from time(),
-    # the host's time per step added or overlapped, a one-token step's extra included
+    # the host's time per step added or overlapped, a one-token step's extra and a collective shift included
     m = StepModel(*coef[:6], w=coef[6], launch=coef[7], p=p, routed=coef[8], routed_share=share,
-                  host=host[0], host_seq=host[1], host_token=host[2], overlap=overlap, single=single)
+                  host=host[0], host_seq=host[1], host_token=host[2], overlap=overlap, single=single,
+                  collective_shift=shift[0], collective_shift_token=shift[1])
     got = m.decode_stretch(seqs, *map(float, base), 0.0, math.inf, math.inf, 40)
     assert got == [m.time(seqs, seqs, *(float(b + i * seqs) for b in base)) for i in range(40)]
 
@@ -233,3 +235,22 @@ def test_a_one_token_step_pays_single_and_no_other_step_does():
     assert step_floor(p) == step_floor(b) > 0
     with pytest.raises(InputError, match="'step_time.single' is -1.0"):
         _gpu(single=-1.0)
+
+
+def test_a_collective_shift_adds_per_step_and_per_token_outside_the_overlaps():
+    """step_time.collective_shift(_token) (optional, may be < 0): another vLLM release's all-reduce
+    than the fitted steps hold, added to every step as step + per-token seconds, beside the
+    smooth max of weights and GEMMs rather than inside it; absent is 0, the same bits as before;
+    a negative one leaves the run's lower bound on a step at none."""
+    from sim.hardware.profile import StepModel
+    from sim.run.bound import step_floor
+
+    shifted = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, w=4e-3, p=4.0, collective_shift=2e-3, collective_shift_token=5e-5)
+    flat = StepModel(1e-3, 2e-6, 1e-10, 5e-5, 3e-8, w=4e-3, p=4.0)
+    # a decode batch of 128 whose GEMMs sit under the weights: the whole shift shows, none absorbed by the smooth max
+    for shape in [(128, 128, 128 * 900.0, 128 * 900.0), (1, 1, 900.0, 900.0), (2048, 1, 2048 * 1024.0, 2048.0)]:
+        assert shifted.time(*shape) == pytest.approx(flat.time(*shape) + 2e-3 + 5e-5 * shape[0], rel=1e-12)
+    p, b = _gpu(collective_shift=2e-3, collective_shift_token=1e-6), _gpu()
+    assert p.step_time(64, 64, 6400.0, 6400.0) == pytest.approx(b.step_time(64, 64, 6400.0, 6400.0) + 2e-3 + 64e-6)
+    assert step_floor(p) > step_floor(b) > 0
+    assert step_floor(_gpu(collective_shift=-1e-5)) == 0.0

@@ -372,3 +372,77 @@ def test_a_derive_of_some_models_keeps_the_gpus_kv_fp8_fits():
     new = {"gpus": {"H100": {"models": {"b": {"1": 3}}, "missing": {}, "vllm": "y"}}}
     out = bm._merged(old, new, ["H100"], ["a", "b"], ["b"])["gpus"]["H100"]
     assert out["models"] == {"a": {"1": 1}, "b": {"1": 3}} and out["kv_fp8_models"] == {"a": {"1": 2}} and out["vllm"] == "y"
+
+
+def test_a_runs_vllm_release_takes_the_all_reduce_measured_on_it():
+    """vLLM's all-reduce changed between releases (2 RTX PRO 6000 over PCIe, 16 MB: 1.12 ms in 0.19.0,
+    0.47 ms in 0.24.0): a release's own measurement, else the latest before it, else the earliest;
+    no release: the latest, as before. The all-to-all (NCCL's) has one."""
+    at = {v: mk.collective("RTX-PRO-6000", "all_reduce", 2, v)["source"].split("/")[2] for v in
+          ("0.19.0", "0.19.1", "0.23", "0.24.0", "0.32", "0.10.2")}
+    assert at == {"0.19.0": "0.19.0", "0.19.1": "0.19.0", "0.23": "0.19.0", "0.24.0": "0.24.0", "0.32": "0.24.0",
+                  "0.10.2": "0.19.0"}
+    assert mk.collective("RTX-PRO-6000", "all_reduce", 2) == mk.collective("RTX-PRO-6000", "all_reduce", 2, "0.24.0")
+    old, new = (mk.collective("RTX-PRO-6000", "all_reduce", 2, v) for v in ("0.19.0", "0.24.0"))
+    assert old["GBps"] < 0.5 * new["GBps"] and old["fit_mape_pct"] < 5
+    # a release measured without 4 GPUs has no 4-GPU fit of its own: none, not another release's
+    assert mk.collective("RTX-PRO-6000", "all_reduce", 4, "0.19.0") is None
+    assert mk.collective("RTX-PRO-6000", "all_to_all", 2, "0.19.0") == mk.collective("RTX-PRO-6000", "all_to_all", 2)
+
+
+def test_measured_steps_of_another_release_carry_its_all_reduce_outside_the_fit():
+    """Composed steps hold the all-reduce of the release aiconfigurator's database is at; a run of
+    another release gets the difference to its own, per step and per token (2 per layer of a
+    token's hidden state), as step_time.collective_shift(_token), said in provenance.collectives;
+    the release the steps hold, no release, or one GPU: no shift."""
+    _, m = R.find_model("qwen3-32b")
+    old, new = (mk.collective("RTX-PRO-6000", "all_reduce", 2, v) for v in ("0.19.0", "0.24.0"))
+    prof, _ = R.roofline_profile("RTX-PRO-6000", "qwen3-32b", tp=2, measured=True, vllm_version="0.19.0")
+    st, per = prof["step_time"], 2 * m["num_layers"]
+    assert st["collective_shift"] == pytest.approx(per * (old["latency_s"] - new["latency_s"]), rel=1e-4)
+    assert st["collective_shift_token"] == pytest.approx(
+        per * m["hidden_size"] * 2 * (1 / old["GBps"] - 1 / new["GBps"]) / 1e9, rel=1e-4)
+    assert "vLLM 0.19.0" in prof["provenance"]["collectives"] and "comm/vllm/0.24.0" in prof["provenance"]["collectives"]
+    fit = DATA["gpus"]["RTX-PRO-6000"]["models"]["qwen3-32b"]["2"]["coef"]
+    assert all(st[k] == fit[k] for k in fit)  # the fit itself untouched
+    same = [R.roofline_profile("RTX-PRO-6000", "qwen3-32b", tp=2, measured=True, vllm_version=v)[0] for v in ("0.24.0", None)]
+    same.append(R.roofline_profile("RTX-PRO-6000", "qwen3-32b", tp=1, measured=True, vllm_version="0.19.0")[0])
+    assert not any("collective_shift" in p["step_time"] for p in same)
+    # a step of 2,048 tokens pays 128 all-reduces of 21 MB at the older release's rate (the launch floor's
+    # smooth max takes a few tenths of a percent)
+    a, b = (parse_profile(p, "x").step_time(2048, 1, 2048 * 1024.0, 2048.0) for p in (prof, same[0]))
+    msg = 2048 * m["hidden_size"] * 2
+    assert a - b == pytest.approx(per * ((old["latency_s"] + msg / old["GBps"] / 1e9) - (new["latency_s"] + msg / new["GBps"] / 1e9)),
+                                  rel=1e-2)
+
+
+def test_a_roofline_of_a_release_prices_that_releases_all_reduce():
+    g, m = R.find_gpu("RTX-PRO-6000")[1], R.find_model("mixtral-8x7b")[1]
+    eff = R.load_fit()["constants"]
+    old, new = (R.step_coefficients(g, m, 2, eff, vllm_version=v)["parts"] for v in ("0.19.0", None))
+    assert old["collective_measured"]["source"].startswith("comm/vllm/0.19.0")
+    assert old["collective_s_per_token"] > 2 * new["collective_s_per_token"]
+
+
+@needs_aic
+def test_the_shipped_collectives_are_recomputed_live():
+    from benchmarks import measured_kernels as bm
+
+    for gpu in ("RTX-PRO-6000", "H100"):
+        assert bm.collectives(DATA["gpus"][gpu]["system"]) == DATA["gpus"][gpu]["collectives"]
+
+
+def test_the_cli_takes_the_engines_release(tmp_path, capsys):
+    """`sim profile roofline --vllm-version`: that release's pool accounting and all-reduce; a
+    malformed or unmodelled release is one line naming the flag, exit 2, nothing written."""
+    out = tmp_path / "p.json"
+    base = ["profile", "roofline", "--gpu", "RTX-PRO-6000", "--model", "qwen3-32b", "--tp", "2", "--out", str(out)]
+    assert main(base + ["--vllm-version", "0.19.0"]) == 0
+    p = json.loads(out.read_text())
+    assert p["engine"]["version"].startswith("0.19.0") and p["step_time"]["collective_shift_token"] > 0
+    out.unlink()
+    capsys.readouterr()
+    for bad in ("0.x", "0.3.0"):
+        assert main(base + ["--vllm-version", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--vllm-version" in err[0] and not out.exists()

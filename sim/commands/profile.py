@@ -1,12 +1,13 @@
 """`sim profile`: hardware profiles without a run on the hardware.
 
   sim profile roofline --gpu H100 --model llama3.1-8b [--tp N | --ep N] [--gpu-memory-utilization U]
-      [--max-num-batched-tokens T] [--max-num-seqs S] [--enforce-eager] [--roofline] [--out FILE]
+      [--max-num-batched-tokens T] [--max-num-seqs S] [--enforce-eager] [--vllm-version V] [--roofline] [--out FILE]
   sim profile fit-roofline [--measurements FILE]   (refits sim/hardware/specs/roofline_fit.json)
   sim profile check PROFILE [--probes FILE ...] [--aiconfigurator] [--json FILE]
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import sys
@@ -43,6 +44,9 @@ def register(sub) -> None:
                         "measured kernels of an FP8 KV cache where shipped, else the roofline)")
     r.add_argument("--max-model-len", type=int_flag(1, COUNT_MAX), default=None,
                    help="default: the model's, capped to what the KV cache holds")
+    r.add_argument("--vllm-version", type=vllm_release, default=None, metavar="MAJOR.MINOR[.PATCH]",
+                   help="the engine's release (default 0.32): its start-up accounting sizes the KV pool, and its own "
+                        "measured all-reduce, where aiconfigurator measured that release, prices tensor-parallel steps")
     r.add_argument("--roofline", action="store_true",
                    help="price steps by the roofline even where measured kernels exist (sim/hardware/specs/measured_kernels.json)")
     r.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
@@ -83,11 +87,24 @@ def _source(path: str) -> str:
         return str(p)
 
 
+def vllm_release(text: str) -> str:
+    """--vllm-version: a release whose start-up accounting sim/hardware/kv_pool.py models."""
+    from agentsim.errors import InputError
+    from sim.hardware.kv_pool import accounting_for
+
+    try:
+        accounting_for(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("vllm_version ", "", 1)) from None
+    return text
+
+
 def run_roofline(args) -> int:
     profile, notes = roofline.roofline_profile(args.gpu, args.model, args.tp, args.gpu_memory_utilization, args.max_model_len,
                                              ep=args.ep, max_num_batched_tokens=args.max_num_batched_tokens,
                                              max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
-                                             measured=not args.roofline, kv_cache_dtype=args.kv_cache_dtype)
+                                             measured=not args.roofline, kv_cache_dtype=args.kv_cache_dtype,
+                                             vllm_version=args.vllm_version)
     text = json.dumps(profile, indent=1) + "\n"
     report = sys.stdout if args.out else sys.stderr  # keep stdout pure JSON when it carries the profile
     if args.out:

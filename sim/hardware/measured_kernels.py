@@ -18,6 +18,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from sim.hardware.model_shape import ACT_BYTES
+
 DATA_FILE = Path(__file__).parent / "specs" / "measured_kernels.json"
 ABOUT = ("Step-time coefficients (sim/hardware/profile.py's GPU step model: c0..c5, w, launch, p) per GPU, model and tp, and "
          "collectives per GPU and GPU count, derived by benchmarks/measured_kernels.py from the vLLM kernel database of "
@@ -65,11 +67,41 @@ def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False) -> dict | None
     return load()["gpus"].get(gpu, {}).get(KV_FP8_TABLE if kv_fp8 else "models", {}).get(model, {}).get(str(tp))
 
 
-def collective(gpu: str, op: str, n: int) -> dict | None:
-    """{latency_s, GBps, fit_mape_pct, ...} of all_reduce or all_to_all over n GPUs, or None."""
+def collective(gpu: str, op: str, n: int, vllm_version: str | None = None) -> dict | None:
+    """{latency_s, GBps, fit_mape_pct, source, ...} of all_reduce or all_to_all over n GPUs, or None.
+    vllm_version: the all-reduce measured on that vLLM release, or else on the latest measured
+    before it, or else the earliest (vLLM's all-reduce changed between releases); None: the
+    latest release measured."""
     c = load()["gpus"].get(gpu, {}).get("collectives", {}).get(op, {})
+    if vllm_version is not None and c.get("by_vllm"):
+        from sim.hardware.kv_pool import release
+
+        rels = sorted(c["by_vllm"], key=release)
+        at = [r for r in rels if release(r) <= release(vllm_version)]
+        c = c["by_vllm"][at[-1] if at else rels[0]]
     f = c.get(str(n))
     return {**f, "source": c["source"]} if f and f.get("GBps") else None
+
+
+def collective_shift(gpu: str, model: dict, n: int, vllm_version: str | None) -> tuple[float, float, str] | None:
+    """(c0, c1 seconds, what) to add to measured steps of n GPUs in tensor parallel so they hold
+    vllm_version's all-reduce instead of that of the release aiconfigurator composed them with; None
+    where they are the same, either is not measured, or no release is given. Two all-reduces per
+    layer of a token's hidden state."""
+    if vllm_version is None:
+        return None
+    composed = load()["gpus"][gpu].get("vllm")
+    held, run = collective(gpu, "all_reduce", n, composed), collective(gpu, "all_reduce", n, vllm_version)
+    if held is None or run is None or held["source"] == run["source"]:
+        return None
+    per, msg = 2 * model["num_layers"], model["hidden_size"] * ACT_BYTES
+    dc0 = per * (run["latency_s"] - held["latency_s"])
+    dc1 = per * msg * (1 / (run["GBps"] * 1e9) - 1 / (held["GBps"] * 1e9))
+    return dc0, dc1, (f"all-reduce of vLLM {vllm_version}: {run['latency_s'] * 1e6:.1f} us + bytes / "
+                      f"{run['GBps']:.3g} GB/s over {n} GPUs ({run['source'].split(' (')[0]}, fit MAPE {run['fit_mape_pct']}%) "
+                      f"in place of the {held['latency_s'] * 1e6:.1f} us + bytes / {held['GBps']:.3g} GB/s the composed steps hold "
+                      f"({held['source'].split(' (')[0]}): step_time.collective_shift {dc0 * 1e3:+.3f} ms a step, "
+                      f"collective_shift_token {dc1 * 1e6:+.3f} us a token")
 
 
 def gpu_name(gpu: dict) -> str | None:
@@ -88,10 +120,12 @@ def collectives_text(parts: dict, layout: str, n: int) -> str:
 
 
 def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes: list[str],
-                 kv_fp8: bool = False) -> list[str]:
+                 kv_fp8: bool = False, shape: dict | None = None, vllm_version: str | None = None) -> list[str]:
     """Put the measured step coefficients of (gpu, model, tp) into a roofline profile where
     the file has them (a tp layout; kv_fp8: those fitted with an FP8 KV cache, never the bf16
-    KV ones, whose attention reads twice the bytes); say which in provenance.source. Returns the notes."""
+    KV ones, whose attention reads twice the bytes); say which in provenance.source. shape and
+    vllm_version: the model's shape and the run's release, whose measured all-reduce replaces the
+    one the composed steps hold (collective_shift). Returns the notes."""
     fit = step_fit(gpu, model, n, kv_fp8) if layout == "tp" else None
     prov = profile["provenance"]
     if fit is None:
@@ -99,6 +133,9 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
         return notes
     d = load()
     c = dict(fit["coef"])
+    shift = collective_shift(gpu, shape, n, vllm_version) if shape is not None and n > 1 else None
+    if shift:  # outside the fitted overlaps: the all-reduce runs between the layers' kernels
+        c["collective_shift"], c["collective_shift_token"] = (float(f"{dv:.5g}") for dv in shift[:2])
     src = source_text(gpu)
     prov["source"] = src
     prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on "
@@ -111,6 +148,8 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     prov["step_time"] = (f"fitted on {fit['points'] - held} steps ({grid}), judged on {held} others "
                          f"({g.get('held_out', d['held_out'])})"
                          + ("; collectives inside: aiconfigurator's step includes vLLM's measured all-reduce" if n > 1 else ""))
+    if shift:
+        prov["collectives"] = shift[2]
     if "c6" in fit and "source" in fit["c6"]:  # the mixed decodes' price from another source than the rest
         notes = notes + [f"{fit['c6']['how']}, from the {fit['c6']['source']}; held-out MAPE of that excess "
                          f"{fit['c6']['heldout_mape_pct']}%"]
@@ -124,8 +163,8 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     profile["device"] = profile["device"].replace("(roofline estimate, not measured)",
                                                   f"(measured kernels: {src.split('(', 1)[1]}")
     profile["step_time"] = c
-    profile["prefill_quadratic"] = {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0):.5g}"),
-                                    "b": float(f"{c['c1'] + c['c4']:.5g}"), "c": c["c2"]}
+    profile["prefill_quadratic"] = {"a": float(f"{c['c0'] + c['c3'] + c.get('routed', 0.0) + c.get('collective_shift', 0.0):.5g}"),
+                                    "b": float(f"{c['c1'] + c['c4'] + c.get('collective_shift_token', 0.0):.5g}"), "c": c["c2"]}
     against = g["source"].split(" (")[0] if "source" in g else f"{d['package']}'s vLLM kernel"
     profile["fit_error"] = {"anchor": f"held-out MAPE % against {against} steps of this GPU, model and tp",
                             **{f"heldout_{k.replace(' ', '_').replace('=', '')}": v["mape_pct"] for k, v in fit["heldout"].items()}}

@@ -48,12 +48,20 @@ benchmarks/measured_kernels.py), a dip no smooth term follows. It sits in the fi
 
     t_gpu += single                      if tokens == 1
 
+Steps fitted on kernels composed with one vLLM release's all-reduce, priced for a run of another
+release whose all-reduce was measured apart (sim/hardware/measured_kernels.py collective_shift),
+add the difference outside the overlaps, as a collective runs between the layers' kernels
+(optional, absent = 0; negative where that release's all-reduce is the faster). Also fixed:
+
+    t_gpu += collective_shift + collective_shift_token * tokens
+
 Required keys:
   model:   {name, num_layers, num_kv_heads, head_dim, dtype_bytes}
   engine:  {block_size, num_gpu_blocks, max_num_batched_tokens, max_num_seqs,
             enable_chunked_prefill, max_model_len}
   step_time: {c0, c1, c2, c3, c4, c5 (optional, 0), w, launch (optional, 0 s), p (optional, hard max),
-              routed (optional, 0 s), routed_share (optional, 1), single (optional, 0 s), c6 (optional, 0)}
+              routed (optional, 0 s), routed_share (optional, 1), single (optional, 0 s), c6 (optional, 0),
+              collective_shift (optional, 0 s), collective_shift_token (optional, 0 s)}
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
   {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
@@ -132,6 +140,9 @@ class StepModel:
     overlap: bool = False  # asynchronous scheduling: the host's work hides behind the device's
     single: float = 0.0  # s: extra of a one-token step (one-row GEMMs; 0 = off)
     c6: float = 0.0  # s per context token of a decode beside a prefill chunk (FlashAttention 2's mixed call; 0 = off)
+    # s per step and per token: another vLLM release's all-reduce than the fitted steps hold (may be < 0; 0 = off)
+    collective_shift: float = 0.0
+    collective_shift_token: float = 0.0
     # the sampler of a run's sampling mode beyond the one the probes held (`Profile.with_sampling`):
     # already in c0 (per step) and c3 (per sequence); kept apart so a launch-bound step adds it after its floor
     sample: float = 0.0
@@ -145,8 +156,11 @@ class StepModel:
         return bool(self.host or self.host_seq or self.host_token)
 
     def fixed(self, tokens: int) -> float:
-        """c0 plus the routed experts a step of `tokens` tokens reads (plus `single` for one token)."""
+        """c0 plus the routed experts a step of `tokens` tokens reads (plus `single` for one token,
+        plus the collective shift)."""
         c = self.c0 if self.routed == 0 else self.c0 + self.routed * (1.0 - (1.0 - self.routed_share) ** tokens)
+        if self.collective_shift or self.collective_shift_token:
+            c += self.collective_shift + self.collective_shift_token * tokens
         return c + self.single if tokens == 1 and self.single else c
 
     @property
@@ -156,7 +170,8 @@ class StepModel:
     def time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0,
              mixed_k: float = 0.0) -> float:
         gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
-        c0 = self.c0 if self.routed == 0 and not self.single else self.fixed(tokens)
+        plain = self.routed == 0 and not self.single and not (self.collective_shift or self.collective_shift_token)
+        c0 = self.c0 if plain else self.fixed(tokens)
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         if self.c6:  # the decodes of a mixed step (mixed_k: 0 in any other step)
             t += self.c6 * mixed_k
@@ -185,7 +200,7 @@ class StepModel:
         """Every duration times `factor` (a slower or faster clock); p is a shape, kept."""
         return replace(self, **{k: getattr(self, k) * factor
                                 for k in ("c0", "c1", "c2", "c3", "c4", "c5", "c6", "w", "launch", "routed", "host", "host_seq", "host_token",
-                                          "single", "sample", "sample_row")})
+                                          "single", "sample", "sample_row", "collective_shift", "collective_shift_token")})
 
 
 @dataclass(frozen=True)
@@ -323,6 +338,8 @@ class _Step(Model):
     routed_share: JSONFloat = Field(1.0, gt=0, le=1)
     single: JSONFloat = Field(0.0, ge=0)
     c6: JSONFloat = Field(0.0, ge=0)
+    collective_shift: JSONFloat = 0.0
+    collective_shift_token: JSONFloat = 0.0
 
 
 class _Host(Model):  # vLLM's host work per step, measured apart (benchmarks/vllm_host_time.py --into)
@@ -392,7 +409,8 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
     st = m.step_time
     host = m.host or _Host()
     step = StepModel(st.c0, st.c1, st.c2, st.c3, st.c4, st.c5, st.w, st.launch, math.inf if st.p is None else st.p,
-                     st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s, single=st.single, c6=st.c6)
+                     st.routed, st.routed_share, host.step_s, host.per_seq_s, host.per_token_s, single=st.single, c6=st.c6,
+                     collective_shift=st.collective_shift, collective_shift_token=st.collective_shift_token)
     if step.c0 + step.c1 <= 0:
         raise InputError(f"profile {name!r}: step_time coefficients must be >= 0 with c0 or c1 > 0; refit with `sim calibrate`")
     if m.sampler is not None and m.sampler.in_steps != "none" and m.sampler.in_steps not in m.sampler.modes:

@@ -122,20 +122,21 @@ def gemm_peak(gpu: dict, model: dict) -> tuple[float, str]:
     return gpu["bf16_dense_TFLOPS"] * 1e12, "bf16"
 
 
-def _measured_collective(gpu: dict, layout: str, n: int) -> dict | None:
-    """aiconfigurator's measured all-reduce (tp) or all-to-all (ep) of n of these GPUs, fitted
-    as latency + bytes / bandwidth (sim/hardware/measured_kernels.py), or None."""
+def _measured_collective(gpu: dict, layout: str, n: int, vllm_version: str | None = None) -> dict | None:
+    """aiconfigurator's measured all-reduce (tp; vllm_version's where measured) or all-to-all (ep)
+    of n of these GPUs, fitted as latency + bytes / bandwidth (sim/hardware/measured_kernels.py), or None."""
     from sim.hardware import measured_kernels as mk
 
     name = mk.gpu_name(gpu) if n > 1 else None
-    return mk.collective(name, "all_reduce" if layout == "tp" else "all_to_all", n) if name else None
+    return mk.collective(name, "all_reduce" if layout == "tp" else "all_to_all", n, vllm_version) if name else None
 
 
 def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = "tp",
-                      measured_collectives: bool = True) -> dict:
+                      measured_collectives: bool = True, vllm_version: str | None = None) -> dict:
     """c0..c5 (seconds) of sim/hardware/profile.py's step model on a replica of `tp` GPUs in `layout`,
     and the parts they are made of. Collectives: measured where sim/hardware/measured_kernels.py has
-    them for the GPU and GPU count (and measured_collectives), else the link's bandwidth."""
+    them for the GPU and GPU count (and measured_collectives; vllm_version's all-reduce where that
+    release was measured), else the link's bandwidth."""
     n = tp
     bw = gpu["bandwidth_GBps"] * 1e9
     peak = gpu["bf16_dense_TFLOPS"] * 1e12
@@ -171,7 +172,7 @@ def step_coefficients(gpu: dict, model: dict, tp: int, eff: dict, layout: str = 
             m, k = param_counts(model)["moe_layers"], model["moe"]["experts_per_token"]
             parts["collective_latency_s"] = 2 * m * lat
             parts["collective_s_per_token"] = 2 * m * k * (n - 1) / n / n * H * ACT_BYTES / link_bw
-        mc = _measured_collective(gpu, layout, n) if measured_collectives else None
+        mc = _measured_collective(gpu, layout, n, vllm_version) if measured_collectives else None
         if mc:  # measured: the whole message (all-reduce: a token's hidden state; all-to-all: its k copies over n GPUs)
             per = 2 * L if layout == "tp" else 2 * param_counts(model)["moe_layers"]
             msg = H * ACT_BYTES if layout == "tp" else model["moe"]["experts_per_token"] * H * ACT_BYTES / n
@@ -441,7 +442,7 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
     eff = fit["constants"]
     warned = caveats(gpu, model, eff, n)
     notes += warned
-    sc = step_coefficients(gpu, model, n, eff, layout)
+    sc = step_coefficients(gpu, model, n, eff, layout, vllm_version=vllm_version)
     parts = sc["parts"]
     c = {k: float(f"{v:.5g}") for k, v in sc["coef"].items()}
     host = gpu["host_link"]
@@ -559,7 +560,8 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
     if measured and model_spec is None:
         from sim.hardware.measured_kernels import use_measured
 
-        notes = use_measured(profile, gname, mname, layout, n, notes, kv_fp8=kv_dtype_bytes(model) == 1)
+        notes = use_measured(profile, gname, mname, layout, n, notes, kv_fp8=kv_dtype_bytes(model) == 1,
+                             shape=model, vllm_version=vllm_version)
     return profile, notes
 
 

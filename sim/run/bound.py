@@ -80,7 +80,7 @@ def step_floor(profile) -> float:
     st = getattr(profile, "step", None)
     if st is None:
         return 0.0
-    terms = (*st.coefficients, st.w, st.launch)
+    terms = (*st.coefficients, st.w, st.launch, st.collective_shift, st.collective_shift_token)
     if not all(math.isfinite(x) and x >= 0 for x in terms):
         return 0.0
     # a one-token step's `single` is no floor: a step of two tokens does without it
