@@ -10,8 +10,9 @@ COMMIT (profiler/perf/<GPU>/<model>/bf16/tp<N>/: dense.csv, attention.csv, per_s
 decoder block timed eagerly by vLLM 0.19.0's own modules, dummy weights, at each token count; the attention
 per (prefill chunk, its cached context, decode sequences, their context)). A step = the decoder block's layers
 x the model's layers + embedding, final norm, LM head and sampler; interpolated linearly between measured
-token counts, attention at a measured grid point; at tp 2 each layer as one rank ran it. Compared, per step shape,
-with the profile benchmarks/server_runs_table.py builds for the run.
+token counts, attention at a measured grid point; at tp 2 each layer as one rank ran it, plus the all-reduces the
+layers hold none of (2 a layer, aiconfigurator's measured all-reduce of the run's vLLM release, as the profile takes
+it). Compared, per step shape, with the profile benchmarks/server_runs_table.py builds for the run.
 Eager per-layer timings carry each kernel's launch; the server ran CUDA graphs: the composed steps are an
 upper bound on the device time of a graphed decode step.
 """
@@ -78,13 +79,14 @@ def main(argv=None) -> int:
     ap.add_argument("--src", required=True, help="a checkout of casys-kaist/LLMServingSim")
     args = ap.parse_args(argv)
     from benchmarks import server_runs_table as srt
+    from sim.hardware import measured_kernels as mk
     from sim.hardware.profile import load_profile, step_features
     from sim.hardware.roofline import find_model
 
     data = srt.load_data(srt.DATA)
     runs = {r["id"]: r for r in data["runs"]}
     ratios = {}
-    lines = ["| run | profile | step | LLMServingSim's layers composed (ms) | profile (ms) | profile / layers |",
+    lines = ["| run | profile | step | LLMServingSim's layers composed (+ all-reduce at tp > 1) (ms) | profile (ms) | profile / layers |",
              "|---|---|---|---:|---:|---:|"]
     try:
         for (gpu, model, tp), rid in RUNS.items():
@@ -98,12 +100,16 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 path, which, _ = srt.build_profile(data, run, "engine", Path(tmp))
                 prof = load_profile(path)
-            n_layers = (srt.model_spec(data, run["model"]) or find_model(run["model"])[1])["num_layers"]
+            shape = srt.model_spec(data, run["model"]) or find_model(run["model"])[1]
+            n_layers = shape["num_layers"]
+            ar = mk.collective(run["gpu"], "all_reduce", tp, run["vllm_version"]) if tp > 1 else None
             shapes = [(0, 0, b, k) for b, k in DECODE] + [(c, cached, b, 1024) for c, cached, b in MIXED]
             for chunk, cached, b, k in shapes:
                 chunks = [(1, k)] * b + ([(chunk, cached + chunk)] if chunk else [])
                 ours = prof.step.time(*step_features(chunks))
                 theirs = lay.step(n_layers, chunk, cached, b, k)
+                if ar:
+                    theirs += 2 * n_layers * (ar["latency_s"] + (chunk + b) * shape["hidden_size"] * 2 / (ar["GBps"] * 1e9))
                 what = (f"decode {b} x {k}" if not chunk else
                         f"chunk {chunk}{f' after {cached} cached' if cached else ''}{f' + decode {b} x {k}' if b else ''}")
                 lines.append(f"| {rid} | {which} | {what} | {theirs * 1e3:.2f} | {ours * 1e3:.2f} | {ours / theirs:.2f} |")
