@@ -1,7 +1,7 @@
 """Steps composed from LLMServingSim's per-layer vLLM 0.19.0 measurements on the RTX cards of its held-out runs,
 beside the step the table's profile prices; then the attention of decodes beside a prefill chunk against the same
-parts alone (what the step model's c6 prices). Layers is the composition benchmarks/measured_kernels.py --layers fits;
-this script itself keeps nothing.
+parts alone (what the step model's c6 prices); then each real run's own decode steps against the profile's. Layers is
+the composition benchmarks/measured_kernels.py --layers fits; this script itself keeps nothing.
 
     python benchmarks/llmservingsim_layers.py --src DIR
 
@@ -15,6 +15,12 @@ layers hold none of (2 a layer, aiconfigurator's measured all-reduce of the run'
 it). Compared, per step shape, with the profile benchmarks/server_runs_table.py builds for the run.
 Eager per-layer timings carry each kernel's launch; the server ran CUDA graphs: the composed steps are an
 upper bound on the device time of a graphed decode step.
+
+The real runs' decode steps (a diagnostic, nothing fitted): bench/examples/<GPU>/<model>/vllm/timeseries.csv counts
+each second's generated tokens and running requests; in a second with no prompt tokens (nor in the one before), the
+same requests running and as many as the request stamps say are between their first and last token, every step is a
+decode of them all: step = running / tokens that second (quantized: a second holds a whole number of steps), priced
+by the profile at the stamps' mean context (each request's input + its share of output by then).
 """
 from __future__ import annotations
 
@@ -74,6 +80,26 @@ class Layers:
         return layers * block + ends + sum(self._at(self.seq, "sequences", x, seqs) for x in ("lm_head", "sampler"))
 
 
+def decode_seconds(run_dir: Path, step) -> list[tuple[int, float, float]]:
+    """(running, real step s, profile step s) of each pure-decode second of a real run (the module's docstring);
+    step(n, ctx) prices a decode of n requests at mean context ctx."""
+    import json
+
+    ts = pd.read_csv(run_dir / "timeseries.csv")
+    reqs = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines() if x.strip()]
+    t0 = min(r["queued_ts"] for r in reqs)
+    out = []
+    for prev, now in zip(ts.itertuples(), ts.iloc[1:].itertuples()):
+        if prev.prompt_throughput or now.prompt_throughput or prev.running != now.running or not now.gen_throughput:
+            continue
+        t = t0 + now.t - 0.5  # mid-second
+        ctx = [r["input_toks"] + r["output_toks"] * (t - r["first_token_ts"]) / max(r["last_token_ts"] - r["first_token_ts"], 1e-9)
+               for r in reqs if r["first_token_ts"] <= t <= r["last_token_ts"]]
+        if len(ctx) == now.running and now.running >= 8:
+            out.append((int(now.running), now.running / now.gen_throughput, step(int(now.running), float(np.mean(ctx)))))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", required=True, help="a checkout of casys-kaist/LLMServingSim")
@@ -85,7 +111,7 @@ def main(argv=None) -> int:
 
     data = srt.load_data(srt.DATA)
     runs = {r["id"]: r for r in data["runs"]}
-    ratios = {}
+    ratios, decodes = {}, {}
     lines = ["| run | profile | step | LLMServingSim's layers composed (+ all-reduce at tp > 1) (ms) | profile (ms) | profile / layers |",
              "|---|---|---|---:|---:|---:|"]
     try:
@@ -113,6 +139,10 @@ def main(argv=None) -> int:
                 what = (f"decode {b} x {k}" if not chunk else
                         f"chunk {chunk}{f' after {cached} cached' if cached else ''}{f' + decode {b} x {k}' if b else ''}")
                 lines.append(f"| {rid} | {which} | {what} | {theirs * 1e3:.2f} | {ours * 1e3:.2f} | {ours / theirs:.2f} |")
+            run_dir = Path(args.src) / "bench" / "examples" / gpu / model.split("/")[-1] / "vllm"
+            if not (run_dir / "timeseries.csv").is_file():
+                raise InputError(f"--src {args.src}: no bench/examples/{gpu}/{model.split('/')[-1]}/vllm/timeseries.csv")
+            decodes[rid] = decode_seconds(run_dir, lambda n, k: prof.step.time(*step_features([(1, round(k))] * n)))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -125,6 +155,17 @@ def main(argv=None) -> int:
     for rid, lay in ratios.items():
         print(f"| {rid} | " + " | ".join(f"{lay.mixed_ratio(c, b, k):.2f}" for c in RATIO_CHUNKS for b in RATIO_DECODES
                                         for k in RATIO_CTX) + " |")
+    print("\nEach real run's pure-decode seconds (a second of decode steps only: the docstring) against the profile's "
+          "decode step of as many requests at their mean context:\n")
+    print("| run | seconds | requests running | real step (ms, mean) | profile / real: mean | min | max |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for rid, rows in decodes.items():
+        if not rows:
+            print(f"| {rid} | 0 | - | - | - | - | - |")
+            continue
+        r = [sim / real for _, real, sim in rows]
+        print(f"| {rid} | {len(rows)} | {min(n for n, _, _ in rows)}-{max(n for n, _, _ in rows)} | "
+              f"{np.mean([real for _, real, _ in rows]) * 1e3:.1f} | {np.mean(r):.3f} | {min(r):.2f} | {max(r):.2f} |")
     return 0
 
 

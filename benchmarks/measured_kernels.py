@@ -222,7 +222,8 @@ def fit_combo(gpu: str, model: str, tp: int, kv_cache_dtype: str = "auto") -> di
 # vllm_kv_pool_cases.json), so the fit is not bent by steps the card never runs.
 LAYERS = {"RTX-4090": {"folder": "RTX4090", "fit": "steps", "max_context": 65536,
                        "models": {"llama3.1-8b": ("meta-llama/Llama-3.1-8B", (1,))}},
-          "RTX-PRO-6000": {"folder": "RTXPRO6000", "fit": "c6", "max_context": 1 << 20,
+          # c6 into aiconfigurator's fits (vLLM 0.24.0), and the steps as the fits of the layers' own release
+          "RTX-PRO-6000": {"folder": "RTXPRO6000", "fit": "c6+release", "max_context": 1 << 20,
                            "models": {"llama3.1-8b": ("meta-llama/Llama-3.1-8B", (1, 2)), "qwen3-32b": ("Qwen/Qwen3-32B", (1, 2))}}}
 LAYERS_SOURCE = ("LLMServingSim profiler, vLLM {vllm} layers (casys-kaist/LLMServingSim {commit}: one decoder block's "
                  "layers timed eagerly by vLLM's own modules, dummy weights, per token count; attention per chunk, cached "
@@ -274,7 +275,9 @@ def mixed_c6(lay, layers: int, points: list[pc.Probe], held: dict = LAYER_HELD) 
 
 
 def derive_layers(src: Path, out_path: Path) -> dict:
-    """Each GPU of LAYERS from its layers, in place of its entry (`steps`) or into its fits' c6 (`c6`) in out_path."""
+    """Each GPU of LAYERS from its layers into out_path: in place of its entry (`steps`), or into its fits' c6 and
+    as the fits of the layers' vLLM release in the entry's `by_vllm` (`c6+release`; a tp > 1 step of the layers
+    holds no all-reduce, which a profile adds as measured for its release)."""
     import yaml
 
     from benchmarks.llmservingsim_layers import Layers
@@ -294,13 +297,12 @@ def derive_layers(src: Path, out_path: Path) -> dict:
                 points = layer_points(lay, layers, spec["max_context"])
                 c6, c6_err = mixed_c6(lay, layers, points)
                 print(f"{g} {m} tp{tp}: c6 {c6:.3g} s per mixed decode context token (held out {c6_err}%)", file=sys.stderr)
-                if spec["fit"] == "c6":
+                if spec["fit"] == "c6+release":
                     fit = data["gpus"][g]["models"].get(m, {}).get(str(tp))
                     if fit is not None:
                         fit["coef"]["c6"] = c6
                         fit["c6"] = {"source": LAYERS_SOURCE.format(vllm=version, commit=COMMIT[:7]), "how": C6_TEXT,
                                      "heldout_mape_pct": c6_err}
-                    continue
                 rows = _rows(points, LAYER_HELD)
                 mixed = [r["probe"].features()[5] for r in rows]
                 # the rest fitted on the steps less the mixed decodes' c6, which is priced apart
@@ -315,10 +317,13 @@ def derive_layers(src: Path, out_path: Path) -> dict:
                                                               "c6": {"how": C6_TEXT, "heldout_mape_pct": c6_err}}
                 print(f"{g} {m} tp{tp}: held-out " + ", ".join(f"{k} {v['mape_pct']:.1f}" for k, v in sm["heldout"].items()),
                       file=sys.stderr, flush=True)
+        fitted = {"source": LAYERS_SOURCE.format(vllm=version, commit=COMMIT[:7]), "vllm": version,
+                  "grid": LAYER_GRID_TEXT.format(max_context=spec["max_context"]), "held_out": LAYER_HELD_RULE, **entry}
         if spec["fit"] == "steps":
-            data["gpus"][g] = {"source": LAYERS_SOURCE.format(vllm=version, commit=COMMIT[:7]), "vllm": version,
-                               "grid": LAYER_GRID_TEXT.format(max_context=spec["max_context"]), "held_out": LAYER_HELD_RULE,
-                               **entry}
+            data["gpus"][g] = fitted
+        else:
+            fitted.pop("collectives")
+            data["gpus"][g]["by_vllm"] = {version: fitted}
     out_path.write_text(json.dumps(data, indent=1) + "\n")
     return data
 
@@ -493,17 +498,20 @@ TABLE_KINDS = ("fresh prefill", "cached prefill", "decode B=1", "decode B=2-16",
 
 def heldout_table(data: dict | None = None) -> str:
     data = data or mk.load()
-    gpus = list(data["gpus"])
-    others = {g: d["source"] for g, d in data["gpus"].items() if "source" in d}
+    # a GPU's fits, then those of measurements of another vLLM release (by_vllm), each a column
+    entries = {label: e for g, d in data["gpus"].items()
+               for label, e in [(g, d), *((f"{g} vLLM {v}", sub) for v, sub in d.get("by_vllm", {}).items())]}
+    gpus = list(entries)
+    others = {g: d["source"] for g, d in entries.items() if "source" in d}
     lines = [f"Held-out error of the measured coefficients against {data['package']}'s vLLM kernels"
-             + "".join(f" ({g}: against the {src}, `--layers`; its grid: {data['gpus'][g]['grid']})" for g, src in others.items())
+             + "".join(f" ({g}: against the {src}, `--layers`; its grid: {entries[g]['grid']})" for g, src in others.items())
              + ", per GPU and kind: MAPE over every model and tp fitted (worst model and tp's MAPE), "
              "by `python benchmarks/measured_kernels.py --derive` (table: `--table heldout`):", "",
              "| kind | " + " | ".join(gpus) + " |", "|" + "---|" * (len(gpus) + 1)]
     for k in TABLE_KINDS:
         cells = []
         for g in gpus:
-            per = [(mt["heldout"][k]["mape_pct"], mt["heldout"][k]["points"]) for mm in data["gpus"][g]["models"].values()
+            per = [(mt["heldout"][k]["mape_pct"], mt["heldout"][k]["points"]) for mm in entries[g]["models"].values()
                    for mt in mm.values() if k in mt["heldout"]]
             if not per:
                 cells.append("-")
@@ -511,10 +519,11 @@ def heldout_table(data: dict | None = None) -> str:
             pooled = sum(e * n for e, n in per) / sum(n for _, n in per)
             cells.append(f"{pooled:.1f}% ({max(e for e, _ in per):.1f}%)")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    lines += ["", "Fitted: " + "; ".join(f"{g} (vLLM {d['vllm']}) {sum(len(mm) for mm in d['models'].values())} "
-                                        "model-tp pairs" for g, d in data["gpus"].items()) + "."]
+    release = {g: "" if g.endswith(d["vllm"]) else f" (vLLM {d['vllm']})" for g, d in entries.items()}
+    lines += ["", "Fitted: " + "; ".join(f"{g}{release[g]} {sum(len(mm) for mm in d['models'].values())} "
+                                        "model-tp pairs" for g, d in entries.items()) + "."]
     over, cells = {}, 0
-    for g, d in data["gpus"].items():
+    for g, d in entries.items():
         for m, by_tp in d["models"].items():
             for tp, fit in by_tp.items():
                 for k in TABLE_KINDS[:-1]:

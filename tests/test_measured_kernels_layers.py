@@ -81,6 +81,11 @@ def test_a_step_model_priced_profiler_is_fitted_back_and_the_rest_of_the_file_ke
     pro = data["gpus"]["RTX-PRO-6000"]["models"]["llama3.1-8b"]["1"]
     was = before["gpus"]["RTX-PRO-6000"]["models"]["llama3.1-8b"]["1"]
     assert pro["coef"] == {**was["coef"], "c6": 0.0} and "LLMServingSim" in pro["c6"]["source"] and pro["heldout"] == was["heldout"]
+    # and the layers' own release gets its fits, beside aiconfigurator's (vLLM 0.24.0)
+    rel = data["gpus"]["RTX-PRO-6000"]["by_vllm"]["0.19.0"]
+    assert rel["vllm"] == "0.19.0" and rel["source"] == g["source"] and "collectives" not in rel
+    assert set(rel["models"]) == {"llama3.1-8b", "qwen3-32b"} and set(rel["models"]["qwen3-32b"]) == {"1", "2"}
+    assert rel["models"]["llama3.1-8b"]["1"]["coef"]["c1"] == pytest.approx(c["c1"], rel=0.02)  # the same layers
 
 
 def test_a_decode_beside_a_chunk_dearer_than_alone_is_priced_by_c6(tmp_path):
@@ -165,3 +170,46 @@ def test_an_rtx_4090_profile_says_which_measurements_priced_it():
     assert "LLMServingSim profiler" in meas["fit_error"]["anchor"] and "measured kernels" in meas["device"]
     assert roof["provenance"]["source"] == "roofline" and meas["step_time"] != roof["step_time"]
     assert meas["engine"] == roof["engine"]
+
+
+def test_a_run_of_the_layers_release_takes_their_fits_with_its_all_reduce_added():
+    """RTX PRO 6000: aiconfigurator's fits are vLLM 0.24.0 kernels, LLMServingSim's layers vLLM 0.19.0 modules.
+    A profile for a release takes the fits measured nearest it (that release, else the latest before it, else
+    the earliest): 0.19-0.23 and older the layers', 0.24 on and none aiconfigurator's. The layers are one rank's
+    and hold no all-reduce: at tp 2 the release's measured one is added whole."""
+    for v, layers in (("0.19.0", True), ("0.23.1", True), ("0.15.1", True), ("0.24.0", False), ("0.32", False), (None, False)):
+        prof, _ = R.roofline_profile("RTX-PRO-6000", "qwen3-32b", tp=2, measured=True, vllm_version=v)
+        assert ("LLMServingSim" in prof["provenance"]["source"]) == layers, v
+        fit = mk.step_fit("RTX-PRO-6000", "qwen3-32b", 2, vllm_version=v)
+        assert all(prof["step_time"][k] == fit["coef"][k] for k in fit["coef"]), v
+    prof, _ = R.roofline_profile("RTX-PRO-6000", "qwen3-32b", tp=2, measured=True, vllm_version="0.19.0")
+    _, m = R.find_model("qwen3-32b")
+    ar = mk.collective("RTX-PRO-6000", "all_reduce", 2, "0.19.0")
+    per = 2 * m["num_layers"]
+    assert prof["step_time"]["collective_shift"] == pytest.approx(per * ar["latency_s"], rel=1e-4)
+    assert prof["step_time"]["collective_shift_token"] == pytest.approx(per * m["hidden_size"] * 2 / (ar["GBps"] * 1e9), rel=1e-4)
+    assert "hold none" in prof["provenance"]["collectives"] and "collectives inside" not in prof["provenance"]["step_time"]
+    one, _ = R.roofline_profile("RTX-PRO-6000", "llama3.1-8b", measured=True, vllm_version="0.19.0")
+    assert "collective_shift" not in one["step_time"] and "LLMServingSim" in one["fit_error"]["anchor"]
+    # an FP8 KV cache has fits of aiconfigurator's only; the 4090 has only the layers
+    assert mk.release_entry("RTX-4090", "0.30") is mk.load()["gpus"]["RTX-4090"]
+
+
+def test_a_real_runs_decode_seconds_are_read_only_where_every_step_is_a_decode_of_all(tmp_path):
+    """benchmarks/llmservingsim_layers.py decode_seconds: a second counts when it and the one before hold no
+    prompt tokens, the running count holds and the request stamps agree with it; its step = running / tokens."""
+    from benchmarks.llmservingsim_layers import decode_seconds
+
+    (tmp_path / "timeseries.csv").write_text(
+        "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+        "1.0,900.0,10.0,8,0,0.0\n"      # prompt tokens
+        "2.0,0.0,400.0,8,0,0.0\n"       # the second before had prompt tokens
+        "3.0,0.0,400.0,8,0,0.0\n"       # counted: 8 / 400 = 20 ms
+        "4.0,0.0,380.0,9,0,0.0\n"       # the running count changed
+        "5.0,0.0,360.0,9,0,0.0\n")      # stamps say 8 are decoding, not 9
+    reqs = [{"queued_ts": 0.0, "input_toks": 100 * (i + 1), "output_toks": 1000, "first_token_ts": 0.5, "last_token_ts": 10.5}
+            for i in range(8)]
+    (tmp_path / "requests.jsonl").write_text("\n".join(json.dumps(r) for r in reqs) + "\n")
+    got = decode_seconds(tmp_path, lambda n, k: n * k * 1e-6)
+    # mid-second 2.5: each request 20% through its 1,000 outputs; inputs 100..800, mean 450
+    assert got == [(8, pytest.approx(0.02), pytest.approx(8 * 650 * 1e-6))]

@@ -41,30 +41,54 @@ def load() -> dict:
     return json.loads(DATA_FILE.read_text())
 
 
-def source_text(gpu: str) -> str:
+def nearest_release(releases, vllm_version: str) -> str:
+    """Of releases measured, the one a run of vllm_version takes: that release, else the latest before it,
+    else the earliest."""
+    from sim.hardware.kv_pool import release
+
+    rels = sorted(releases, key=release)
+    at = [r for r in rels if release(r) <= release(vllm_version)]
+    return at[-1] if at else rels[0]
+
+
+def release_entry(gpu: str, vllm_version: str | None = None) -> dict:
+    """The entry of `gpu` whose fits a run of vllm_version takes (nearest_release): the GPU's own, measured on
+    the release it names, or one of its `by_vllm`, fitted on measurements of another release; no release: its own."""
+    g = load()["gpus"][gpu]
+    if vllm_version is None or not g.get("by_vllm"):
+        return g
+    entries = {**g["by_vllm"], g["vllm"]: g}
+    return entries[nearest_release(entries, vllm_version)]
+
+
+def source_text(gpu: str, entry: dict | None = None) -> str:
+    """provenance.source of a GPU's measured steps (entry: release_entry's, default the GPU's own)."""
     d = load()
-    g = d["gpus"][gpu]
-    if "source" in g:  # fitted from LLMServingSim's per-layer measurements (a GPU aiconfigurator has no data of)
+    g = entry or d["gpus"][gpu]
+    if "source" in g:  # fitted from LLMServingSim's per-layer measurements
         return f"measured-kernels ({g['source'].split(' (')[0]})"
     # the derive adds the rotary and KV-cache write of every token, which aiconfigurator prices for one
     return (f"measured-kernels ({d['package'].replace('aiconfigurator-core', 'aiconfigurator')} database, "
             f"vLLM {g['vllm']}, rotary and KV write of every token)")
 
 
-def kernels_text(gpu: str, kv_fp8: bool = False) -> str:
+def kernels_text(gpu: str, kv_fp8: bool = False, entry: dict | None = None) -> str:
     """Where a GPU's fitted steps come from, for a profile's provenance."""
     d = load()
-    g = d["gpus"][gpu]
+    g = entry or d["gpus"][gpu]
     if "source" in g:
         return f"the steps composed from the {g['source']}"
     return (f"the vLLM {g['vllm']} kernels of {d['package']}'s database for {g['system']} (GEMMs, "
             f"attention{' with an FP8 KV cache' if kv_fp8 else ''}, MoE, all-reduce, as its engine composes a step)")
 
 
-def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False) -> dict | None:
+def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False, vllm_version: str | None = None) -> dict | None:
     """The fitted entry {coef, points, heldout, train} of a GPU, model and tp (kv_fp8: fitted on
-    steps with an FP8 KV cache, the `kv_fp8_models` table), or None."""
-    return load()["gpus"].get(gpu, {}).get(KV_FP8_TABLE if kv_fp8 else "models", {}).get(model, {}).get(str(tp))
+    steps with an FP8 KV cache, the `kv_fp8_models` table; vllm_version: release_entry's), or None."""
+    if gpu not in load()["gpus"]:
+        return None
+    entry = load()["gpus"][gpu] if kv_fp8 else release_entry(gpu, vllm_version)
+    return entry.get(KV_FP8_TABLE if kv_fp8 else "models", {}).get(model, {}).get(str(tp))
 
 
 def collective(gpu: str, op: str, n: int, vllm_version: str | None = None) -> dict | None:
@@ -74,34 +98,36 @@ def collective(gpu: str, op: str, n: int, vllm_version: str | None = None) -> di
     latest release measured."""
     c = load()["gpus"].get(gpu, {}).get("collectives", {}).get(op, {})
     if vllm_version is not None and c.get("by_vllm"):
-        from sim.hardware.kv_pool import release
-
-        rels = sorted(c["by_vllm"], key=release)
-        at = [r for r in rels if release(r) <= release(vllm_version)]
-        c = c["by_vllm"][at[-1] if at else rels[0]]
+        c = c["by_vllm"][nearest_release(c["by_vllm"], vllm_version)]
     f = c.get(str(n))
     return {**f, "source": c["source"]} if f and f.get("GBps") else None
 
 
-def collective_shift(gpu: str, model: dict, n: int, vllm_version: str | None) -> tuple[float, float, str] | None:
-    """(c0, c1 seconds, what) to add to measured steps of n GPUs in tensor parallel so they hold
-    vllm_version's all-reduce instead of that of the release aiconfigurator composed them with; None
-    where they are the same, either is not measured, or no release is given. Two all-reduces per
-    layer of a token's hidden state."""
-    if vllm_version is None:
+def collective_shift(gpu: str, model: dict, n: int, vllm_version: str | None,
+                     entry: dict | None = None) -> tuple[float, float, str] | None:
+    """(seconds a step, seconds a token, what) to add to the measured steps of `entry` (release_entry's,
+    default the GPU's own) on n GPUs in tensor parallel so they hold vllm_version's all-reduce: the
+    difference to the all-reduce of the release aiconfigurator composed them at, or the whole of it on
+    steps of single-GPU layers, which hold none. None where nothing changes or it is not measured. Two
+    all-reduces per layer of a token's hidden state."""
+    entry = entry or load()["gpus"][gpu]
+    layers = "source" in entry  # LLMServingSim's layers: each rank's layers, no collective
+    if vllm_version is None and not layers:
         return None
-    composed = load()["gpus"][gpu].get("vllm")
-    held, run = collective(gpu, "all_reduce", n, composed), collective(gpu, "all_reduce", n, vllm_version)
-    if held is None or run is None or held["source"] == run["source"]:
+    run = collective(gpu, "all_reduce", n, vllm_version or entry["vllm"])
+    held = None if layers else collective(gpu, "all_reduce", n, entry["vllm"])
+    if run is None or (not layers and (held is None or held["source"] == run["source"])):
         return None
     per, msg = 2 * model["num_layers"], model["hidden_size"] * ACT_BYTES
-    dc0 = per * (run["latency_s"] - held["latency_s"])
-    dc1 = per * msg * (1 / (run["GBps"] * 1e9) - 1 / (held["GBps"] * 1e9))
-    return dc0, dc1, (f"all-reduce of vLLM {vllm_version}: {run['latency_s'] * 1e6:.1f} us + bytes / "
-                      f"{run['GBps']:.3g} GB/s over {n} GPUs ({run['source'].split(' (')[0]}, fit MAPE {run['fit_mape_pct']}%) "
-                      f"in place of the {held['latency_s'] * 1e6:.1f} us + bytes / {held['GBps']:.3g} GB/s the composed steps hold "
-                      f"({held['source'].split(' (')[0]}): step_time.collective_shift {dc0 * 1e3:+.3f} ms a step, "
-                      f"collective_shift_token {dc1 * 1e6:+.3f} us a token")
+    lat, inv = (held["latency_s"], 1 / (held["GBps"] * 1e9)) if held else (0.0, 0.0)
+    dc0 = per * (run["latency_s"] - lat)
+    dc1 = per * msg * (1 / (run["GBps"] * 1e9) - inv)
+    what = (f"all-reduce of vLLM {vllm_version or entry['vllm']}: {run['latency_s'] * 1e6:.1f} us + bytes / {run['GBps']:.3g} "
+            f"GB/s over {n} GPUs ({run['source'].split(' (')[0]}, fit MAPE {run['fit_mape_pct']}%) ")
+    what += (f"in place of the {held['latency_s'] * 1e6:.1f} us + bytes / {held['GBps']:.3g} GB/s the composed steps hold "
+             f"({held['source'].split(' (')[0]})" if held else "added to the steps of one rank's layers, which hold none")
+    return dc0, dc1, (what + f": step_time.collective_shift {dc0 * 1e3:+.3f} ms a step, "
+                             f"collective_shift_token {dc1 * 1e6:+.3f} us a token")
 
 
 def gpu_name(gpu: dict) -> str | None:
@@ -126,28 +152,30 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     KV ones, whose attention reads twice the bytes); say which in provenance.source. shape and
     vllm_version: the model's shape and the run's release, whose measured all-reduce replaces the
     one the composed steps hold (collective_shift). Returns the notes."""
-    fit = step_fit(gpu, model, n, kv_fp8) if layout == "tp" else None
+    fit = step_fit(gpu, model, n, kv_fp8, vllm_version) if layout == "tp" else None
     prov = profile["provenance"]
     if fit is None:
         prov["source"] = "roofline"
         return notes
     d = load()
+    entry = d["gpus"][gpu] if kv_fp8 else release_entry(gpu, vllm_version)
     c = dict(fit["coef"])
-    shift = collective_shift(gpu, shape, n, vllm_version) if shape is not None and n > 1 else None
+    shift = collective_shift(gpu, shape, n, vllm_version, entry) if shape is not None and n > 1 else None
     if shift:  # outside the fitted overlaps: the all-reduce runs between the layers' kernels
         c["collective_shift"], c["collective_shift_token"] = (float(f"{dv:.5g}") for dv in shift[:2])
-    src = source_text(gpu)
+    src = source_text(gpu, entry)
     prov["source"] = src
     prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on "
-                      f"{kernels_text(gpu, kv_fp8)} (benchmarks/measured_kernels.py, sim/hardware/specs/measured_kernels.json); "
+                      f"{kernels_text(gpu, kv_fp8, entry)} (benchmarks/measured_kernels.py, sim/hardware/specs/measured_kernels.json); "
                       "engine limits and host link as the roofline's. Written by `sim profile roofline`.")
     for k in ("c0", "c1", "c2", "c3", "c4", "c5", "constants", "moe", "collectives"):
         prov.pop(k, None)
-    held, g = fit["heldout"]["all"]["points"], d["gpus"][gpu]
+    held, g = fit["heldout"]["all"]["points"], entry
     grid = g.get("grid", "fresh and cached prefill, decode B 1-256 over 256-32K tokens, mixed")
     prov["step_time"] = (f"fitted on {fit['points'] - held} steps ({grid}), judged on {held} others "
                          f"({g.get('held_out', d['held_out'])})"
-                         + ("; collectives inside: aiconfigurator's step includes vLLM's measured all-reduce" if n > 1 else ""))
+                         + ("; collectives inside: aiconfigurator's step includes vLLM's measured all-reduce"
+                            if n > 1 and "source" not in g else ""))
     if shift:
         prov["collectives"] = shift[2]
     if "c6" in fit and "source" in fit["c6"]:  # the mixed decodes' price from another source than the rest
