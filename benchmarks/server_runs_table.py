@@ -7,9 +7,10 @@ For each run of benchmarks/data/server_runs.json: the workload as the source des
 tokens, single-turn and independent), the profile `sim profile roofline` would make for
 the GPU, tp, model and the run's stated engine settings (vLLM's defaults where the
 source states none; the KV pool as sim/hardware/kv_pool.py derives it unless the run
-logged its block count), simulated twice: as the engine sees it (device time only) and
-as a benchmark client sees it (plus vLLM's host time per step, benchmarks/host/
-llama3.1-8b-h100-host.json, and the API server's time per request, benchmarks/host/
+logged its block count), simulated twice: as the engine sees it (the device's steps and vLLM's
+engine-core host time per step, benchmarks/host/llama3.1-8b-h100-host.json: added to a
+synchronous step, hidden behind an asynchronous one, so in the engine's own stamps either way)
+and as a benchmark client sees it (plus the API server's time per request, benchmarks/host/
 cpu-micro-llama-server.json; both measured on CPUs here, host_cpu_factor 1). Printed:
 each published statistic's error (sim - real) / real, unscaled; nothing is fitted on
 these runs. E2E is not published by every source: where a run gives mean TTFT and mean
@@ -114,8 +115,8 @@ def build_profile(data: dict, run: dict, view: str, out: Path) -> tuple[str, str
               [k for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "num_gpu_blocks") if e.get(k) is None]
     if e.get("num_gpu_blocks"):
         prof["engine"]["num_gpu_blocks"] = int(e["num_gpu_blocks"])
+    prof["host"] = json.loads(HOST.read_text())["host"]  # the engine core's: in both views
     if view == "client":
-        prof["host"] = json.loads(HOST.read_text())["host"]
         prof["server"] = json.loads(SERVER.read_text())["server"]
     path = out / f"{run['id']}-{view}.json"
     path.write_text(json.dumps(prof))
@@ -533,9 +534,9 @@ def rows_of(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = 
 PARTS_NOTE = ("The engine view in parts (real: vLLM's per-request stamps; alone: requests no other overlapped, the "
               "server's first left out; hand-off: vLLM's arrival stamp to the engine core's queue and the first token's way "
               "back, which the simulator does not price):")
-WHAT_IF_NOTE = ("What the runs' own prices explain (a diagnostic, no profile is changed): replayed with each scheduled token "
-                "dearer by the alone requests' miss per prefilled token, then also with vLLM 0.32's host time per step "
-                "(benchmarks/host/); mean and p99 TTFT and mean E2E error:")
+WHAT_IF_NOTE = ("What the runs' own prices explain (a diagnostic, no profile is changed): replayed without vLLM's host time "
+                "per step, as replayed (with it), and with each scheduled token dearer by the alone requests' miss per "
+                "prefilled token; mean and p99 TTFT and mean E2E error:")
 
 
 def render(rows: list[dict]) -> str:
@@ -593,21 +594,20 @@ def render_parts(parts: list[dict]) -> str:
     return "\n".join(head + lines)
 
 
-WHAT_IF = (("as replayed", None), ("prefill priced as measured alone", "prefill"), ("and vLLM 0.32's host time per step", "host"))
+WHAT_IF = (("device time only", "no host"), ("as replayed", None), ("and prefill priced as measured alone", "prefill"))
 
 
 def what_if(data: dict, runs: list[dict], parts: list[dict], tmp: Path) -> str:
     """How much of each trace run's engine-view miss the prices the runs themselves show explain (a
-    diagnostic, not a profile: nothing here is kept): replayed again with every scheduled token dearer
-    by what the requests that ran alone miss per prefilled token ((real - simulated prefill) /
-    prefilled tokens: the price of a prefill chunk, whatever its size, a decode token charged the
-    same), and with that and the host section (benchmarks/host/llama3.1-8b-h100-host.json: vLLM
-    0.32's engine-core CPU time per step, measured on CPUs here) added to every step, as a
-    synchronous engine (vLLM 0.11.0's default) pays it."""
+    diagnostic, not a profile: nothing here is kept): replayed without the host section (benchmarks/host/
+    llama3.1-8b-h100-host.json: vLLM 0.32's engine-core CPU time per step, measured on CPUs here, which a
+    synchronous engine such as vLLM 0.11.0's default adds to every step), as replayed, and with every
+    scheduled token dearer by what the requests that ran alone miss per prefilled token ((real - simulated
+    prefill) / prefilled tokens: the price of a prefill chunk, whatever its size, a decode token charged the
+    same)."""
     by = {r["run"]: r for r in parts if r.get("alone prefill")}
     lines = ["| run | alone miss per prefilled token (us) | " + " | ".join(f"{name}: TTFT mean / p99, E2E mean" for name, _ in WHAT_IF)
              + " |", "|---|---:|" + "---|" * len(WHAT_IF)]
-    host = json.loads(HOST.read_text())["host"]
     for run in runs:
         r = by.get(run["id"])
         if r is None:
@@ -620,9 +620,10 @@ def what_if(data: dict, runs: list[dict], parts: list[dict], tmp: Path) -> str:
         cells = []
         for name, change in WHAT_IF:
             prof = json.loads(json.dumps(base))
-            if change in ("prefill", "host"):  # a synchronous step adds the host section's time (sim/hardware/profile.py)
-                h = host if change == "host" else {"step_s": 0.0, "per_seq_s": 0.0, "per_token_s": 0.0}
-                prof["host"] = {**h, "per_token_s": h["per_token_s"] + miss}
+            if change == "no host":
+                prof.pop("host")
+            elif change == "prefill":  # a synchronous step adds the host section's time (sim/hardware/profile.py)
+                prof["host"] = {**prof["host"], "per_token_s": prof["host"]["per_token_s"] + miss}
             alt = tmp / f"{run['id']}-what-if.json"
             alt.write_text(json.dumps(prof))
             sm = simulate(run, str(alt), "engine", trace)
