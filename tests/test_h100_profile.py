@@ -252,5 +252,6 @@ def test_a_collective_shift_adds_per_step_and_per_token_outside_the_overlaps():
         assert shifted.time(*shape) == pytest.approx(flat.time(*shape) + 2e-3 + 5e-5 * shape[0], rel=1e-12)
     p, b = _gpu(collective_shift=2e-3, collective_shift_token=1e-6), _gpu()
     assert p.step_time(64, 64, 6400.0, 6400.0) == pytest.approx(b.step_time(64, 64, 6400.0, 6400.0) + 2e-3 + 64e-6)
+    assert p.linear_step() == pytest.approx((b.linear_step()[0] + 2e-3, b.linear_step()[1] + 1e-6))  # InferCept's view
     assert step_floor(p) > step_floor(b) > 0
     assert step_floor(_gpu(collective_shift=-1e-5)) == 0.0

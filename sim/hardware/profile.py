@@ -270,9 +270,9 @@ class Profile:
     def linear_step(self) -> tuple[float, float]:
         """(fixed s, s per token) of a step ~ fixed + per_token*tokens, for policies that
         price an iteration linearly (InferCept): the weights floor and every routed expert
-        (a step under load reads them all) count as fixed."""
+        (a step under load reads them all) and the collective shift's step part count as fixed."""
         s = self.step
-        return s.c0 + s.c3 + s.w + s.routed, s.c1 + s.c4
+        return s.c0 + s.c3 + s.w + s.routed + s.collective_shift, s.c1 + s.c4 + s.collective_shift_token
 
     def prefill_time(self, n: int) -> float:
         """An uncached prefill of n tokens running alone, in chunks of the engine's token
