@@ -191,7 +191,10 @@ def test_a_run_of_the_layers_release_takes_their_fits_with_its_all_reduce_added(
     assert "hold none" in prof["provenance"]["collectives"] and "collectives inside" not in prof["provenance"]["step_time"]
     one, _ = R.roofline_profile("RTX-PRO-6000", "llama3.1-8b", measured=True, vllm_version="0.19.0")
     assert "collective_shift" not in one["step_time"] and "LLMServingSim" in one["fit_error"]["anchor"]
-    # an FP8 KV cache has fits of aiconfigurator's only; the 4090 has only the layers
+    # a model or tp the layers did not measure keeps aiconfigurator's fit; the 4090 has only the layers
+    other, _ = R.roofline_profile("RTX-PRO-6000", "qwen3-8b", measured=True, vllm_version="0.19.0")
+    assert other["provenance"]["source"].startswith("measured-kernels (aiconfigurator")
+    assert other["step_time"] == mk.load()["gpus"]["RTX-PRO-6000"]["models"]["qwen3-8b"]["1"]["coef"]
     assert mk.release_entry("RTX-4090", "0.30") is mk.load()["gpus"]["RTX-4090"]
 
 

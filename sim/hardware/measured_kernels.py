@@ -82,13 +82,23 @@ def kernels_text(gpu: str, kv_fp8: bool = False, entry: dict | None = None) -> s
             f"attention{' with an FP8 KV cache' if kv_fp8 else ''}, MoE, all-reduce, as its engine composes a step)")
 
 
-def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False, vllm_version: str | None = None) -> dict | None:
-    """The fitted entry {coef, points, heldout, train} of a GPU, model and tp (kv_fp8: fitted on
-    steps with an FP8 KV cache, the `kv_fp8_models` table; vllm_version: release_entry's), or None."""
+def fitted(gpu: str, model: str, tp: int, kv_fp8: bool = False, vllm_version: str | None = None) -> tuple[dict, dict] | None:
+    """(entry, fit) of a GPU, model and tp: release_entry's fit where it has one, else the GPU's own
+    (kv_fp8: its fits on steps with an FP8 KV cache, the `kv_fp8_models` table); None if neither has one."""
     if gpu not in load()["gpus"]:
         return None
-    entry = load()["gpus"][gpu] if kv_fp8 else release_entry(gpu, vllm_version)
-    return entry.get(KV_FP8_TABLE if kv_fp8 else "models", {}).get(model, {}).get(str(tp))
+    own = load()["gpus"][gpu]
+    for entry in ([] if kv_fp8 else [release_entry(gpu, vllm_version)]) + [own]:
+        fit = entry.get(KV_FP8_TABLE if kv_fp8 else "models", {}).get(model, {}).get(str(tp))
+        if fit is not None:
+            return entry, fit
+    return None
+
+
+def step_fit(gpu: str, model: str, tp: int, kv_fp8: bool = False, vllm_version: str | None = None) -> dict | None:
+    """The fitted entry {coef, points, heldout, train} of a GPU, model and tp (`fitted`'s), or None."""
+    f = fitted(gpu, model, tp, kv_fp8, vllm_version)
+    return f[1] if f else None
 
 
 def collective(gpu: str, op: str, n: int, vllm_version: str | None = None) -> dict | None:
@@ -152,13 +162,13 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     KV ones, whose attention reads twice the bytes); say which in provenance.source. shape and
     vllm_version: the model's shape and the run's release, whose measured all-reduce replaces the
     one the composed steps hold (collective_shift). Returns the notes."""
-    fit = step_fit(gpu, model, n, kv_fp8, vllm_version) if layout == "tp" else None
+    found = fitted(gpu, model, n, kv_fp8, vllm_version) if layout == "tp" else None
     prov = profile["provenance"]
-    if fit is None:
+    if found is None:
         prov["source"] = "roofline"
         return notes
     d = load()
-    entry = d["gpus"][gpu] if kv_fp8 else release_entry(gpu, vllm_version)
+    entry, fit = found
     c = dict(fit["coef"])
     shift = collective_shift(gpu, shape, n, vllm_version, entry) if shape is not None and n > 1 else None
     if shift:  # outside the fitted overlaps: the all-reduce runs between the layers' kernels
