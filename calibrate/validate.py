@@ -283,6 +283,19 @@ def _one_engine(args: tuple):
             raise InputError(f"the vLLM engine for policy {args[2]!r} failed: {type(err).__name__}: {first}") from None
 
 
+def engine_dtype_of(profile: Profile, device: str) -> dict:
+    """{'dtype': ...} where a CPU profile was measured on an engine of another dtype than this CPU's
+    default (calibrate/engine.py engine_dtype: bfloat16 with native bf16, else float32), so that the
+    engine judged is the one the profile measured; {} where they agree."""
+    from calibrate.engine import engine_dtype, resolve_device
+
+    dtype = profile.model.get("dtype")
+    on = device if device in ("cpu", "cuda") else resolve_device(device)
+    if on != "cpu" or dtype not in ("float32", "bfloat16") or dtype == engine_dtype("cpu"):
+        return {}
+    return {"dtype": dtype}
+
+
 def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarray, profile: str | None = None,
                    out: str | Path | None = None, seed: int = 0, model=None, device: str = "cpu",
                    log=print, policy_args: dict[str, dict] | None = None, repeats: int = 1,
@@ -300,7 +313,8 @@ def run_validation(trace: pd.DataFrame, policies: list[str], arrivals: np.ndarra
     if repeats < 1:
         raise InputError(f"--repeats {repeats}: give 1 or more")
     if profile is not None:
-        load_profile(profile).with_sampling(sampling)  # a bad profile, or one without its sampler, fails here too
+        given = load_profile(profile).with_sampling(sampling)  # a bad profile, or one without its sampler, fails here too
+        limits = {**limits, **engine_dtype_of(given, device)}
     elif out is None:
         raise InputError("calibrating needs --out: the profile is written there for the next engines (or give --profile)")
     real: dict[str, list] = {p: [] for p in policies}

