@@ -69,7 +69,8 @@ def register(sub) -> None:
                         "(rankings recomputed over all; give the --profile those rows were judged on)")
     v.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
                    help="policy parameter (repeatable), given to each listed policy that has it, on both sides")
-    v.add_argument("--profile", default=None, help="profile name or JSON; default: calibrate the engine first (quick)")
+    v.add_argument("--profile", default=None, help="profile name or JSON (a CPU profile's engine runs the dtype it was measured "
+                                                   "in); default: calibrate the engine first (quick)")
     v.add_argument("--out", default=None, metavar="DIR",
                    help="report folder (report.md, report.json, plot, profile); required unless --server-run")
     v.add_argument("--jps", type=float, default=2.0, help="program arrivals per second, seeded Poisson (default 2.0)")
