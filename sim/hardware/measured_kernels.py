@@ -11,6 +11,13 @@ bytes / bandwidth. The data ships: a user needs no extra to use it.
 where they exist (`source: measured-kernels ...`), else the roofline (`source: roofline`);
 a roofline with tp or ep > 1 on a GPU listed here prices its collectives with the measured
 fits instead of the link's datasheet bandwidth.
+
+vLLM changed between releases, so a profile for a release (`--vllm-version`) takes what was
+measured nearest it (that release, else the latest before it, else the earliest): vLLM's
+all-reduce per release (aiconfigurator measured several), and a GPU's fits of another release
+(`by_vllm`: the RTX PRO 6000's LLMServingSim layers of vLLM 0.19.0 beside aiconfigurator's 0.24.0
+kernels). Steps that hold another release's all-reduce, or none (one rank's layers), get the
+difference as step_time.collective_shift(_token).
 """
 from __future__ import annotations
 
