@@ -25,6 +25,7 @@ by the profile at the stamps' mean context (each request's input + its share of 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -83,8 +84,6 @@ class Layers:
 def decode_seconds(run_dir: Path, step) -> list[tuple[int, float, float]]:
     """(running, real step s, profile step s) of each pure-decode second of a real run (the module's docstring);
     step(n, ctx) prices a decode of n requests at mean context ctx."""
-    import json
-
     ts = pd.read_csv(run_dir / "timeseries.csv")
     reqs = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines() if x.strip()]
     t0 = min(r["queued_ts"] for r in reqs)
