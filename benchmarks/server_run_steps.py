@@ -20,7 +20,6 @@ kernels' per step and per all-reduce (2 per layer when tp > 1). Nothing here is 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -64,16 +63,16 @@ def implied_tpot_ms(run: dict, decode_ms: float, mixed_ms: float) -> float:
 
 def judged_profile(data: dict, run: dict):
     """(Profile, provenance source) the judge builds for the run (server_runs_table.build_profile's
-    engine view: `sim profile roofline` at the run's settings, measured kernels where shipped, vLLM's
-    host time per step hidden behind an asynchronous step or added to a synchronous one, as the run ran)."""
-    from sim.hardware.profile import parse_profile
-    from sim.hardware.roofline import roofline_profile
+    engine view), scheduled as the run ran: vLLM's host time per step hidden behind an asynchronous
+    step or added to a synchronous one."""
+    import tempfile
 
-    raw, _ = roofline_profile(run["gpu"], run["model"], tp=run["tp"], measured=True,
-                              model_spec=srt.model_spec(data, run["model"]), **srt.engine_args(run))
-    raw["host"] = json.loads(srt.HOST.read_text())["host"]
-    prof = parse_profile(raw, run["id"]).scheduled(bool(run["engine"].get("async_scheduling")))
-    return prof, raw["provenance"].get("source", "")
+    from sim.hardware.profile import load_profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path, _, _ = srt.build_profile(data, run, "engine", Path(tmp))
+        prof = load_profile(path)
+    return prof.scheduled(bool(run["engine"].get("async_scheduling"))), prof.raw["provenance"].get("source", "")
 
 
 def rows(data: dict, runs: list[dict]) -> list[dict]:
