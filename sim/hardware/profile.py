@@ -147,6 +147,12 @@ class StepModel:
     # already in c0 (per step) and c3 (per sequence); kept apart so a launch-bound step adds it after its floor
     sample: float = 0.0
     sample_row: float = 0.0
+    # c0 is the whole fixed part (no routed experts, no one-token extra, no collective shift): time()'s fast path
+    plain: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "plain", self.routed == 0 and not self.single
+                           and not (self.collective_shift or self.collective_shift_token))
 
     def host_time(self, tokens: int, seqs: int) -> float:
         return self.host + self.host_seq * seqs + self.host_token * tokens
@@ -170,8 +176,7 @@ class StepModel:
     def time(self, tokens: int, seqs: int, sum_qk: float, sum_k: float, sum_q_cached: float = 0.0,
              mixed_k: float = 0.0) -> float:
         gemm = self.c1 * tokens if self.w == 0 else _smax(self.w, self.c1 * tokens, self.p)
-        plain = self.routed == 0 and not self.single and not (self.collective_shift or self.collective_shift_token)
-        c0 = self.c0 if plain else self.fixed(tokens)
+        c0 = self.c0 if self.plain else self.fixed(tokens)
         t = c0 + gemm + self.c2 * sum_qk + self.c3 * seqs + self.c4 * sum_k + self.c5 * sum_q_cached
         if self.c6:  # the decodes of a mixed step (mixed_k: 0 in any other step)
             t += self.c6 * mixed_k
