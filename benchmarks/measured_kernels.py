@@ -375,13 +375,13 @@ def collectives(system: str) -> dict:
 
     v = latest(root / "vllm")
     if v is not None and (v / "custom_allreduce_perf.parquet").is_file():
-        # the latest release's is the one aiconfigurator's composed steps hold; each release's own
-        # (vLLM's all-reduce changed between them: RTX PRO 6000 x2, 16 MB: 1.12 ms in 0.19.0, 0.47 in 0.24.0)
-        # prices a run of that release (sim/hardware/measured_kernels.py collective)
-        out["all_reduce"] = {**all_reduce(v), "vllm": v.name,
-                             "by_vllm": {r.name: all_reduce(r) for r in sorted(
-                                 (r for r in (root / "vllm").iterdir() if (r / "custom_allreduce_perf.parquet").is_file()),
-                                 key=lambda r: release(r.name))}}
+        # each release's own prices a run of that release (vLLM's all-reduce changed between them: RTX PRO
+        # 6000 x2, 16 MB: 1.12 ms in 0.19.0, 0.47 in 0.24.0; sim/hardware/measured_kernels.py collective);
+        # the latest's is the default
+        by = {r.name: all_reduce(r) for r in sorted((r for r in (root / "vllm").iterdir()
+                                                     if (r / "custom_allreduce_perf.parquet").is_file()),
+                                                    key=lambda r: release(r.name))}
+        out["all_reduce"] = {**by[v.name], "vllm": v.name, "by_vllm": by}
     v = latest(root / "nccl")
     if v is not None and (v / "nccl_perf.parquet").is_file():
         d = pd.read_parquet(v / "nccl_perf.parquet")
