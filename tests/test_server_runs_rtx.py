@@ -39,6 +39,20 @@ def test_prefix_segments_share_ids_exactly_as_far_as_the_prompts_do():
     assert [sum(s["tokens"] for s in x) for x in segs] == [r[1] for r in rows]
 
 
+# LLMServingSim's validation summary as bench/core prints it (metric, statistic, vLLM, Sim, Diff%)
+SUMMARY = """Metric                           vLLM         Sim     Diff%
+-----------------------------------------------------------
+TTFT Mean                      7097.2      6815.7     -4.0%
+TTFT Median                    9442.7      8633.9     -8.6%
+TTFT P99                      19755.3     19356.6     -2.0%
+
+TPOT Mean                        32.5        32.1     -1.0%
+
+Latency Mean                  28200.7     27694.8     -1.8%
+Latency P99                   37638.8     37027.3     -1.6%
+"""
+
+
 def _example(src: Path, folder: str, reqs: list[dict], kv: dict | None, dataset: str) -> None:
     ex = src / "bench" / "examples" / folder / "vllm"
     ex.mkdir(parents=True)
@@ -50,6 +64,8 @@ def _example(src: Path, folder: str, reqs: list[dict], kv: dict | None, dataset:
         meta["resolved_config"] = {"scheduler_config": {"async_scheduling": True}}
     (ex / "meta.json").write_text(json.dumps(meta))
     (ex / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    (ex.parent / "validation").mkdir()
+    (ex.parent / "validation" / "summary.txt").write_text(SUMMARY)
 
 
 def _src(root: Path) -> Path:
@@ -78,6 +94,10 @@ def test_the_import_takes_the_engines_arrivals_stamps_and_shared_prefixes(tmp_pa
     assert e["e2el_ms"]["mean"] == pytest.approx(np.mean([1000, 1000, 500]), abs=1e-3)
     assert e["wait_ms"]["mean"] == pytest.approx(np.mean([0, 10, 0]), abs=1e-3)
     assert e["alone"]["requests"] == [2]  # the only one nothing overlapped (the first left out)
+    assert run["peers"] == [{"stage": -1, "simulator": "llmservingsim", "their_run": "RTX4090/Llama-3.1-8B",
+                             "file": f"{ls.BASE.replace('/tree/', '/blob/')}/RTX4090/Llama-3.1-8B/validation/summary.txt",
+                             "ttft_mean_pct": -4.0, "ttft_p99_pct": -2.0, "tpot_mean_pct": -1.0, "e2el_mean_pct": -1.8,
+                             "e2el_p99_pct": -1.6}]  # its own simulator's Diff%, median left out
     pro = ls.import_run(src, "RTXPRO6000/Qwen3-32B")
     assert pro["tp"] == 2 and pro["engine"]["num_gpu_blocks"] is None  # no kv_cache in its meta.json: derived
 
@@ -88,6 +108,14 @@ def test_the_import_refuses_stamps_missing_or_a_dataset_of_other_prompts(tmp_pat
     f.write_text(f.read_text().replace('"first_token_ts": 10.2', '"first_token_ts": null'))
     with pytest.raises(ls.InputError, match="stamps"):
         ls.import_run(src, "RTXPRO6000/Llama-3.1-8B")
+    summary = src / "bench" / "examples" / "RTX4090" / "Llama-3.1-8B" / "validation" / "summary.txt"
+    summary.write_text(SUMMARY.replace("TPOT Mean", "TPOT Average"))
+    with pytest.raises(ls.InputError, match="validation summary"):
+        ls.import_run(src, "RTX4090/Llama-3.1-8B")
+    summary.unlink()
+    with pytest.raises(ls.InputError, match="missing"):
+        ls.import_run(src, "RTX4090/Llama-3.1-8B")
+    summary.write_text(SUMMARY)
     (src / "workloads" / "d.jsonl").write_text(json.dumps({"input_toks": 3, "input_tok_ids": [1, 2, 3]}) + "\n")
     with pytest.raises(ls.InputError, match="prompt lengths"):
         ls.import_run(src, "RTX4090/Llama-3.1-8B")
@@ -121,6 +149,19 @@ def test_the_bundled_runs_are_the_sources_with_their_settings():
         assert all(x[3] < len(req) and x[4] <= x[1] and (x[3] >= 0) == (x[4] > 0) for x in req)
         assert sum(x[4] for x in req) > 0.05 * sum(x[1] for x in req)  # ShareGPT's later turns repeat earlier prompts
     assert runs["llmss-rtx4090-tp1-llama3.1-8b-sharegpt"]["engine"]["num_gpu_blocks"] == 2588
+    # LLMServingSim's own errors on them, as its validation summaries print them
+    assert [r["peers"][0]["e2el_mean_pct"] for r in runs.values()] == [0.5, -1.8, 1.0]
+
+
+def test_a_peers_own_errors_on_its_runs_stand_beside_ours():
+    rows = [{"kind": "trace", "run": "r", "view": v, "metric": m, "stat": st, "error_pct": e}
+            for v, e in (("engine", -5.0), ("client", -50.0)) for m, st in srt.TRACE_METRICS]
+    runs = [{"id": "r", "workload": {"kind": "trace"},
+             "peers": [{"simulator": "p", "file": "u", **{f"{m}_{st}_pct": 1.5 for m, st in srt.TRACE_METRICS}}]},
+            {"id": "other", "workload": {"kind": "trace"}, "peers": []}]
+    got = srt.render_trace_peers(rows, runs).splitlines()
+    assert len(got) == 3 and got[2] == "| r | " + " / ".join(["-5.0%"] * 5) + " | [p](u) | " + " / ".join(["+1.5%"] * 5) + " |"
+    assert srt.render_trace_peers(rows, runs[1:]) == "" and srt.render_trace_peers([], runs) == ""
 
 
 def test_the_replay_serves_the_shared_prefixes_from_the_cache(tmp_path):
