@@ -105,9 +105,9 @@ def _parts(reqs: list[dict]) -> dict:
     return parts
 
 
-# validation/summary.txt rows (metric, statistic) -> ours (server_runs_table.TRACE_METRICS)
-SUMMARY_ROWS = {("TTFT", "Mean"): ("ttft", "mean"), ("TTFT", "P99"): ("ttft", "p99"), ("TPOT", "Mean"): ("tpot", "mean"),
-                ("Latency", "Mean"): ("e2el", "mean"), ("Latency", "P99"): ("e2el", "p99")}
+# validation/summary.txt rows (metric, statistic) -> the runs file's peer keys (server_runs_table.peer_key)
+SUMMARY_ROWS = {("TTFT", "Mean"): "ttft_mean_pct", ("TTFT", "P99"): "ttft_p99_pct", ("TPOT", "Mean"): "tpot_mean_pct",
+                ("Latency", "Mean"): "e2e_mean_pct", ("Latency", "P99"): "e2e_p99_pct"}
 
 
 def own_errors(path: Path) -> dict:
@@ -119,8 +119,7 @@ def own_errors(path: Path) -> dict:
     for line in path.read_text().splitlines():
         f = line.split()
         if len(f) == 5 and (f[0], f[1]) in SUMMARY_ROWS and f[4].endswith("%"):
-            m, st = SUMMARY_ROWS[(f[0], f[1])]
-            out[f"{m}_{st}_pct"] = float(f[4][:-1])
+            out[SUMMARY_ROWS[(f[0], f[1])]] = float(f[4][:-1])
     if len(out) != len(SUMMARY_ROWS):
         raise InputError(f"{path}: not LLMServingSim's validation summary (rows {', '.join(' '.join(k) for k in SUMMARY_ROWS)})")
     return out

@@ -579,6 +579,11 @@ def render_trace(rows: list[dict]) -> str:
     return "\n".join(head + lines)
 
 
+def peer_key(metric: str, stat: str) -> str:
+    """A peer's published signed error of one of our metrics in the runs file (`peers`): e2e_mean_pct, ttft_p99_pct..."""
+    return f"{'e2e' if metric == 'e2el' else metric}_{stat}_pct"
+
+
 def render_trace_peers(rows: list[dict], runs: list[dict]) -> str:
     """Per trace run a peer simulated itself (its published signed errors, `peers` in the runs file): ours (engine
     view, the table's profile) beside it, per TRACE_METRICS; "" where none."""
@@ -591,7 +596,7 @@ def render_trace_peers(rows: list[dict], runs: list[dict]) -> str:
             continue
         mine = {k: ours[(run["id"], *k)] for k in TRACE_METRICS}
         for p in run.get("peers") or []:
-            theirs = {(m, st): p[f"{m}_{st}_pct"] for m, st in TRACE_METRICS}
+            theirs = {k: p[peer_key(*k)] for k in TRACE_METRICS}
             lines.append(f"| {run['id']} | {fmt(mine)} | [{p['simulator']}]({p['file']}) | {fmt(theirs)} |")
     if not lines:
         return ""

@@ -96,8 +96,8 @@ def test_the_import_takes_the_engines_arrivals_stamps_and_shared_prefixes(tmp_pa
     assert e["alone"]["requests"] == [2]  # the only one nothing overlapped (the first left out)
     assert run["peers"] == [{"stage": -1, "simulator": "llmservingsim", "their_run": "RTX4090/Llama-3.1-8B",
                              "file": f"{ls.BASE.replace('/tree/', '/blob/')}/RTX4090/Llama-3.1-8B/validation/summary.txt",
-                             "ttft_mean_pct": -4.0, "ttft_p99_pct": -2.0, "tpot_mean_pct": -1.0, "e2el_mean_pct": -1.8,
-                             "e2el_p99_pct": -1.6}]  # its own simulator's Diff%, median left out
+                             "ttft_mean_pct": -4.0, "ttft_p99_pct": -2.0, "tpot_mean_pct": -1.0, "e2e_mean_pct": -1.8,
+                             "e2e_p99_pct": -1.6}]  # its own simulator's Diff%, median left out
     pro = ls.import_run(src, "RTXPRO6000/Qwen3-32B")
     assert pro["tp"] == 2 and pro["engine"]["num_gpu_blocks"] is None  # no kv_cache in its meta.json: derived
 
@@ -150,14 +150,14 @@ def test_the_bundled_runs_are_the_sources_with_their_settings():
         assert sum(x[4] for x in req) > 0.05 * sum(x[1] for x in req)  # ShareGPT's later turns repeat earlier prompts
     assert runs["llmss-rtx4090-tp1-llama3.1-8b-sharegpt"]["engine"]["num_gpu_blocks"] == 2588
     # LLMServingSim's own errors on them, as its validation summaries print them
-    assert [r["peers"][0]["e2el_mean_pct"] for r in runs.values()] == [0.5, -1.8, 1.0]
+    assert [r["peers"][0]["e2e_mean_pct"] for r in runs.values()] == [0.5, -1.8, 1.0]
 
 
 def test_a_peers_own_errors_on_its_runs_stand_beside_ours():
     rows = [{"kind": "trace", "run": "r", "view": v, "metric": m, "stat": st, "error_pct": e}
             for v, e in (("engine", -5.0), ("client", -50.0)) for m, st in srt.TRACE_METRICS]
     runs = [{"id": "r", "workload": {"kind": "trace"},
-             "peers": [{"simulator": "p", "file": "u", **{f"{m}_{st}_pct": 1.5 for m, st in srt.TRACE_METRICS}}]},
+             "peers": [{"simulator": "p", "file": "u", **{srt.peer_key(m, st): 1.5 for m, st in srt.TRACE_METRICS}}]},
             {"id": "other", "workload": {"kind": "trace"}, "peers": []}]
     got = srt.render_trace_peers(rows, runs).splitlines()
     assert len(got) == 3 and got[2] == "| r | " + " / ".join(["-5.0%"] * 5) + " | [p](u) | " + " / ".join(["+1.5%"] * 5) + " |"
