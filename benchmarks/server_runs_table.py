@@ -750,7 +750,7 @@ def explain(data: dict, runs: list[dict], rows: list[dict], view: str = "client"
     lines += ["", "| GPU x tp | workload | concurrency | in decode: real / sim | real TPOT (ms) | sim TPOT | "
               "decode step of the real number: table's profile / roofline (ms) |", "|---|---|---:|---|---:|---:|---|"]
     by = {(x["run"], x["metric"].split(" ")[0]): x for x in rows if x["view"] == view}
-    bound = []
+    bound, held = [], {}
     for r in runs:
         t, p, e = (by.get((r["id"], m)) for m in ("ttft", "tpot", "e2el"))
         if t is None:
@@ -765,14 +765,46 @@ def explain(data: dict, runs: list[dict], rows: list[dict], view: str = "client"
                      f"{p['real_ms']:.2f} | {p['sim_ms']:.2f} | {step(meas):.2f}{'' if is_meas else ' (roofline)'} / "
                      f"{step(roof):.2f} |")
         pool = meas.engine.num_gpu_blocks * meas.block_size
+        held.setdefault((r["gpu"], r["tp"], r["model"], r["workload"].get("label", "")), []).append((c, real_n, sim_n, ctx, pool, r))
         if real_n * ctx > 1.05 * pool:
             bound.append(f"{r['gpu']} x{r['tp']} {r['workload'].get('label', '')} at concurrency {c}: the real server kept "
                          f"{real_n:.0f} sequences in decode, about {real_n * ctx:,.0f} tokens of KV at their mean context, "
                          f"{real_n * ctx / pool:.2f}x the {pool:,} tokens of the pool derived here, where {sim_n:.0f} run")
     if bound:
         lines += ["", "KV-pool bound: " + "; ".join(bound) + "."]
+    ceilings = [_ceiling(key, pts, lambda r: _auto_kv_pool(data, r)) for key, pts in held.items()]
+    if any(ceilings):
+        lines += ["", "A ceiling below the pool: " + "; ".join(c for c in ceilings if c) + "."]
     lines += ["", ttft_lines(runs, seen, {r["run"]: r["sim_ms"] for r in rows if r["view"] == view and r["metric"] == "ttft"})]
     return "\n".join(lines)
+
+
+def _auto_kv_pool(data: dict, run: dict) -> int | None:
+    """The pool of the run's deployment with vLLM's default KV dtype, where the run states an FP8 KV cache."""
+    eng = engine_args(run)
+    if eng["kv_cache_dtype"] == "auto":
+        return None
+    prof, _ = _profile(run["gpu"], run["model"], run["tp"], True, model_spec(data, run["model"]), **{**eng, "kv_cache_dtype": "auto"})
+    return prof.engine.num_gpu_blocks * prof.block_size
+
+
+def _ceiling(key: tuple, pts: list[tuple], auto_pool=lambda run: None) -> str:
+    """A deployment whose real sequences in decode stop growing with the concurrency (the top two
+    concurrencies within 10% of each other) while the simulated ones go on growing: the real server
+    held no more, whatever the client sent, as a KV pool that size would hold them; pts: (concurrency,
+    real and simulated sequences in decode, mean decode context, derived pool tokens, run) per run;
+    auto_pool(run): the pool with vLLM's default KV dtype where the run states another (else None)."""
+    if len(pts) < 2:
+        return ""
+    (c1, r1, s1, *_), (c2, r2, s2, ctx, pool, run) = sorted(pts, key=lambda x: x[0])[-2:]
+    if r2 > 1.1 * r1 or s2 < 1.1 * r2:
+        return ""
+    auto = auto_pool(run)
+    return (f"{key[0]} x{key[1]} {key[3]}: the real server kept {r1:.1f} and {r2:.1f} sequences in decode at concurrency "
+            f"{c1} and {c2} (simulated {s1:.1f} and {s2:.1f}), about {r2 * ctx:,.0f} tokens of KV at their mean decode "
+            f"context, {r2 * ctx / pool:.2f}x the {pool:,} tokens of the pool derived here"
+            + (f" (the run's {run['engine']['kv_cache_dtype']} KV cache; with vLLM's default KV dtype the pool would be "
+               f"{auto:,} tokens)" if auto else ""))
 
 
 def ttft_lines(runs: list[dict], seen: dict, sim: dict) -> str:

@@ -112,6 +112,34 @@ def test_the_explain_lines_price_the_deployment_as_the_table_does():
     assert ctx == pytest.approx(0.9 * run["workload"]["input_tokens"] + 0.45 * run["workload"]["output_tokens"])
 
 
+def test_a_ceiling_of_sequences_in_decode_is_named_only_where_the_real_ones_stop_growing():
+    """The real sequences in decode flat from one concurrency to the next while the simulated go on: reported with the
+    KV they hold against the derived pool; growing with the concurrency, or flat on both sides: nothing."""
+    key = ("H100", 2, "llama3.1-70b-fp8", "8k1k")
+    run = {"engine": {"kv_cache_dtype": "fp8"}}
+    flat = [(16, 15.4, 15.3, 8000.0, 456000, run), (64, 28.7, 55.7, 8000.0, 456000, run), (32, 28.2, 30.7, 8000.0, 456000, run)]
+    text = srt._ceiling(key, flat)
+    assert "kept 28.2 and 28.7 sequences in decode at concurrency 32 and 64 (simulated 30.7 and 55.7)" in text
+    assert "229,600 tokens of KV" in text and "0.50x the 456,000 tokens of the pool derived here" in text
+    assert "default KV dtype" not in text
+    assert srt._ceiling(key, flat, lambda r: 228000) == \
+        text + " (the run's fp8 KV cache; with vLLM's default KV dtype the pool would be 228,000 tokens)"
+    assert srt._ceiling(key, [(32, 28.2, 30.7, 8000.0, 456000, run), (64, 57.1, 61.4, 8000.0, 456000, run)]) == ""
+    assert srt._ceiling(key, [(32, 28.2, 28.0, 8000.0, 456000, run), (64, 28.7, 29.0, 8000.0, 456000, run)]) == ""
+    assert srt._ceiling(key, flat[:1]) == ""
+
+
+def test_the_default_kv_pool_of_an_fp8_kv_run_is_twice_smaller():
+    """_auto_kv_pool sizes the same deployment with vLLM's default KV dtype: about half the FP8 pool's tokens; none
+    for a run on the default dtype."""
+    d = srt.load_data(DATA)
+    run = next(r for r in d["runs"] if (r["engine"].get("kv_cache_dtype") or "auto") == "fp8")
+    prof, _ = srt._profile(run["gpu"], run["model"], run["tp"], True, srt.model_spec(d, run["model"]), **srt.engine_args(run))
+    fp8 = prof.engine.num_gpu_blocks * prof.block_size
+    assert srt._auto_kv_pool(d, run) == pytest.approx(fp8 / 2, rel=0.01)
+    assert srt._auto_kv_pool(d, {**run, "engine": {**run["engine"], "kv_cache_dtype": None}}) is None
+
+
 def test_roofline_takes_a_model_shape_outside_the_zoo():
     from sim.hardware.roofline import find_model, roofline_profile
 
