@@ -1,7 +1,8 @@
 """Older aiconfigurator databases' vLLM GEMMs against the installed aiconfigurator-core's, per GPU, release and dtype.
 
-    pip download --no-deps -d WHEELS 'aiconfigurator==0.8.0' 'aiconfigurator==0.10.0'
-    python benchmarks/aiconfigurator_releases.py --wheels WHEELS [--gpus h100_sxm,b200_sxm]
+    pip download --no-deps -d WHEELS 'aiconfigurator==0.4.0' 'aiconfigurator==0.6.0' 'aiconfigurator==0.8.0' \
+        'aiconfigurator==0.10.0'
+    python benchmarks/aiconfigurator_releases.py --wheels WHEELS [--gpus h100_sxm,b200_sxm] [--write-docs [PAGE]]
 
 Whether a GPU's kernels measured on an older vLLM release (aiconfigurator's earlier wheels ship earlier releases'
 tables: systems/data/<gpu>/vllm/<release>/gemm_perf.txt or .parquet) could price a run of that release in place of
@@ -9,7 +10,9 @@ the installed database's (sim/hardware/check.py AIC_VERSION: vLLM 0.24.0). Per G
 table was measured on, and the median over shared (m, n, k) shapes (n and k of at least 1,024, model GEMMs) by row
 count m of the older latency over the installed one's, per dtype (the installed bf16 against an older float16 where
 that is what it measured); then each release's per-tensor FP8 over its own bf16, the FP8 kernels' speed-up. Read from
-the wheels' files in place (nothing installed); a diagnostic: it changes no profile.
+the wheels' files in place (nothing installed); a diagnostic: it changes no profile. --write-docs puts the table into
+docs/reference/validation.md (or PAGE) in place of its block, whose marker names the folder by $AGENTSIM_AIC_WHEELS
+(benchmarks/docs_tables.py skips the block where it is not set).
 """
 from __future__ import annotations
 
@@ -26,7 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.errors import InputError  # noqa: E402
+from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
+KEY = "--wheels $AGENTSIM_AIC_WHEELS"  # the docs block's marker: the default GPUs, the folder from the environment
+
+DEFAULT_GPUS = "h100_sxm,b200_sxm"
 BANDS = (0, 16, 64, 256, 1024, 4096, 65536)
 BAND_NAMES = ("1-16", "17-64", "65-256", "257-1K", "1K-4K", ">4K")
 TABLE = re.compile(r"systems/data/(?P<gpu>[^/]+)/vllm/(?P<release>[^/]+)/gemm_perf\.(?P<ext>txt|parquet)$")
@@ -36,11 +43,15 @@ def _read(raw: bytes, ext: str) -> pd.DataFrame:
     return pd.read_parquet(io.BytesIO(raw)) if ext == "parquet" else pd.read_csv(io.BytesIO(raw))
 
 
+def _wheel_version(name: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", name.split("-")[1])]
+
+
 def wheel_tables(wheels: Path, gpus: set[str]) -> dict[tuple[str, str], tuple[str, pd.DataFrame]]:
     """(gpu, release) -> (wheel name, GEMM table) from every aiconfigurator wheel in `wheels`; a release two wheels
     ship is taken from the newer wheel."""
     found = {}
-    paths = sorted(wheels.glob("aiconfigurator-*.whl"), key=lambda p: [int(x) for x in re.findall(r"\d+", p.name.split("-")[1])])
+    paths = sorted(wheels.glob("aiconfigurator-*.whl"), key=lambda p: _wheel_version(p.name))
     if not paths:
         raise InputError(f"--wheels {wheels}: no aiconfigurator-*.whl there (pip download --no-deps -d {wheels} "
                          "'aiconfigurator==0.8.0')")
@@ -112,20 +123,38 @@ def render(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def docs_body(rs: list[dict]) -> str:
+    wheels = sorted({r["wheel"] for r in rs if r["wheel"] != "installed"}, key=_wheel_version)
+    from sim.hardware import check as pc
+
+    return (f"Made by `python benchmarks/aiconfigurator_releases.py --wheels DIR --write-docs`, DIR holding {', '.join(wheels)} "
+            f"(pip download --no-deps), against the installed {pc.AIC_PACKAGE} {pc.AIC_VERSION}: the median, over the GEMM "
+            "shapes two tables share (n and k of at least 1,024), of one latency over the other, by row count m:\n\n"
+            + render(rs))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wheels", type=Path, required=True, help="a folder of aiconfigurator-*.whl files")
-    ap.add_argument("--gpus", default="h100_sxm,b200_sxm", help="aiconfigurator system names, comma-separated")
+    ap.add_argument("--gpus", default=DEFAULT_GPUS, help="aiconfigurator system names, comma-separated")
+    ap.add_argument("--write-docs", nargs="?", const=str(DOCS / "reference" / "validation.md"), default=None, metavar="PAGE",
+                    help="write the table into docs/reference/validation.md (or PAGE) in place of its block")
     args = ap.parse_args(argv)
     try:
         if not args.wheels.is_dir():
             raise InputError(f"--wheels {args.wheels}: not a folder")
+        if args.write_docs and args.gpus != DEFAULT_GPUS:
+            raise InputError(f"--write-docs writes the table of the default --gpus {DEFAULT_GPUS}; drop --gpus {args.gpus}")
         gpus = {g for g in args.gpus.split(",") if g}
         older = wheel_tables(args.wheels, gpus)
-        print(render(rows(older, {g: installed_table(g) for g in sorted(gpus)})))
+        rs = rows(older, {g: installed_table(g) for g in sorted(gpus)})
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    print(render(rs))
+    if args.write_docs:
+        write_block(args.write_docs, "aiconfigurator_releases", KEY, docs_body(rs))
+        print(f"wrote {args.write_docs}", file=sys.stderr)
     return 0
 
 

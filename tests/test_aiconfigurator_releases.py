@@ -62,3 +62,16 @@ def test_a_folder_without_wheels_is_one_line_and_exit_2(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert len(p.stderr.strip().splitlines()) == 1 and "--wheels" in p.stderr
+
+
+def test_the_docs_block_is_the_default_gpus_table_and_names_its_wheels_in_release_order(tmp_path):
+    p = subprocess.run([sys.executable, "benchmarks/aiconfigurator_releases.py", "--wheels", str(tmp_path), "--gpus", "h100_sxm",
+                        "--write-docs", str(tmp_path / "x.md")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and "--gpus" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.md").exists()
+    rs = [{"gpu": "h100_sxm", "release": r, "wheel": w, "device": "NVIDIA H100 80GB HBM3", "what": "bf16 / 0.24.0 bf16",
+           "bands": {"1-16": 1.0}} for r, w in (("0.14.0", "aiconfigurator-0.10.0-py3-none-any.whl"),
+                                                 ("0.11.0", "aiconfigurator-0.4.0-py3-none-any.whl"))]
+    body = ar.docs_body(rs + [{**rs[0], "wheel": "installed"}])
+    assert "DIR holding aiconfigurator-0.4.0-py3-none-any.whl, aiconfigurator-0.10.0-py3-none-any.whl (pip" in body
+    assert body.endswith(ar.render(rs + [{**rs[0], "wheel": "installed"}]))
