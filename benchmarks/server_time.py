@@ -12,12 +12,20 @@ last streamed chunk), and reads the server's own figures for the same request fr
 /metrics (the deltas of `vllm:time_to_first_token_seconds` and
 `vllm:e2e_request_latency_seconds`, both from the request's arrival_time in the API
 server, so one request at a time gives exactly its own). The difference is the time a
-client sees and the engine's metrics do not: HTTP both ways, request parsing, prompt
-rendering/tokenization before arrival_time, and detokenizing and streaming each output.
+client sees and the engine's metrics do not: HTTP both ways, request parsing, and
+detokenizing and streaming each output.
 
 Fitted (least squares over all requests):
 - client TTFT - server TTFT = request_s + per_prompt_token_s * L
 - (client E2E - client TTFT) - (server E2E - server TTFT) = per_output_token_s * (n - 1)
+
+Printed beside, not fitted: the engine core's own span of each request (the deltas of
+`vllm:request_queue_time_seconds` and `vllm:request_prefill_time_seconds`, queued -> scheduled
+-> first token, the engine core's stamps), which the simulator's engine view prices, and the
+hand-off = server TTFT - queue - prefill: vLLM 0.32 stamps arrival_time before rendering and
+tokenizing the prompt (vllm/renderers/base.py render_cmpl), then hands the request to the engine
+core and each step's outputs back, all inside its own TTFT metric but outside the engine core's
+span; neither view prices it yet.
 
 With --concurrency: a probe request (32 words, 2 output tokens) while N other requests stream
 (long outputs, started before it), per N. The server stamps its TTFT when a step's outputs
@@ -63,6 +71,10 @@ from agentsim.files import atomic_write  # noqa: E402
 
 LENGTHS = (32, 256, 1024)
 OUTPUT = 8
+# vLLM's per-request histograms read: its TTFT and E2E (from arrival_time, in the API server) and
+# the engine core's span to the first token (queued -> scheduled -> first token)
+METRICS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+           "vllm:request_prefill_time_seconds")
 
 
 def _free_port() -> int:
@@ -76,7 +88,7 @@ def _metrics(port: int) -> dict[str, float]:
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     out = {}
-    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
+    for name in METRICS:
         for part in ("sum", "count"):
             m = re.search(rf"^{re.escape(name)}_{part}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)
             out[f"{name}_{part}"] = float(m.group(1)) if m else float("nan")
@@ -151,9 +163,9 @@ def measure(repeats: int) -> dict:
             before = _metrics(port)
             ttft, e2e = _one(port, model, prompt, OUTPUT)
             d = _delta(port, before)
-            if i < 2 or d["vllm:time_to_first_token_seconds_count"] != 1 or d["vllm:e2e_request_latency_seconds_count"] != 1:
+            if i < 2 or any(d[f"{m}_count"] != 1 for m in METRICS):
                 continue  # warm-up, or the metrics did not show exactly this request
-            rows.append((L, ttft, e2e, d["vllm:time_to_first_token_seconds_sum"], d["vllm:e2e_request_latency_seconds_sum"]))
+            rows.append((L, ttft, e2e, *(d[f"{m}_sum"] for m in METRICS)))
     a = np.array(rows)
     front = a[:, 1] - a[:, 3]
     (req, per_tok), *_ = np.linalg.lstsq(np.c_[np.ones(len(a)), a[:, 0]], front, rcond=None)
@@ -239,9 +251,15 @@ def main() -> int:
     if args.record:
         ap.error("--record applies only with --concurrency")
     r = measure(args.repeats)
-    print("L  client_ttft_ms  server_ttft_ms  client_e2e_ms  server_e2e_ms")
-    for L, ct, ce, st, se in r["rows"]:
-        print(f"{L:5d} {ct * 1e3:8.2f} {st * 1e3:8.2f} {ce * 1e3:8.2f} {se * 1e3:8.2f}")
+    print("L  client_ttft_ms  server_ttft_ms  client_e2e_ms  server_e2e_ms  core_queue+prefill_ms  handoff_ms")
+    for L, ct, ce, st, se, q, pf in r["rows"]:
+        print(f"{L:5d} {ct * 1e3:8.2f} {st * 1e3:8.2f} {ce * 1e3:8.2f} {se * 1e3:8.2f} {(q + pf) * 1e3:8.2f} "
+              f"{(st - q - pf) * 1e3:8.2f}")
+    a = np.array(r["rows"])
+    for L in LENGTHS:
+        m = a[a[:, 0] == L]
+        if len(m):
+            print(f"hand-off at L={L}: median {np.median(m[:, 3] - m[:, 5] - m[:, 6]) * 1e3:.2f} ms over {len(m)} requests")
     section = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
                "per_output_token_s": round(r["per_output_token_s"], 6), "host_cpu_factor": args.host_cpu_factor,
                "cpu": device_name("cpu"),

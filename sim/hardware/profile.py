@@ -358,7 +358,7 @@ class _Host(Model):  # vLLM's host work per step, measured apart (benchmarks/vll
 class _Server(Model):  # the API server's time per request, as a client sees it (benchmarks/server_time.py)
     model_config = {**Model.model_config, "extra": "forbid"}
     request_s: JSONFloat = Field(ge=0)  # s per request: HTTP both ways, parsing, first chunk
-    per_prompt_token_s: JSONFloat = Field(ge=0)  # s per prompt token: rendering/tokenization before arrival
+    per_prompt_token_s: JSONFloat = Field(ge=0)  # s per prompt token: the request body on its way to arrival_time
     per_output_token_s: JSONFloat = Field(ge=0)  # s per output token after the first: detokenize, stream
     host_cpu_factor: JSONFloat = Field(1.0, gt=0)  # the serving host's CPU time per the measuring CPU's
     cpu: str | None = None

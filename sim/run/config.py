@@ -113,7 +113,7 @@ class EngineLimits(_Section):
     metrics_at: MetricsView = Field(
         "engine", description="TTFT, TPOT, ITL and E2EL (vLLM bench's names) as the engine sees them, from a call's "
                               "arrival at the engine, or as a benchmark client does: plus the API server's time per "
-                              "request (HTTP, tokenizing, streaming) from the profile's `server` section, added after "
+                              "request (HTTP, parsing, streaming) from the profile's `server` section, added after "
                               "the run (the steps do not change); client or engine")
     sampling: SamplingMode | None = Field(
         None, description="how the calls sample (greedy, random: temperature > 0, top-p: with or without top-k), priced "
