@@ -10,8 +10,9 @@ source states none; the KV pool as sim/hardware/kv_pool.py derives it unless the
 logged its block count), simulated twice: as the engine sees it (the device's steps and vLLM's
 engine-core host time per step, benchmarks/host/llama3.1-8b-h100-host.json: added to a
 synchronous step, hidden behind an asynchronous one, so in the engine's own stamps either way)
-and as a benchmark client sees it (plus the API server's time per request, benchmarks/host/
-cpu-micro-llama-server.json; both measured on CPUs here, host_cpu_factor 1). Printed:
+and as a benchmark client sees it (plus the API server's time per request and vLLM's hand-off
+to the engine core and back, benchmarks/host/cpu-micro-llama-server.json; both measured on CPUs
+here, host_cpu_factor 1). Printed:
 each published statistic's error (sim - real) / real, unscaled; nothing is fitted on
 these runs. E2E is not published by every source: where a run gives mean TTFT and mean
 TPOT only, mean E2E is taken as TTFT + TPOT x (mean n - 1) on both sides (exact for equal
@@ -538,7 +539,8 @@ def rows_of(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = 
 
 PARTS_NOTE = ("The engine view in parts (real: vLLM's per-request stamps; alone: requests no other overlapped, the "
               "server's first left out; hand-off: vLLM's arrival stamp to the engine core's queue and the first token's way "
-              "back, which the simulator does not price):")
+              "back, which the simulator's engine view does not price and its client view does, as measured on CPUs here: "
+              "benchmarks/server_time.py --handoff):")
 WHAT_IF_NOTE = ("What the runs' own prices explain (a diagnostic, no profile is changed): replayed without vLLM's host time "
                 "per step, as replayed (with it), and with each scheduled token dearer by the alone requests' miss per "
                 "prefilled token; mean and p99 TTFT and mean E2E error:")

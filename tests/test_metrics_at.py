@@ -11,8 +11,8 @@ from sim.hardware.profile import ServerTime, load_profile
 from sim.run.config import SimConfig, build_run, execute
 from sim.run.metrics import client_view, outputs_ahead
 
-SERVER = {"request_s": 0.004, "per_prompt_token_s": 2e-6, "per_output_token_s": 0.0005, "host_cpu_factor": 2.0,
-          "cpu": "test CPU", "source": "hand-made for the test"}
+SERVER = {"request_s": 0.004, "per_prompt_token_s": 2e-6, "per_output_token_s": 0.0005, "handoff_s": 0.003,
+          "handoff_per_prompt_token_s": 1e-6, "host_cpu_factor": 2.0, "cpu": "test CPU", "source": "hand-made for the test"}
 
 
 @pytest.fixture
@@ -40,7 +40,9 @@ def test_client_view_moves_ttft_and_e2el_not_the_steps(profile_with_server):
     te, tc = eng.turns, cli.turns
     assert np.array_equal(te["first_token"], tc["first_token"]) and np.array_equal(te["finish"], tc["finish"])
     f = SERVER["host_cpu_factor"]
-    pre = f * (SERVER["request_s"] + SERVER["per_prompt_token_s"] * te["prompt_tokens"])
+    # the hand-off (vLLM's arrival stamp to the engine core and the first output back) adds to the front like the rest
+    pre = f * (SERVER["request_s"] + SERVER["handoff_s"]
+               + (SERVER["per_prompt_token_s"] + SERVER["handoff_per_prompt_token_s"]) * te["prompt_tokens"])
     post = f * SERVER["per_output_token_s"] * (te["output_tokens"] - 1)
     ahead = f * SERVER["per_output_token_s"] * outputs_ahead(te)
     assert ahead.max() > 0  # calls overlap: some first tokens wait behind others' streams
@@ -61,6 +63,15 @@ def test_outputs_ahead_counts_the_calls_streaming_in_the_first_tokens_step():
     assert seen["first_token"].tolist() == [1.0, 3.5, 6.0, 7.0, 3.0]
     assert seen["finish"][3] == seen["first_token"][3]  # one output token: its last is its first
     assert seen["finish"].tolist()[:3] == [7.0, 9.0, 11.0] and seen["finish"][4] == 4.5
+
+
+def test_a_server_section_without_the_hand_off_reads_as_none(tmp_path):
+    raw = dict(load_profile("llama3.1-8b-h100").raw)
+    raw["server"] = {k: v for k, v in SERVER.items() if not k.startswith("handoff")}
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(raw))
+    s = load_profile(str(p)).server
+    assert s.handoff_s == 0.0 and s.handoff_per_prompt_token_s == 0.0 and s.request_s == pytest.approx(0.008)
 
 
 def test_client_view_without_a_server_section_refused(capsys):

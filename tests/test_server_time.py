@@ -21,6 +21,9 @@ from conftest import assert_script_refuses  # noqa: E402
     (["--concurrency", "0,-4"], "none negative"),
     (["--record", "r.json"], "--record applies only with --concurrency"),
     (["--concurrency", "0,8", "--into", "cpu-micro-llama", "--out", "p.json"], "do not apply with --concurrency"),
+    (["--handoff"], "--handoff needs --into and --out"),
+    (["--handoff", "--into", "cpu-micro-llama", "--out", "p.json", "--concurrency", "0,8"], "--handoff needs"),
+    (["--handoff", "--into", "cpu-micro-llama", "--out", "p.json"], "no `server` section to add the hand-off to"),
 ])
 def test_bad_flags_refused(argv, says, monkeypatch, capsys, tmp_path):
     assert_script_refuses(server_time.main, argv, says, monkeypatch, capsys, tmp_path)  # nothing written

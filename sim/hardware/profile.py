@@ -65,8 +65,9 @@ Required keys:
 Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
   {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
-  per_output_token_s, host_cpu_factor (optional, 1), cpu, source} (the API server's time
-  per request a client sees, benchmarks/server_time.py; read by `--metrics-at client`),
+  per_output_token_s, handoff_s (optional, 0), handoff_per_prompt_token_s (optional, 0),
+  handoff_measured (optional), host_cpu_factor (optional, 1), cpu, source} (the API server's
+  time per request a client sees, benchmarks/server_time.py; read by `--metrics-at client`),
   sampler {in_steps, vocab_size, modes {MODE: {step_s, per_row_s}}, measured} (vLLM's
   sampler per step by sampling mode, benchmarks/sampler_time.py; read by `--sampling`).
 
@@ -210,15 +211,19 @@ class StepModel:
 
 @dataclass(frozen=True)
 class ServerTime:
-    """The API server's time per request a benchmark client sees beside the engine's
-    metrics (the profile's `server` section, host_cpu_factor applied): before the request
-    reaches the engine request_s + per_prompt_token_s * prompt tokens, and per output token
-    after the first per_output_token_s; a first token also waits per_output_token_s for each
-    token its step gave the calls ahead of it (sim/run/metrics.client_view)."""
+    """The API server's time per request a benchmark client sees beside the engine core's span
+    (the profile's `server` section, host_cpu_factor applied): before the request reaches the
+    engine core request_s + per_prompt_token_s * prompt tokens, plus the hand-off (vLLM's arrival
+    stamp to the engine core and the first output back: handoff_s + handoff_per_prompt_token_s *
+    prompt tokens), and per output token after the first per_output_token_s; a first token also
+    waits per_output_token_s for each token its step gave the calls ahead of it
+    (sim/run/metrics.client_view)."""
 
     request_s: float
     per_prompt_token_s: float
     per_output_token_s: float
+    handoff_s: float = 0.0
+    handoff_per_prompt_token_s: float = 0.0
 
 
 @dataclass
@@ -360,6 +365,11 @@ class _Server(Model):  # the API server's time per request, as a client sees it 
     request_s: JSONFloat = Field(ge=0)  # s per request: HTTP both ways, parsing, first chunk
     per_prompt_token_s: JSONFloat = Field(ge=0)  # s per prompt token: the request body on its way to arrival_time
     per_output_token_s: JSONFloat = Field(ge=0)  # s per output token after the first: detokenize, stream
+    # vLLM's arrival stamp to the engine core's queue and the first output back to the API server: inside vLLM's
+    # own TTFT metric (so not in the three above) but outside the engine core's span the simulator steps
+    handoff_s: JSONFloat = Field(0.0, ge=0)
+    handoff_per_prompt_token_s: JSONFloat = Field(0.0, ge=0)
+    handoff_measured: str | None = None  # how (benchmarks/server_time.py --handoff)
     host_cpu_factor: JSONFloat = Field(1.0, gt=0)  # the serving host's CPU time per the measuring CPU's
     cpu: str | None = None
     source: str
@@ -438,8 +448,8 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         pcie_latency=pcie.latency_s or 0.0,
         kv_bytes_per_block=int(kv), raw=raw,
         server=None if m.server is None else ServerTime(
-            m.server.request_s * m.server.host_cpu_factor, m.server.per_prompt_token_s * m.server.host_cpu_factor,
-            m.server.per_output_token_s * m.server.host_cpu_factor),
+            *(getattr(m.server, k) * m.server.host_cpu_factor for k in ("request_s", "per_prompt_token_s", "per_output_token_s",
+                                                                         "handoff_s", "handoff_per_prompt_token_s"))),
         sampler=None if m.sampler is None else m.sampler.model_dump(include={"in_steps", "vocab_size", "modes"}),
     )
 

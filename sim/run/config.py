@@ -112,9 +112,9 @@ class EngineLimits(_Section):
                            "while one runs); not with --cache radix")
     metrics_at: MetricsView = Field(
         "engine", description="TTFT, TPOT, ITL and E2EL (vLLM bench's names) as the engine sees them, from a call's "
-                              "arrival at the engine, or as a benchmark client does: plus the API server's time per "
-                              "request (HTTP, parsing, streaming) from the profile's `server` section, added after "
-                              "the run (the steps do not change); client or engine")
+                              "arrival at the engine core, or as a benchmark client does: plus the API server's time per "
+                              "request (HTTP, parsing, streaming; vLLM's hand-off to the engine core and back) from the "
+                              "profile's `server` section, added after the run (the steps do not change); client or engine")
     sampling: SamplingMode | None = Field(
         None, description="how the calls sample (greedy, random: temperature > 0, top-p: with or without top-k), priced "
                           "from the profile's `sampler` section beyond the sampler its step times hold (a step samples "

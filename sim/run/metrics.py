@@ -148,12 +148,15 @@ def client_view(turns: dict[str, np.ndarray], server) -> dict[str, np.ndarray]:
     """`turn_columns` with first_token and finish as a benchmark client sees them: the
     API server's time (sim.hardware.profile.ServerTime) added after the run to the
     engine's timestamps, so the steps are the engine's own. The client sends at the
-    call's arrival; the engine sees it request_s + per_prompt_token_s * prompt later (a
-    constant shift of what follows: the first token and the last come that much later),
-    and each output token after the first costs per_output_token_s more to reach it.
+    call's arrival; the engine core sees it request_s + per_prompt_token_s * prompt later,
+    and its outputs reach the API server later than the engine core stamps them, together
+    handoff_s + handoff_per_prompt_token_s * prompt (a constant shift of what follows: the
+    first token and the last come that much later), and each output token after the first
+    costs per_output_token_s more to reach it.
     A first token also waits while the API server streams the tokens its step gave the
     calls ahead of it (`outputs_ahead`), per_output_token_s each."""
-    pre = server.request_s + server.per_prompt_token_s * turns["prompt_tokens"]
+    pre = (server.request_s + server.handoff_s
+           + (server.per_prompt_token_s + server.handoff_per_prompt_token_s) * turns["prompt_tokens"])
     post = server.per_output_token_s * np.maximum(turns["output_tokens"] - 1, 0)
     first = turns["first_token"] + pre + server.per_output_token_s * outputs_ahead(turns)
     finish = turns["finish"] + pre + post
