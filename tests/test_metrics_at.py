@@ -12,7 +12,8 @@ from sim.run.config import SimConfig, build_run, execute
 from sim.run.metrics import client_view, outputs_ahead
 
 SERVER = {"request_s": 0.004, "per_prompt_token_s": 2e-6, "per_output_token_s": 0.0005, "handoff_s": 0.003,
-          "handoff_per_prompt_token_s": 1e-6, "host_cpu_factor": 2.0, "cpu": "test CPU", "source": "hand-made for the test"}
+          "handoff_per_prompt_token_s": 1e-6, "per_output_ahead_s": 0.0002, "host_cpu_factor": 2.0, "cpu": "test CPU",
+          "source": "hand-made for the test"}
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_client_view_moves_ttft_and_e2el_not_the_steps(profile_with_server):
     pre = f * (SERVER["request_s"] + SERVER["handoff_s"]
                + (SERVER["per_prompt_token_s"] + SERVER["handoff_per_prompt_token_s"]) * te["prompt_tokens"])
     post = f * SERVER["per_output_token_s"] * (te["output_tokens"] - 1)
-    ahead = f * SERVER["per_output_token_s"] * outputs_ahead(te)
+    ahead = f * SERVER["per_output_ahead_s"] * outputs_ahead(te)
     assert ahead.max() > 0  # calls overlap: some first tokens wait behind others' streams
     assert np.allclose(tc["ttft"], te["ttft"] + pre + ahead) and np.allclose(tc["e2el"], te["e2el"] + pre + post)
     assert b["mean_ttft_ms"] == pytest.approx(a["mean_ttft_ms"] + (pre + ahead).mean() * 1000)
@@ -58,20 +59,21 @@ def test_outputs_ahead_counts_the_calls_streaming_in_the_first_tokens_step():
     t = {"first_token": np.array([1.0, 3.0, 5.0, 6.0, 3.0]), "finish": np.array([5.0, 7.0, 9.0, 6.0, 4.0]),
          "replica": np.array([0, 0, 0, 0, 1])}
     assert outputs_ahead(t).tolist() == [0, 1, 2, 2, 0]
-    server = ServerTime(request_s=0.0, per_prompt_token_s=0.0, per_output_token_s=0.5)
+    server = ServerTime(request_s=0.0, per_prompt_token_s=0.0, per_output_token_s=0.5, per_output_ahead_s=0.25)
     seen = client_view({**t, "prompt_tokens": np.zeros(5), "output_tokens": np.array([5, 5, 5, 1, 2])}, server)
-    assert seen["first_token"].tolist() == [1.0, 3.5, 6.0, 7.0, 3.0]
+    assert seen["first_token"].tolist() == [1.0, 3.25, 5.5, 6.5, 3.0]
     assert seen["finish"][3] == seen["first_token"][3]  # one output token: its last is its first
     assert seen["finish"].tolist()[:3] == [7.0, 9.0, 11.0] and seen["finish"][4] == 4.5
 
 
-def test_a_server_section_without_the_hand_off_reads_as_none(tmp_path):
+def test_a_server_section_without_the_hand_off_or_the_wait_ahead_reads_as_none(tmp_path):
     raw = dict(load_profile("llama3.1-8b-h100").raw)
-    raw["server"] = {k: v for k, v in SERVER.items() if not k.startswith("handoff")}
+    raw["server"] = {k: v for k, v in SERVER.items() if not k.startswith(("handoff", "per_output_ahead"))}
     p = tmp_path / "p.json"
     p.write_text(json.dumps(raw))
     s = load_profile(str(p)).server
-    assert s.handoff_s == 0.0 and s.handoff_per_prompt_token_s == 0.0 and s.request_s == pytest.approx(0.008)
+    assert s.handoff_s == 0.0 and s.handoff_per_prompt_token_s == 0.0 and s.per_output_ahead_s == 0.0
+    assert s.request_s == pytest.approx(0.008)
 
 
 def test_client_view_without_a_server_section_refused(capsys):

@@ -66,8 +66,9 @@ Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
   {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
   per_output_token_s, handoff_s (optional, 0), handoff_per_prompt_token_s (optional, 0),
-  handoff_measured (optional), host_cpu_factor (optional, 1), cpu, source} (the API server's
-  time per request a client sees, benchmarks/server_time.py; read by `--metrics-at client`),
+  handoff_measured (optional), per_output_ahead_s (optional, 0), ahead_measured (optional),
+  host_cpu_factor (optional, 1), cpu, source} (the API server's time per request a client
+  sees, benchmarks/server_time.py; read by `--metrics-at client`),
   sampler {in_steps, vocab_size, modes {MODE: {step_s, per_row_s}}, measured} (vLLM's
   sampler per step by sampling mode, benchmarks/sampler_time.py; read by `--sampling`).
 
@@ -216,7 +217,7 @@ class ServerTime:
     engine core request_s + per_prompt_token_s * prompt tokens, plus the hand-off (vLLM's arrival
     stamp to the engine core and the first output back: handoff_s + handoff_per_prompt_token_s *
     prompt tokens), and per output token after the first per_output_token_s; a first token also
-    waits per_output_token_s for each token its step gave the calls ahead of it
+    waits per_output_ahead_s for each token its step gave the calls ahead of it
     (sim/run/metrics.client_view)."""
 
     request_s: float
@@ -224,6 +225,7 @@ class ServerTime:
     per_output_token_s: float
     handoff_s: float = 0.0
     handoff_per_prompt_token_s: float = 0.0
+    per_output_ahead_s: float = 0.0
 
 
 @dataclass
@@ -370,6 +372,10 @@ class _Server(Model):  # the API server's time per request, as a client sees it 
     handoff_s: JSONFloat = Field(0.0, ge=0)
     handoff_per_prompt_token_s: JSONFloat = Field(0.0, ge=0)
     handoff_measured: str | None = None  # how (benchmarks/server_time.py --handoff)
+    # the API server's work per output it streams ahead of a new call's first token (the outputs of the same step
+    # to the calls already running, which vLLM emits first): benchmarks/server_time.py --concurrency
+    per_output_ahead_s: JSONFloat = Field(0.0, ge=0)
+    ahead_measured: str | None = None
     host_cpu_factor: JSONFloat = Field(1.0, gt=0)  # the serving host's CPU time per the measuring CPU's
     cpu: str | None = None
     source: str
@@ -449,7 +455,8 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         kv_bytes_per_block=int(kv), raw=raw,
         server=None if m.server is None else ServerTime(
             *(getattr(m.server, k) * m.server.host_cpu_factor for k in ("request_s", "per_prompt_token_s", "per_output_token_s",
-                                                                         "handoff_s", "handoff_per_prompt_token_s"))),
+                                                                         "handoff_s", "handoff_per_prompt_token_s",
+                                                                         "per_output_ahead_s"))),
         sampler=None if m.sampler is None else m.sampler.model_dump(include={"in_steps", "vocab_size", "modes"}),
     )
 

@@ -154,11 +154,11 @@ def client_view(turns: dict[str, np.ndarray], server) -> dict[str, np.ndarray]:
     first token and the last come that much later), and each output token after the first
     costs per_output_token_s more to reach it.
     A first token also waits while the API server streams the tokens its step gave the
-    calls ahead of it (`outputs_ahead`), per_output_token_s each."""
+    calls ahead of it (`outputs_ahead`), per_output_ahead_s each."""
     pre = (server.request_s + server.handoff_s
            + (server.per_prompt_token_s + server.handoff_per_prompt_token_s) * turns["prompt_tokens"])
     post = server.per_output_token_s * np.maximum(turns["output_tokens"] - 1, 0)
-    first = turns["first_token"] + pre + server.per_output_token_s * outputs_ahead(turns)
+    first = turns["first_token"] + pre + server.per_output_ahead_s * outputs_ahead(turns)
     finish = turns["finish"] + pre + post
     return {**turns, "first_token": first, "finish": np.where(turns["output_tokens"] > 1, np.maximum(finish, first), first)}
 
