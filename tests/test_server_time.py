@@ -20,11 +20,8 @@ from conftest import assert_script_refuses  # noqa: E402
     (["--concurrency", "0,x"], "comma-separated whole numbers"),
     (["--concurrency", "0,-4"], "none negative"),
     (["--record", "r.json"], "--record applies only with --concurrency"),
-    (["--concurrency", "0,8", "--host-cpu-factor", "2"], "--host-cpu-factor applies to a whole `server` section"),
+    (["--concurrency", "0,8", "--host-cpu-factor", "2"], "--host-cpu-factor goes with the one-request-at-a-time"),
     (["--concurrency", "0,8", "--into", "cpu-micro-llama", "--out", "p.json"], "no `server` section to add to"),
-    (["--handoff"], "--handoff needs --into and --out"),
-    (["--handoff", "--into", "cpu-micro-llama", "--out", "p.json", "--concurrency", "0,8"], "--handoff needs"),
-    (["--handoff", "--into", "cpu-micro-llama", "--out", "p.json"], "no `server` section to add to"),
 ])
 def test_bad_flags_refused(argv, says, monkeypatch, capsys, tmp_path):
     assert_script_refuses(server_time.main, argv, says, monkeypatch, capsys, tmp_path)  # nothing written

@@ -66,7 +66,7 @@ Optional: device, kv_bytes_per_block, prefill_quadratic {a,b,c}, pcie
   {measured, bandwidth_GBps, latency_s}, provenance {...}, fit_error {...}, host
   {step_s, per_seq_s, per_token_s, measured}, server {request_s, per_prompt_token_s,
   per_output_token_s, handoff_s (optional, 0), handoff_per_prompt_token_s (optional, 0),
-  handoff_measured (optional), per_output_ahead_s (optional, 0), ahead_measured (optional),
+  per_output_ahead_s (optional, 0), ahead_measured (optional),
   host_cpu_factor (optional, 1), cpu, source} (the API server's time per request a client
   sees, benchmarks/server_time.py; read by `--metrics-at client`),
   sampler {in_steps, vocab_size, modes {MODE: {step_s, per_row_s}}, measured} (vLLM's
@@ -371,7 +371,6 @@ class _Server(Model):  # the API server's time per request, as a client sees it 
     # own TTFT metric (so not in the three above) but outside the engine core's span the simulator steps
     handoff_s: JSONFloat = Field(0.0, ge=0)
     handoff_per_prompt_token_s: JSONFloat = Field(0.0, ge=0)
-    handoff_measured: str | None = None  # how (benchmarks/server_time.py --handoff)
     # the API server's work per output it streams ahead of a new call's first token (the outputs of the same step
     # to the calls already running, which vLLM emits first): benchmarks/server_time.py --concurrency
     per_output_ahead_s: JSONFloat = Field(0.0, ge=0)
