@@ -87,7 +87,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -452,10 +452,8 @@ def parse_profile(raw: dict, name: str = "<profile>") -> Profile:
         pcie_bandwidth=None if pcie.bandwidth_GBps is None else pcie.bandwidth_GBps * 1e9,
         pcie_latency=pcie.latency_s or 0.0,
         kv_bytes_per_block=int(kv), raw=raw,
-        server=None if m.server is None else ServerTime(
-            *(getattr(m.server, k) * m.server.host_cpu_factor for k in ("request_s", "per_prompt_token_s", "per_output_token_s",
-                                                                         "handoff_s", "handoff_per_prompt_token_s",
-                                                                         "per_output_ahead_s"))),
+        server=None if m.server is None else ServerTime(**{  # every duration on the serving host's CPU
+            f.name: getattr(m.server, f.name) * m.server.host_cpu_factor for f in fields(ServerTime)}),
         sampler=None if m.sampler is None else m.sampler.model_dump(include={"in_steps", "vocab_size", "modes"}),
     )
 
