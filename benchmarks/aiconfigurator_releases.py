@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.errors import InputError  # noqa: E402
+from sim.hardware.kv_pool import release  # noqa: E402
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 KEY = "--wheels $AGENTSIM_AIC_WHEELS"  # the docs block's marker: the default GPUs, the folder from the environment
@@ -43,8 +44,8 @@ def _read(raw: bytes, ext: str) -> pd.DataFrame:
     return pd.read_parquet(io.BytesIO(raw)) if ext == "parquet" else pd.read_csv(io.BytesIO(raw))
 
 
-def _wheel_version(name: str) -> list[int]:
-    return [int(x) for x in re.findall(r"\d+", name.split("-")[1])]
+def _wheel_version(name: str) -> tuple[int, int, int]:
+    return release(name.split("-")[1])  # aiconfigurator-0.10.0-cp310-...whl
 
 
 def wheel_tables(wheels: Path, gpus: set[str]) -> dict[tuple[str, str], tuple[str, pd.DataFrame]]:
@@ -72,7 +73,7 @@ def installed_table(gpu: str) -> tuple[str, pd.DataFrame]:
 
     pc._aic()  # one line naming the extra when it is missing
     root = resources.files("aiconfigurator_core") / "systems" / "data" / gpu / "gemm" / "vllm"
-    releases = sorted((p.name for p in root.iterdir()), key=lambda r: [int(x) for x in re.findall(r"\d+", r)])
+    releases = sorted((p.name for p in root.iterdir()), key=release)
     if not releases:
         raise InputError(f"aiconfigurator-core {pc.AIC_VERSION} has no vLLM GEMM table for {gpu}")
     return releases[-1], pd.read_parquet(str(root / releases[-1] / "gemm_perf.parquet"))

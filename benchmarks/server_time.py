@@ -15,7 +15,8 @@ server, so one request at a time gives exactly its own). The difference is the t
 client sees and the engine's metrics do not: HTTP both ways, request parsing, and
 detokenizing and streaming each output.
 
-Fitted (least squares over all requests):
+Fitted (lines through the medians per prompt length: on a shared machine a request now and then
+waits for a core; per_output_token_s the mean):
 - client TTFT - server TTFT = request_s + per_prompt_token_s * L
 - (client E2E - client TTFT) - (server E2E - server TTFT) = per_output_token_s * (n - 1)
 
@@ -24,8 +25,7 @@ And the hand-off, from the engine core's own span of the same requests (the delt
 -> first token, the engine core's stamps), which is what the simulator steps: vLLM 0.32 stamps
 arrival_time before rendering and tokenizing the prompt (vllm/renderers/base.py render_cmpl),
 then hands the request to the engine core and the first output back, all inside its own TTFT
-metric but outside the engine core's span. Fitted as the line through the medians per prompt
-length (on a shared machine a request now and then waits for a core):
+metric but outside the engine core's span:
 - server TTFT - (queue + prefill) = handoff_s + handoff_per_prompt_token_s * L
 The client view adds it to the front gap (sim/run/metrics.client_view).
 
@@ -173,12 +173,15 @@ def measure(repeats: int) -> dict:
                 continue  # warm-up, or the metrics did not show exactly this request
             rows.append((L, ttft, e2e, *(d[f"{m}_sum"] for m in METRICS)))
     a = np.array(rows)
-    front = a[:, 1] - a[:, 3]
-    (req, per_tok), *_ = np.linalg.lstsq(np.c_[np.ones(len(a)), a[:, 0]], front, rcond=None)
-    per_out = float(np.mean(((a[:, 2] - a[:, 1]) - (a[:, 4] - a[:, 3])) / (OUTPUT - 1)))
-    hand = a[:, 3] - a[:, 5] - a[:, 6]  # server TTFT - the engine core's queue and prefill
     lengths = np.unique(a[:, 0])
-    hand_tok, hand0 = np.polyfit(lengths, [np.median(hand[a[:, 0] == L]) for L in lengths], 1)
+
+    def median_line(y):  # (intercept, slope) of the line through the medians per prompt length
+        slope, intercept = np.polyfit(lengths, [np.median(y[a[:, 0] == L]) for L in lengths], 1)
+        return float(intercept), float(slope)
+
+    req, per_tok = median_line(a[:, 1] - a[:, 3])
+    hand0, hand_tok = median_line(a[:, 3] - a[:, 5] - a[:, 6])  # server TTFT - the engine core's queue and prefill
+    per_out = float(np.mean(((a[:, 2] - a[:, 1]) - (a[:, 4] - a[:, 3])) / (OUTPUT - 1)))
     return {"rows": rows, "request_s": max(float(req), 0.0), "per_prompt_token_s": max(float(per_tok), 0.0),
             "per_output_token_s": max(per_out, 0.0), "handoff_s": max(float(hand0), 0.0),
             "handoff_per_prompt_token_s": max(float(hand_tok), 0.0)}
