@@ -88,7 +88,8 @@ def log_settings(text: str, where: str) -> dict:
             "num_gpu_blocks": line(r"num_gpu_blocks is: (\d+)", int),
             "kv_tokens": line(r"GPU KV cache size: ([\d,]+) tokens", int),
             "available_gib": line(r"Available KV cache memory: ([\d.]+) GiB", float),
-            "weights_gib": line(r"Model loading took ([\d.]+) GiB", float)}
+            "weights_gib": line(r"Model loading took ([\d.]+) GiB", float),
+            "flashinfer_sampler": "Using FlashInfer for top-p & top-k sampling" in last}
 
 
 def spans(path: Path) -> list[dict]:
@@ -184,7 +185,8 @@ def import_run(folder: Path) -> tuple[dict, dict]:
                       "max_model_len": a.get("max_model_len"), "gpu_memory_utilization": a.get("gpu_memory_utilization", 0.9),
                       "num_gpu_blocks": log["num_gpu_blocks"], "kv_cache_dtype": a.get("kv_cache_dtype", "auto"),
                       "async_scheduling": bool(a.get("async_scheduling", False)), "prefix_caching": True,
-                      "enable_chunked_prefill": True, "settings_from": f"{BASE.replace('/tree/', '/blob/')}/{name}/vllm.log"},
+                      "enable_chunked_prefill": True, "settings_from": f"{BASE.replace('/tree/', '/blob/')}/{name}/vllm.log",
+                      **({"top_k_top_p": "flashinfer"} if log["flashinfer_sampler"] else {})},
            "workload": {"kind": "trace", "label": f"guidellm sweep {name}", "shared_prefix_tokens": int(data.get("prefix_tokens") or 0),
                         "client": "guidellm 0.6.0.dev2 sweep (synchronous, throughput, constant rates), one request at a time "
                                   "per stream, ignore_eos; arrivals as the engine stamped them",

@@ -80,7 +80,19 @@ def load_data(path: Path) -> dict:
         src = data.get("sources", {}).get(r.get("source"))
         if src is None or not src.get("licence") or not r.get("url"):
             raise InputError(f"--data {path}: run {r.get('id')!r} names no source with a licence and URL")
+        # the requests set no sampling parameters: the served model's generation_config decides (data["sampling"])
+        r["sampling"] = data.get("sampling", {}).get(r.get("served_model"), {}).get("mode")
     return data
+
+
+def sampling_of(run: dict, prof: dict) -> str | None:
+    """The mode the run's requests sampled in (load_data) where the profile prices it, else None (not priced):
+    the profile holds the mode (top-p where the release sorts for it, sim/hardware/measured_sampler.py) and the
+    run's log does not name FlashInfer's top-k/top-p kernel (engine.top_k_top_p), which nothing here measures."""
+    mode = run.get("sampling")
+    if mode is None or run["engine"].get("top_k_top_p") == "flashinfer":
+        return None
+    return mode if mode in (prof.get("sampler") or {}).get("modes", {}) else None
 
 
 def model_spec(data: dict, name: str) -> dict | None:
@@ -215,11 +227,13 @@ def stage_trace(run: dict, stage: int, n: int | None = None) -> pd.DataFrame:
 
 
 def replay(run: dict, profile_path: str, view: str, trace: pd.DataFrame):
-    """The run simulated on the profile: sim.run.simulate's Result (summary and per-call rows)."""
+    """The run simulated on the profile, its sampler priced where sampling_of says: sim.run.simulate's
+    Result (summary and per-call rows)."""
     from sim.run.config import EngineLimits, SimConfig, WorkloadConfig, build_run, execute
 
     w = run["workload"]
-    engine = EngineLimits(profile=profile_path, metrics_at=view, async_scheduling=bool(run["engine"].get("async_scheduling")))
+    engine = EngineLimits(profile=profile_path, metrics_at=view, async_scheduling=bool(run["engine"].get("async_scheduling")),
+                          sampling=sampling_of(run, json.loads(Path(profile_path).read_text())))
     if w["kind"] in ("trace", "stages"):  # open: each request at its recorded (or synthesized) arrival
         cfg = SimConfig(engine=engine)
         return execute(build_run(cfg, trace=trace, arrivals=trace["arrival_s"].to_numpy()))
@@ -316,6 +330,8 @@ def bundled_profile(run: dict, table_profile: str, out: Path) -> str | None:
     for k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "num_gpu_blocks"):
         prof["engine"][k] = derived["engine"][k]
     prof["host"], prof["server"] = derived["host"], derived["server"]
+    if "sampler" in derived:  # its torch probes hold no sampler either
+        prof["sampler"] = derived["sampler"]
     path = out / f"{run['id']}-bundled.json"
     path.write_text(json.dumps(prof))
     return str(path)
@@ -447,10 +463,12 @@ STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 ser
                "empty engine (the real second stage followed the first on a warm server), "
                "client view, the KV pool derived (no vllm.log published); Mixtral-8x7B priced by the roofline (aiconfigurator "
                "0.12.0 lists no Mixtral); an H100 TP1 Llama-3.1-8B run also on the bundled profile llama3.1-8b-h100 (profile "
-               "bundled: its step prices, the run's engine limits and KV pool). Not priced: vLLM's sampler (the requests set no "
-               "sampling parameters, so each model's generation_config.json applies: top-p for Llama-3.1-8B-Instruct and "
-               "Llama-2-7b-hf, whose top-p vLLM 0.15.1 sorts the whole vocabulary for, a cost growing with the calls a step; "
-               "no H100 timing of it is measured: docs/reference/profiles.md, the sampler a step). TPOT (derived) = "
+               "bundled: its step prices, the run's engine limits and KV pool). vLLM's sampler: the requests set no sampling "
+               "parameters, so each model's generation_config.json applies (benchmarks/data/server_runs.json `sampling`: top-p "
+               "for Llama-3.1-8B-Instruct, Llama-2-7b-hf and Qwen3-14B, whose top-p vLLM 0.15.1 sorts the whole vocabulary "
+               "for); priced on the H100 from the H200's sampler timings (sim/hardware/measured_sampler.py), on both "
+               "profiles; not priced for the other models (their generation_config not checked) or GPUs (not measured). "
+               "TPOT (derived) = "
                "(mean E2E - mean TTFT) / (output_len - 1) on both sides:")
 TRACE_PEERS_NOTE = ("Beside the simulator that published the run, on its own run (its signed errors as its validation "
                     "summary prints them; LLMServingSim prices steps from the same per-layer measurements our RTX fits are "

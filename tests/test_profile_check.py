@@ -373,8 +373,8 @@ def test_the_docs_table_is_the_scripts(capsys):
     # runs' Llama and Qwen3 profiles (no shared Qwen3 H100 probes), 2 for the first H200 run's
     # Llama; the second H200 run timed its references three times: Llama 1 + 3, Qwen3 3; the
     # graph-twins run, with mixed references: Llama 1 + 2, Qwen3 3 (a second reference run);
-    # the graph-to-4096 run's Qwen3 1
-    assert len(rows) == 3 + 4 * 3 + 2 + 4 + 3 + 3 + 3 + 1 and all(r in block.splitlines() for r in rows), rows
+    # the graph-to-4096 run's Qwen3 1; the 2026-11-29 run's Llama 1 + 2, Qwen3 2 (its own probes and mixed)
+    assert len(rows) == 3 + 4 * 3 + 2 + 4 + 3 + 3 + 3 + 1 + 3 + 2 and all(r in block.splitlines() for r in rows), rows
 
 
 def test_the_mixed_reference_script_writes_probes_sim_profile_check_reads(tmp_path):

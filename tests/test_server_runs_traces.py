@@ -225,6 +225,27 @@ def test_the_import_reads_the_last_start_up_the_spans_and_the_clients_results(tm
     assert eng["wait_ms"]["mean"] == pytest.approx(4.0) and eng["decode_ms"]["mean"] == pytest.approx(1000 * (0.4 + 1.0 + 0) / 3)
     assert eng["alone"] == {"requests": [1, 2], "prefill_ms": pytest.approx((196 + 46) / 2), "handoff_ms": pytest.approx(2.0),
                             "decode_per_token_ms": pytest.approx(100.0)}  # the one-token request left out
+    assert "top_k_top_p" not in run["engine"]  # the log names no FlashInfer sampler
+
+
+def test_the_import_records_flashinfers_sampler_where_the_log_names_it(tmp_path):
+    folder = _fixture(tmp_path)
+    log = folder / "vllm.log"
+    log.write_text(log.read_text() + "x INFO topk_topp_sampler.py:55] Using FlashInfer for top-p & top-k sampling.\n")
+    assert gt.import_run(folder)[0]["engine"]["top_k_top_p"] == "flashinfer"
+
+
+def test_the_sampler_is_priced_where_the_model_release_and_log_allow_it():
+    d = srt.load_data(srt.DATA)
+    runs = {r["id"]: r for r in d["runs"]}
+    stage, blis = runs["ip-h100-tp1-llama3.1-8b-general-e16"], runs["blis-h100-tp1-llama2-7b-train"]
+    assert stage["sampling"] == blis["sampling"] == "top-p"  # both served models' generation_config
+    sort = {"sampler": {"modes": {"greedy": {}, "random": {}, "top-p": {}}}}
+    assert srt.sampling_of(stage, sort) == "top-p"
+    assert srt.sampling_of(blis, sort) is None  # its vllm.log names FlashInfer's kernel
+    assert srt.sampling_of(stage, {"sampler": {"modes": {"greedy": {}, "random": {}}}}) is None  # a release not sorting
+    assert srt.sampling_of(stage, {}) is None  # a GPU not measured
+    assert runs["ip-h100-tp4-llama2-70b-general"]["sampling"] is None  # its generation_config not recorded
 
 
 def test_the_import_refuses_spans_without_the_engines_stamps(tmp_path):

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from agentsim.errors import InputError
+from sim.hardware import measured_sampler
 from sim.hardware.spec_tables import SPEC_DIR, spec_key, spec_table
 from sim.hardware.model_shape import (ACT_BYTES, KV_REFERENCE_TOKENS, attention_layers, kv_bytes_per_token,
                                       kv_bytes_per_token_charged, kv_dtype_bytes, kv_heads_per_gpu, kv_layers_charged,
@@ -553,6 +554,9 @@ def roofline_profile(gpu_name: str, model_name: str, tp: int = 1, gpu_memory_uti
                       **{f"h100_{k}": v for k, v in fit["fit_mape"].items()}},
     }
     prov["source"] = "roofline"
+    sampler = measured_sampler.section(gname, model["vocab_size"], vllm_version)
+    if sampler is not None:  # kernels hold no sampler; `--sampling MODE` prices it from this
+        profile["sampler"] = sampler
     if "collective_measured" in parts:
         from sim.hardware.measured_kernels import collectives_text
 
