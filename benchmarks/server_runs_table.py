@@ -430,6 +430,50 @@ def stages_summary(rows: list[dict]) -> str:
     return "\n".join(out[1:] + out[:1]) if bound else "\n".join(out)
 
 
+REPEAT_ENGINE = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
+                 "async_scheduling", "prefix_caching", "cpu_offload")
+REPEAT_WORKLOAD = ("label", "num_groups", "num_prompts_per_group", "system_prompt_len", "question_len", "output_len")
+
+
+def repeats(runs: list[dict]) -> list[list[dict]]:
+    """The `stages` runs that repeat one experiment (the same GPU, tp, served model, vLLM release, engine settings and
+    workload spec, stage rates and durations), groups of two or more."""
+    groups: dict = {}
+    for r in runs:
+        if r["workload"]["kind"] != "stages":
+            continue
+        w = r["workload"]
+        key = json.dumps([r["gpu"], r["tp"], r.get("served_model"), r.get("vllm_version"),
+                          [r["engine"].get(k) for k in REPEAT_ENGINE], [w.get(k) for k in REPEAT_WORKLOAD],
+                          [(st["rate"], st["duration"]) for st in w["stages"]]])
+        groups.setdefault(key, []).append(r)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def repeats_note(rows: list[dict], runs: list[dict]) -> str:
+    """How far apart the real server's repeats of one experiment lie, per stage and metric (max / min - 1), beside the
+    simulated value (one per stage: the same spec, the same seed): the spread no single prediction can be within."""
+    lines = []
+    for g in repeats(runs):
+        ids = [r["id"] for r in g]
+        per = {}
+        for r in rows:
+            if r.get("kind") == "stages" and r["run"] in ids and r.get("profile") != "bundled":
+                per.setdefault((r["stage"], r["metric"], r["stat"]), []).append((r["real_ms"], r["sim_ms"]))
+        cells = []
+        for (stage, m, st), v in sorted(per.items()):
+            real = [x for x, _ in v]
+            cells.append(f"stage {stage} {m} {st} {min(real):,.1f}-{max(real):,.1f} ms (+{max(real) / min(real) - 1:.0%}; "
+                         f"sim {v[0][1]:,.1f})")
+        lines.append(f"{g[0]['gpu']} x{g[0]['tp']} {g[0].get('served_model')} {g[0]['workload']['label']}, {len(g)} runs "
+                     f"({', '.join(ids)}): " + "; ".join(cells))
+    if not lines:
+        return ""
+    return ("The real servers' repeats of one experiment (the same deployment, settings and workload spec), each statistic's "
+            "range over the repeats (how much the largest exceeds the smallest) beside the simulated value: "
+            + " | ".join(lines) + ". A single prediction is within 10% of every repeat only where that excess is under 22%.")
+
+
 def whole_run(rows: list[dict], runs: list[dict]) -> dict:
     """{run id: {stage -> (E2E error, TTFT error)}} with stage -1 the whole run: stage means weighted by
     the real run's successful requests on both sides (the whole run's mean over its requests)."""
@@ -926,12 +970,13 @@ def main(argv=None) -> int:
     staged = render_stages(rows) if staged_runs else ""
     peered = render_peers(rows, staged_runs) if staged_runs else ""
     kv = kv_note(rows) if staged_runs else ""
+    rep = repeats_note(rows, staged_runs)
     unknown = sorted({u for r in rows for u in r["unknown"]})
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "
              "Requests and lengths as the source's client drew them (benchmarks/data/server_runs.json).")
     parted = render_parts(parts) if parts else ""
     for part in (table, summary(closed_rows), traced, trace_summary(rows), trace_peered, parted, gap, staged, stages_summary(rows),
-                 kv, peered, notes, why):
+                 kv, rep, peered, notes, why):
         if part:
             print(part + ("\n" if part in (table, traced, trace_peered, parted, gap, staged, peered) else ""))
     if args.json:
@@ -953,6 +998,7 @@ def main(argv=None) -> int:
                 + (f"\n\n{PARTS_NOTE}\n\n{parted}" if parted else "")
                 + (f"\n\n{WHAT_IF_NOTE}\n\n{gap}" if gap else "")
                 + (f"\n\n{STAGES_NOTE}\n\n{staged}\n\n" + stages_summary(rows).replace("\n", "; ") + f". {kv}" if staged else "")
+                + (f"\n\n{rep}" if rep else "")
                 + (f"\n\n{PEERS_NOTE}\n\n{peered}" if peered else ""))
         write_block(args.write_docs, "server_runs_table", KEY, body)
         print(f"wrote {args.write_docs}", file=sys.stderr)

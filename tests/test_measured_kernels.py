@@ -75,7 +75,9 @@ def test_shipped_coefficients_price_a_step():
     raw, _ = R.roofline_profile("H100", "llama3.1-8b", measured=True)
     p = parse_profile(raw, "h100-measured")
     c = DATA["gpus"]["H100"]["models"]["llama3.1-8b"]["1"]["coef"]
-    assert {k: raw["step_time"][k] for k in c} == c
+    # the shipped fit, its compute-bound slope priced for trained weights (aiconfigurator's GEMMs ran on zeros)
+    assert {k: raw["step_time"][k] for k in c} == {**c, "c1": float(f"{c['c1'] * mk.gemm_values_factor():.5g}")}
+    assert "gemm_values" in raw["provenance"]
     # a decode of 32 sequences over 2K tokens: the weights (16 GB at ~3 TB/s) and then some, on the H100
     t = p.step_time(32, 32, 32 * 2048.0, 32 * 2048.0, 32 * 2047.0)
     assert 5e-3 < t < 20e-3
@@ -448,3 +450,16 @@ def test_the_cli_takes_the_engines_release(tmp_path, capsys):
         assert main(base + ["--vllm-version", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--vllm-version" in err[0] and not out.exists()
+
+
+def test_trained_weights_price_aiconfigurators_bf16_gemms_at_tp1_on_the_measured_chip():
+    f = mk.gemm_values_factor()
+    assert 1.1 < f < 1.2  # the H200 record: compute-bound GEMMs on trained-scale values against zeros, collector duty
+    for gpu, model, tp, priced in (("H100", "llama3.1-8b", 1, True), ("H200", "qwen3-8b", 1, True),
+                                   ("H100", "llama3.1-8b", 2, False),  # c1 holds the all-reduce too
+                                   ("B200", "llama3.1-8b", 1, False),  # another chip: not measured
+                                   ("H100", "llama3.1-70b-fp8", 2, False)):  # FP8 GEMMs: not measured
+        raw, _ = R.roofline_profile(gpu, model, tp, measured=True)
+        fit = DATA["gpus"][gpu]["models"][model][str(tp)]["coef"]["c1"]
+        assert raw["step_time"]["c1"] == pytest.approx(fit * f if priced else fit, rel=1e-4), (gpu, model, tp)
+        assert ("gemm_values" in raw["provenance"]) == priced

@@ -147,6 +147,27 @@ def collective_shift(gpu: str, model: dict, n: int, vllm_version: str | None,
                              f"collective_shift_token {dc1 * 1e6:+.3f} us a token")
 
 
+# aiconfigurator's collector times vLLM's linear layers on weights it never loads (fresh device memory: zeros); a
+# compute-bound GEMM on trained-like values draws more power, so runs at a lower clock under the limit. Measured on
+# an H200 (benchmarks/gpu/gemm_power.py, table: benchmarks/gemm_power_table.py); the H100 is the same chip and limit.
+GEMM_POWER_FILE = Path(__file__).parent / "measurements" / "h200" / "gemm-power.json"
+GEMM_VALUES_GPUS = {"H200": "measured on this GPU", "H100": "measured on an H200, the same GH100 chip and 700 W limit"}
+TRAINED_FILL = "randn_x0.02"  # random weights at a trained layer's scale
+COMPUTE_BOUND_ROWS = 1024
+
+
+@lru_cache(maxsize=1)
+def gemm_values_factor() -> float:
+    """The median, over the record's compute-bound GEMMs (m >= 1,024), of their time on trained-scale random
+    weights over their time on empty (zero) weights, both in the collector's short graph replays."""
+    rows = json.loads(GEMM_POWER_FILE.read_text())["rows"]
+    empty = {(r["gemm"], r["m"]): r["collector"]["s"] for r in rows if r["fill"] == "empty"}
+    ratios = sorted(r["collector"]["s"] / empty[r["gemm"], r["m"]] for r in rows
+                    if r["fill"] == TRAINED_FILL and r["m"] >= COMPUTE_BOUND_ROWS)
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+
 def gpu_name(gpu: dict) -> str | None:
     """The canonical name (sim/hardware/specs/gpus.json) of a GPU spec that has measured data."""
     for g, d in load()["gpus"].items():
@@ -180,6 +201,17 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     shift = collective_shift(gpu, shape, n, vllm_version, entry) if shape is not None and n > 1 else None
     if shift:  # outside the fitted overlaps: the all-reduce runs between the layers' kernels
         c["collective_shift"], c["collective_shift_token"] = (float(f"{dv:.5g}") for dv in shift[:2])
+    values = None
+    # aiconfigurator's bf16 GEMMs on zero weights: c1, the compute-bound slope, priced for trained weights. At tp 1
+    # only: with tp the composed step's all-reduce is inside c1 too, and the factor is the GEMMs'
+    if "source" not in entry and gpu in GEMM_VALUES_GPUS and n == 1 and (shape or {}).get("dtype_bytes") == 2:
+        f = gemm_values_factor()
+        c["c1"] = float(f"{c['c1'] * f:.5g}")
+        values = (f"c1 x {f:.3f}: aiconfigurator times its GEMMs on unloaded (zero) weights; compute-bound bf16 GEMMs on "
+                  f"trained-scale random weights take {f:.3f}x as long in its collector's short replays (median over "
+                  f"m >= {COMPUTE_BOUND_ROWS:,}, {GEMM_VALUES_GPUS[gpu]}: {GEMM_POWER_FILE.relative_to(GEMM_POWER_FILE.parents[4]).as_posix()}); "
+                  "sustained at the power limit they take longer again, in short bursts less (not modelled: a profile "
+                  "does not know the load)")
     src = source_text(gpu, entry)
     prov["source"] = src
     prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on "
@@ -195,6 +227,8 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
                             if n > 1 and "source" not in g else ""))
     if shift:
         prov["collectives"] = shift[2]
+    if values:
+        prov["gemm_values"] = values
     if "c6" in fit and "source" in fit["c6"]:  # the mixed decodes' price from another source than the rest
         notes = notes + [f"{fit['c6']['how']}, from the {fit['c6']['source']}; held-out MAPE of that excess "
                          f"{fit['c6']['heldout_mape_pct']}%"]
