@@ -605,7 +605,7 @@ PARTS_NOTE = ("The engine view in parts (real: vLLM's per-request stamps; alone:
               "benchmarks/server_time.py):")
 WHAT_IF_NOTE = ("What the runs' own prices explain (a diagnostic, no profile is changed): replayed without vLLM's host time "
                 "per step, as replayed (with it), and with each scheduled token dearer by the alone requests' miss per "
-                "prefilled token; mean and p99 TTFT and mean E2E error:")
+                "prefilled token (cheaper where the miss is negative); mean and p99 TTFT and mean E2E error:")
 
 
 def render(rows: list[dict]) -> str:
@@ -716,8 +716,9 @@ def what_if(data: dict, runs: list[dict], parts: list[dict], tmp: Path) -> str:
             prof = json.loads(json.dumps(base))
             if change == "no host":
                 prof.pop("host")
-            elif change == "prefill":  # a synchronous step adds the host section's time (sim/hardware/profile.py)
-                prof["host"] = {**prof["host"], "per_token_s": prof["host"]["per_token_s"] + miss}
+            elif change == "prefill":  # every step's device time, per scheduled token (a miss may be < 0: the price dearer)
+                st = prof["step_time"]
+                st["collective_shift_token"] = st.get("collective_shift_token", 0.0) + miss
             alt = tmp / f"{run['id']}-what-if.json"
             alt.write_text(json.dumps(prof))
             sm = simulate(run, str(alt), "engine", trace)
