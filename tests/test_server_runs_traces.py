@@ -126,18 +126,21 @@ def test_the_engine_view_is_judged_in_parts():
     assert p["wait"][0] + p["prefill"][0] + p["decode"][0] == pytest.approx(real["e2el_ms"]["mean"], rel=1e-3)
     sim_e2e = next(r["sim_ms"] for r in rows if (r["view"], r["metric"], r["stat"]) == ("engine", "e2el", "mean"))
     assert sum(p[k][1] for k, _ in srt.PARTS) == pytest.approx(sim_e2e, rel=1e-9)
-    assert p["alone prefill"][0] == real["alone"]["prefill_ms"] and 20 < p["alone prefill"][1] < p["alone prefill"][0]
+    # the alone requests' prefill: priced within 5% (measured kernels, their GEMMs for trained weights)
+    assert p["alone prefill"][0] == real["alone"]["prefill_ms"] and 20 < p["alone prefill"][1]
+    assert abs(p["alone prefill"][1] / p["alone prefill"][0] - 1) < 0.05
     table = srt.render_parts(parts)
     assert f"| {run['id']} | {p['alone']} | {real['alone']['prefill_ms']:.2f} / " in table
     # the what-if: as replayed it is the table's row; without the host's time (a synchronous engine's) every
-    # statistic is lower; a dearer prefill raises TTFT
+    # statistic is lower; the alone requests' miss per token moves TTFT its way
     line = next(x for x in gap.splitlines() if x.startswith(f"| {run['id']} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     ttft = {(r["metric"], r["stat"]): r["error_pct"] for r in rows if r["view"] == "engine"}
     assert cells[3] == f"{ttft[('ttft', 'mean')]:+.1f}% / {ttft[('ttft', 'p99')]:+.1f}% / {ttft[('e2el', 'mean')]:+.1f}%"
     device_only = [float(x.strip().rstrip("%")) for x in cells[2].split("/")]
     assert all(a < b for a, b in zip(device_only, [ttft[("ttft", "mean")], ttft[("ttft", "p99")], ttft[("e2el", "mean")]]))
-    assert float(cells[4].split("%")[0]) > ttft[("ttft", "mean")] + 5
+    miss = float(cells[1])
+    assert miss != 0 and (float(cells[4].split("%")[0]) - ttft[("ttft", "mean")]) * miss > 0
 
 
 def test_both_views_carry_the_engines_host_time_and_only_the_client_the_api_servers(tmp_path):
