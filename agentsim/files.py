@@ -1,7 +1,8 @@
 """Output paths: checked before any work (check_output), written so that a reader never
-sees half of a file (atomic_write)."""
+sees half of a file (atomic_write); input JSON read with one line for a bad file (read_json)."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -84,3 +85,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def read_json(path: str | os.PathLike, flag: str):
+    """The JSON of the file a flag names; InputError in one line naming the flag where it cannot be read or parsed."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+        raise InputError(f"{flag} {path}: not JSON ({e})") from None
+

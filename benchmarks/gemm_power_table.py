@@ -14,7 +14,6 @@ the table goes into docs/reference/validation.md (or PAGE).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.errors import InputError  # noqa: E402
+from agentsim.files import read_json  # noqa: E402
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
 
 PAGE = DOCS / "reference" / "validation.md"
@@ -29,12 +29,7 @@ MODES = (("collector", "short replays"), ("sustained", "sustained"), ("bursts_50
 
 
 def read(path: str) -> dict:
-    try:
-        rec = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise InputError(f"--record {path}: cannot read it ({e.strerror})") from None
-    except ValueError as e:
-        raise InputError(f"--record {path}: not JSON ({e})") from None
+    rec = read_json(path, "--record")
     if not isinstance(rec, dict) or not rec.get("rows") or not all("collector" in r for r in rec["rows"]):
         raise InputError(f"--record {path}: not a benchmarks/gpu/gemm_power.py record (no rows of timed cases)")
     return rec

@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentsim.errors import InputError  # noqa: E402
+from agentsim.files import read_json  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "server_runs.json"
 HOST = ROOT / "benchmarks" / "host" / "llama3.1-8b-h100-host.json"
@@ -70,12 +71,7 @@ COLUMNS = ("run", "GPU x tp", "model", "workload", "profile", "settings", "view"
 
 
 def load_data(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise InputError(f"--data {path}: cannot read it ({e.strerror})") from None
-    except ValueError as e:
-        raise InputError(f"--data {path}: not JSON ({e})") from None
+    data = read_json(path, "--data")
     for r in data.get("runs", []):
         src = data.get("sources", {}).get(r.get("source"))
         if src is None or not src.get("licence") or not r.get("url"):
