@@ -168,6 +168,29 @@ def gemm_values_factor() -> float:
     return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
+def gemm_values(c: dict, gpu: str, entry: dict, shape: dict, n: int) -> str | None:
+    """Price the compute-bound slope c1 of aiconfigurator's composed steps (its bf16 GEMMs timed on zero weights) for
+    trained weights, in place: its part beside the composed all-reduce (tp > 1: two a layer of a token's hidden
+    state, at the measured rate the steps hold) times gemm_values_factor. Returns the provenance text, or None
+    where nothing is measured (another chip, FP8 weights, an all-reduce not measured)."""
+    if gpu not in GEMM_VALUES_GPUS or shape.get("dtype_bytes") != 2:
+        return None
+    ar = 0.0
+    if n > 1:
+        held = collective(gpu, "all_reduce", n, entry["vllm"])
+        if held is None:
+            return None
+        ar = 2 * shape["num_layers"] * shape["hidden_size"] * ACT_BYTES / (held["GBps"] * 1e9)
+    f, gemm = gemm_values_factor(), max(0.0, c["c1"] - ar)
+    c["c1"] = float(f"{c['c1'] + (f - 1) * gemm:.5g}")
+    part = "c1" if n == 1 else f"c1 less the composed all-reduce's {ar * 1e6:.3f} us a token"
+    return (f"{part} x {f:.3f}: aiconfigurator "
+            f"times its GEMMs on unloaded (zero) weights; compute-bound bf16 GEMMs on trained-scale random weights take "
+            f"{f:.3f}x as long in its collector's short replays (median over m >= {COMPUTE_BOUND_ROWS:,}, "
+            f"{GEMM_VALUES_GPUS[gpu]}: {GEMM_POWER_FILE.relative_to(GEMM_POWER_FILE.parents[4]).as_posix()}); sustained "
+            "at the power limit they take longer again, in short bursts less (not modelled: a profile does not know the load)")
+
+
 def gpu_name(gpu: dict) -> str | None:
     """The canonical name (sim/hardware/specs/gpus.json) of a GPU spec that has measured data."""
     for g, d in load()["gpus"].items():
@@ -201,17 +224,7 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     shift = collective_shift(gpu, shape, n, vllm_version, entry) if shape is not None and n > 1 else None
     if shift:  # outside the fitted overlaps: the all-reduce runs between the layers' kernels
         c["collective_shift"], c["collective_shift_token"] = (float(f"{dv:.5g}") for dv in shift[:2])
-    values = None
-    # aiconfigurator's bf16 GEMMs on zero weights: c1, the compute-bound slope, priced for trained weights. At tp 1
-    # only: with tp the composed step's all-reduce is inside c1 too, and the factor is the GEMMs'
-    if "source" not in entry and gpu in GEMM_VALUES_GPUS and n == 1 and (shape or {}).get("dtype_bytes") == 2:
-        f = gemm_values_factor()
-        c["c1"] = float(f"{c['c1'] * f:.5g}")
-        values = (f"c1 x {f:.3f}: aiconfigurator times its GEMMs on unloaded (zero) weights; compute-bound bf16 GEMMs on "
-                  f"trained-scale random weights take {f:.3f}x as long in its collector's short replays (median over "
-                  f"m >= {COMPUTE_BOUND_ROWS:,}, {GEMM_VALUES_GPUS[gpu]}: {GEMM_POWER_FILE.relative_to(GEMM_POWER_FILE.parents[4]).as_posix()}); "
-                  "sustained at the power limit they take longer again, in short bursts less (not modelled: a profile "
-                  "does not know the load)")
+    values = gemm_values(c, gpu, entry, shape or {}, n) if "source" not in entry else None
     src = source_text(gpu, entry)
     prov["source"] = src
     prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on "
