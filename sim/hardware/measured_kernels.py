@@ -22,6 +22,7 @@ difference as step_time.collective_shift(_token).
 from __future__ import annotations
 
 import json
+import statistics
 from functools import lru_cache
 from pathlib import Path
 
@@ -162,10 +163,8 @@ def gemm_values_factor() -> float:
     weights over their time on empty (zero) weights, both in the collector's short graph replays."""
     rows = json.loads(GEMM_POWER_FILE.read_text())["rows"]
     empty = {(r["gemm"], r["m"]): r["collector"]["s"] for r in rows if r["fill"] == "empty"}
-    ratios = sorted(r["collector"]["s"] / empty[r["gemm"], r["m"]] for r in rows
-                    if r["fill"] == TRAINED_FILL and r["m"] >= COMPUTE_BOUND_ROWS)
-    mid = len(ratios) // 2
-    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return statistics.median(r["collector"]["s"] / empty[r["gemm"], r["m"]] for r in rows
+                             if r["fill"] == TRAINED_FILL and r["m"] >= COMPUTE_BOUND_ROWS)
 
 
 def gemm_values(c: dict, gpu: str, entry: dict, shape: dict, n: int) -> str | None:

@@ -10,13 +10,14 @@ carries the section and `--sampling MODE` prices it (sim/hardware/profile.py wit
 
 - GPUs: the H200 as measured; the H100 taken the same (the same GH100 chip, 132 SMs and
   clocks; only HBM differs, 3.35 against 4.8 TB/s, and a step's sort is not bound by it: at
-  64 rows of 128,256 logits it moves about 1 GB, 0.2 ms of the 1.26 ms measured, so an H100
-  could be up to about a tenth dearer).
+  64 rows of 128,256 logits its passes move about 1 GB by our count, 0.2 ms of the 1.26 ms
+  measured, so an H100 could be up to about a tenth dearer; not measured on an H100).
 - Vocabulary: step_s and per_row_s linear in the vocabulary between the measured ones, the
   nearest two's line beyond them (kept >= 0).
 - top-p only where the release samples it by sort (sim/hardware/kv_pool.py accounting_for:
-  vLLM 0.11.1 up to 0.16, and FlashInfer's sampler not opted into); later releases run a
-  Triton or FlashInfer kernel this does not price, so their sections hold greedy and random.
+  V1 releases before 0.17, as their wheels install; a server whose log says "Using FlashInfer
+  for top-p & top-k sampling" does not sort); later releases run a Triton or FlashInfer kernel
+  this does not price, so their sections hold greedy and random.
 """
 from __future__ import annotations
 
