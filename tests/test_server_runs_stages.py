@@ -197,3 +197,18 @@ def test_a_runs_file_that_cannot_be_read_is_refused_in_one_line(tmp_path):
     p = subprocess.run([sys.executable, "benchmarks/server_runs_inference_perf.py", "--src", str(_fixture(tmp_path)),
                         "--data", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--data" in p.stderr and bad.read_text() == "{not json"
+
+
+def test_repeats_of_one_experiment_are_grouped_and_their_spread_stated():
+    d = srt.load_data(srt.DATA)
+    groups = [sorted(r["id"] for r in g) for g in srt.repeats(d["runs"])]
+    # the campaign's e29 repeats the default_args Mixtral run exactly; runs differing in one setting are not repeats
+    assert ["ip-h100-tp2-mixtral-8x7b-general", "ip-h100-tp2-mixtral-8x7b-general-e29"] in groups
+    assert not any("ip-h100-tp1-llama3.1-8b-general-e22" in g for g in groups)  # budget 1024, not e16's 2048
+    a, b = (next(r for r in d["runs"] if r["id"] == i) for i in ("ip-h100-tp2-mixtral-8x7b-general",
+                                                                  "ip-h100-tp2-mixtral-8x7b-general-e29"))
+    rows = [{"kind": "stages", "run": r["id"], "stage": 0, "metric": "ttft", "stat": "p99", "real_ms": real, "sim_ms": 70.0,
+             "profile": "roofline"} for r, real in ((a, 100.0), (b, 250.0))]
+    note = srt.repeats_note(rows, [a, b])
+    assert "stage 0 ttft p99 100.0-250.0 ms (+150%; sim 70.0)" in note and "under 22%" in note
+    assert srt.repeats_note(rows, [a]) == ""  # one run repeats nothing
