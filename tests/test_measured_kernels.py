@@ -116,6 +116,10 @@ def test_the_cli_uses_measured_kernels_unless_told_roofline(tmp_path, capsys):
     said = capsys.readouterr().out
     assert json.loads(out.read_text())["provenance"]["source"].startswith("measured-kernels (aiconfigurator 0.12.0 database")
     assert "step times of NVIDIA H200" in said and "held-out MAPE" in said
+    # priced above those kernels on purpose, and said so
+    assert "then c1 less the composed all-reduce's" in said and "for trained weights (provenance.gemm_values)" in said
+    assert main(["profile", "roofline", "--gpu", "B200", "--model", "qwen3-32b", "--tp", "2", "--out", str(out)]) == 0
+    assert "gemm_values" not in capsys.readouterr().out
     assert main(["profile", "roofline", "--gpu", "H200", "--model", "qwen3-32b", "--tp", "2", "--roofline", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["provenance"]["source"] == "roofline"
     capsys.readouterr()

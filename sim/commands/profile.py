@@ -121,6 +121,9 @@ def run_roofline(args) -> int:
         fe = profile["fit_error"]
         print(f"step times of {profile['device'].split(' (')[0]}: {src}; held-out MAPE against those kernels: " + ", ".join(
             f"{k.removeprefix('heldout_').replace('_', ' ')} {v:.1f}%" for k, v in fe.items() if k != "anchor"), file=report)
+        if "gemm_values" in profile["provenance"]:  # then priced above those kernels on purpose
+            print(f"then {profile['provenance']['gemm_values'].split(':')[0]} for trained weights (provenance.gemm_values)",
+                  file=report)
         print(check, file=report)
         return 0
     own = profile["model"]["name"].startswith("meta-llama/Llama-3.1-8B") and profile["device"].startswith("NVIDIA H100") \
