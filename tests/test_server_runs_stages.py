@@ -212,3 +212,16 @@ def test_repeats_of_one_experiment_are_grouped_and_their_spread_stated():
     note = srt.repeats_note(rows, [a, b])
     assert "stage 0 ttft p99 100.0-250.0 ms (+150%; sim 70.0)" in note and "under 22%" in note
     assert srt.repeats_note(rows, [a]) == ""  # one run repeats nothing
+
+
+def test_the_first_stages_tail_is_counted_against_the_seconds():
+    d = srt.load_data(srt.DATA)
+    runs = [r for r in d["runs"] if r["workload"]["kind"] == "stages"]
+    note = srt.warmup_note(runs)
+    pairs = [r for r in runs if len(r["measured"]["stages"]) > 1]
+    heavier = sum(r["measured"]["stages"][0]["client"]["ttft_ms"]["p99"] > r["measured"]["stages"][1]["client"]["ttft_ms"]["p99"]
+                  for r in pairs)
+    assert f"in {heavier} of {len(pairs)} runs" in note and heavier > len(pairs) / 2  # more than half: not load
+    one = json.loads(json.dumps(pairs[0]))
+    one["measured"]["stages"][0]["client"]["ttft_ms"]["p99"] = one["measured"]["stages"][1]["client"]["ttft_ms"]["p99"] + 1
+    assert "in 1 of 1 runs" in srt.warmup_note([one]) and srt.warmup_note([]) == ""
