@@ -128,13 +128,16 @@ def compare_policy(runs: list, bands: list, unscaled: list, profile: Profile) ->
 
 def rank(rows: dict, noise: dict | None = None) -> dict:
     """Rankings by mean JCT on each side; Kendall's tau over the pairs whose real gap
-    exceeds twice the real noise (the larger run-to-run spread of the two, in seconds)."""
+    exceeds twice the real noise: the larger run-to-run spread of the two, in seconds, and
+    never less than CLOCK_BAND of the larger mean, the placement of the simulated side's
+    clock (two repeats can agree by chance; a 2.5% gap was then ordered by clock draw)."""
     real = sorted(rows, key=lambda p: rows[p]["real"]["mean_jct"])
     sim = sorted(rows, key=lambda p: rows[p]["sim"]["mean_jct"])
     pairs, concordant = [], 0
     for a, b in combinations(rows, 2):
         ra, rb = rows[a]["real"], rows[b]["real"]
-        noise_s = max(ra["spread"] * ra["mean_jct"], rb["spread"] * rb["mean_jct"])
+        noise_s = max(ra["spread"] * ra["mean_jct"], rb["spread"] * rb["mean_jct"],
+                      CLOCK_BAND * max(ra["mean_jct"], rb["mean_jct"]))
         gap = ra["mean_jct"] - rb["mean_jct"]
         if abs(gap) > 2 * noise_s:
             same = np.sign(gap) == np.sign(rows[a]["sim"]["mean_jct"] - rows[b]["sim"]["mean_jct"])

@@ -28,6 +28,15 @@ def test_rank_counts_only_pairs_beyond_twice_the_noise():
     assert rank(rows)["kendall_tau"] == -1.0
 
 
+def test_a_gap_within_the_clock_band_is_not_separable_however_close_the_repeats():
+    # two repeats that agree (spread 0.1%) do not make a 2.5% gap separable: the simulated
+    # side's clock is placed only to CLOCK_BAND
+    rows = {"continuum-static": _row(37.42, 0.001, 34.86), "continuum": _row(36.51, 0.001, 36.25)}
+    assert rank(rows)["separable_pairs"] == []
+    rows["continuum"] = _row(37.42 * (1 - 2.2 * CLOCK_BAND), 0.001, 36.25)  # beyond twice the band: judged
+    assert [p["sim_agrees"] for p in rank(rows)["separable_pairs"]] == [False]
+
+
 def test_clock_scale_is_measured_over_predicted():
     prof = linear_profile(c0=0.01, c1=0.001)
     rows = [{"seconds": 2 * (0.01 + 0.001 * n), "features": {"tokens": n, "seqs": 1, "sum_qk": n * n, "sum_k": n,
