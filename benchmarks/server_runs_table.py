@@ -35,8 +35,7 @@ admitted when its first chunk fits: sim/hardware/roofline.py full_isl_admission)
 
 A run of workload kind `stages` (real vLLM 0.15.1 servers loaded by inference-perf at constant-rate stages:
 benchmarks/server_runs_inference_perf.py imports them) is judged per stage on requests synthesized from its spec,
-client view, with issue 50's bounds per GPU (within_bounds); an H100 TP1 Llama-3.1-8B run also on the bundled
-profile (BUNDLED).
+client view, with issue 50's bounds per GPU (within_bounds).
 
 --quick runs the first two runs at a quarter of their requests (the test's mode; a trace
 run given by --only: its first quarter of requests by arrival);
@@ -311,39 +310,16 @@ def trace_rows(data: dict, run: dict, quick: bool, tmp: Path, parts: list | None
 STAGE_METRICS = (("ttft", "mean"), ("ttft", "p99"), ("tpot", "mean"), ("e2el", "mean"), ("e2el", "p99"))
 
 
-# The bundled profiles measured on a GPU (torch kernel probes, sim/hardware/profiles/), per (GPU, model, tp): a stages
-# run on that deployment is also judged on it, beside the table's profile (measured kernels or roofline).
-BUNDLED = {("H100", "llama3.1-8b", 1): ROOT / "sim" / "hardware" / "profiles" / "llama3.1-8b-h100.json"}
-
-
-def bundled_profile(run: dict, table_profile: str, out: Path) -> str | None:
-    """The bundled profile of the run's deployment with the run's engine limits and the KV pool, host and server
-    sections of the table's profile (the same derivation), or None where none is bundled."""
-    src = BUNDLED.get((run["gpu"], run["model"], run["tp"]))
-    if src is None:
-        return None
-    derived, prof = json.loads(Path(table_profile).read_text()), json.loads(src.read_text())
-    for k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "num_gpu_blocks"):
-        prof["engine"][k] = derived["engine"][k]
-    prof["host"], prof["server"] = derived["host"], derived["server"]
-    if "sampler" in derived:  # its torch probes hold no sampler either
-        prof["sampler"] = derived["sampler"]
-    path = out / f"{run['id']}-bundled.json"
-    path.write_text(json.dumps(prof))
-    return str(path)
-
-
 def stage_rows(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
     """A `stages` run's rows: per stage, the client view simulated on its synthesized requests
     (stage_trace; --quick: a quarter of them), each of STAGE_METRICS sim against real, on the table's
-    profile and, where the deployment has one, on the bundled profile (profile "bundled"). TPOT on
+    profile. TPOT on
     both sides is (mean E2E - mean TTFT) / (output_len - 1): inference-perf's own TPOT counts
     streamed messages, not tokens (stored, not judged)."""
     w = run["workload"]
     path, which, unknown = build_profile(data, run, "client", tmp)
-    profiles = [(path, which)] + [(b, "bundled") for b in [bundled_profile(run, path, tmp)] if b]
     out = []
-    for (i, real), (path, which) in ((x, p) for x in enumerate(run["measured"]["stages"]) for p in profiles):
+    for i, real in enumerate(run["measured"]["stages"]):
         st = w["stages"][i]
         total = int(st["rate"] * st["duration"])
         trace = stage_trace(run, i, total // 4 if quick else None)
@@ -411,16 +387,16 @@ def stages_summary(rows: list[dict]) -> str:
         if real[(r["run"], r["stage"], "ttft")] > QUEUE_BOUND * real[(r["run"], r["stage"], "e2el")]:
             bound.add((r["run"], r["stage"]))
             continue
-        key = (r["gpu"], r["tp"], r.get("profile") == "bundled")
+        key = (r["gpu"], r["tp"])
         groups.setdefault(key, {}).setdefault((r["run"], r["stage"]), {})[(r["metric"], r["stat"])] = r["error_pct"]
     out = [f"Queue-bound on the real server (mean TTFT over {QUEUE_BOUND:.0%} of mean E2E: arrivals outran it), listed, not "
            f"summarized: {', '.join(f'{rid} stage {s}' for rid, s in sorted(bound))}"] if bound else []
-    for (g, tp, bundled), stages in sorted(groups.items()):
+    for (g, tp), stages in sorted(groups.items()):
         ok = sum(within_bounds(g, e) for e in stages.values())
         parts = ", ".join(f"{m} {st} {np.mean([abs(e[(m, st)]) for e in stages.values()]):.1f}% "
                           f"(signed {np.mean([e[(m, st)] for e in stages.values()]):+.1f}%)" for m, st in STAGE_METRICS)
         bound = "mean E2E within 3%, mean TTFT within 10% and p99 TTFT and E2E within 10%" if g == "H100" else "mean E2E within 10%"
-        out.append(f"{g} x{tp} inference-perf stages{', bundled profile' if bundled else ''} ({len({rid for rid, _ in stages})} runs): "
+        out.append(f"{g} x{tp} inference-perf stages ({len({rid for rid, _ in stages})} runs): "
                    f"mean |error| {parts}; "
                    f"{ok} of {len(stages)} stages {bound}")
     return "\n".join(out[1:] + out[:1]) if bound else "\n".join(out)
@@ -454,7 +430,7 @@ def repeats_note(rows: list[dict], runs: list[dict]) -> str:
         ids = [r["id"] for r in g]
         per = {}
         for r in rows:
-            if r.get("kind") == "stages" and r["run"] in ids and r.get("profile") != "bundled":
+            if r.get("kind") == "stages" and r["run"] in ids:
                 per.setdefault((r["stage"], r["metric"], r["stat"]), []).append((r["real_ms"], r["sim_ms"]))
         cells = []
         for (stage, m, st), v in sorted(per.items()):
@@ -492,7 +468,7 @@ def whole_run(rows: list[dict], runs: list[dict]) -> dict:
     the real run's successful requests on both sides (the whole run's mean over its requests)."""
     out = {}
     for run in runs:
-        st = [r for r in rows if r.get("kind") == "stages" and r["run"] == run["id"] and r.get("profile") != "bundled"]
+        st = [r for r in rows if r.get("kind") == "stages" and r["run"] == run["id"]]
         if not st:
             continue
         d = {}
@@ -519,12 +495,10 @@ STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 ser
                "the reported distribution; output_len tokens each, ignore_eos), every request of the stage simulated from an "
                "empty engine (the real second stage followed the first on a warm server), "
                "client view, the KV pool derived (no vllm.log published); Mixtral-8x7B priced by the roofline (aiconfigurator "
-               "0.12.0 lists no Mixtral); an H100 TP1 Llama-3.1-8B run also on the bundled profile llama3.1-8b-h100 (profile "
-               "bundled: its step prices, the run's engine limits and KV pool). vLLM's sampler: the requests set no sampling "
+               "0.12.0 lists no Mixtral). vLLM's sampler: the requests set no sampling "
                "parameters, so each model's generation_config.json applies (benchmarks/data/server_runs.json `sampling`: top-p "
                "for Llama-3.1-8B-Instruct, Llama-2-7b-hf and Qwen3-14B, whose top-p vLLM 0.15.1 sorts the whole vocabulary "
-               "for); priced on the H100 from the H200's sampler timings (sim/hardware/measured_sampler.py), on both "
-               "profiles; not priced for the other models (their generation_config not checked) or GPUs (not measured). "
+               "for); priced on the H100 from the H200's sampler timings (sim/hardware/measured_sampler.py); not priced for the other models (their generation_config not checked) or GPUs (not measured). "
                "TPOT (derived) = "
                "(mean E2E - mean TTFT) / (output_len - 1) on both sides:")
 TRACE_PEERS_NOTE = ("Beside the simulator that published the run, on its own run (its signed errors as its validation "
@@ -541,7 +515,7 @@ PEERS_NOTE = ("Beside other simulators on the same runs (their published signed 
 def kv_note(rows: list[dict]) -> str:
     """Whether the KV cache's CPU offloading the runs enabled can matter: the simulated peak KV use of the derived pool."""
     every = {(r["run"], r["stage"]): r for r in rows
-             if r.get("kind") == "stages" and r.get("peak_kv_usage") is not None and r.get("profile") != "bundled"}
+             if r.get("kind") == "stages" and r.get("peak_kv_usage") is not None}
     st = {k: r for k, r in every.items() if r.get("cpu_offload", True)}
     if not st:
         return ""

@@ -1,5 +1,5 @@
-"""The measured H100 profile: the GPU step model on the shipped H100 kernel timings,
-`sim calibrate --from-probes`, the committed profile, and the step model's compatibility."""
+"""The H100 profiles: the bundled default (vLLM's measured kernels), the GPU step model on the shipped
+H100 torch kernel timings (`sim calibrate --from-probes`), and the step model's compatibility."""
 import json
 import math
 from pathlib import Path
@@ -43,15 +43,19 @@ def _same(a, b, where="profile"):
         assert a == b, where
 
 
-def test_committed_profile_is_what_the_command_writes(tmp_path, capsys):
+def test_the_bundled_default_is_what_sim_profile_roofline_writes(tmp_path):
+    # the default H100 profile is vLLM's kernels (measured-kernel coefficients), not the torch probes below
     out = tmp_path / "h100.json"
+    assert main(["profile", "roofline", "--gpu", "H100", "--model", "llama3.1-8b", "--out", str(out)]) == 0
+    _same(json.loads((BUNDLED_DIR / "llama3.1-8b-h100.json").read_text()), json.loads(out.read_text()))
+    assert load_profile("llama3.1-8b-h100").raw["provenance"]["source"].startswith("measured-kernels")
+
+
+def test_a_profile_from_the_torch_probes_loads_with_gpu_terms_and_measured_pcie(tmp_path, capsys):
+    out = tmp_path / "h100-torch.json"
     assert main(["calibrate", "--from-probes", str(PROBES), "--out", str(out)]) == 0
     assert "held-out MAPE" in capsys.readouterr().out
-    _same(json.loads((BUNDLED_DIR / "llama3.1-8b-h100.json").read_text()), json.loads(out.read_text()))
-
-
-def test_committed_profile_loads_with_gpu_terms_and_measured_pcie():
-    prof = load_profile("llama3.1-8b-h100")
+    prof = load_profile(str(out))
     assert prof.step.w > 0 and prof.step.launch > 0 and 1 <= prof.step.p < 64
     assert prof.pcie_bandwidth and prof.raw["pcie"]["measured"] is True
     assert "not vLLM" in prof.raw["provenance"]["source"] and "computed" in prof.raw["engine"]["computed"]

@@ -7,6 +7,8 @@ import shutil
 
 import pytest
 
+from sim.hardware.profile import load_profile
+
 from sim.study import plan as P
 from sim.study.sweep import RESULTS, point_key, sweep
 from agentsim.errors import InputError
@@ -152,15 +154,17 @@ def test_prices_override_and_aliases(tmp_path):
         P.load_prices(f)
 
 
-def test_profiles_measured_where_they_exist_else_roofline(tmp_path):
-    cands, notes, profiles = P.candidates(["H100", "A100-80GB"], ["llama3.1-8b", "llama3.1-70b"], [1, 2], ["vllm"],
-                                          ["none"], ["round_robin"], P.load_prices(), tmp_path)
+def test_profiles_from_measured_kernels_where_they_exist_else_roofline(tmp_path):
+    cands, notes, profiles = P.candidates(["H100", "RTX-5090"], ["llama3.1-8b", "llama3.1-70b"], [1, 2], ["vllm"],
+                                          ["none"], ["round_robin"], {**P.load_prices(), "RTX-5090": 0.5}, tmp_path)
     src = {(c.gpu, c.model, c.tp): c.source for c in cands}
-    assert src[("H100", "llama3.1-8b", 1)] == "measured"
-    assert src[("H100", "llama3.1-8b", 2)] == src[("A100-80GB", "llama3.1-8b", 1)] == "roofline"
+    assert src[("H100", "llama3.1-8b", 1)] == src[("H100", "llama3.1-8b", 2)] == "measured kernels"
+    assert src[("RTX-5090", "llama3.1-8b", 1)] == "roofline"  # no measured kernels shipped for it
     assert ("H100", "llama3.1-70b", 1) not in src  # 141 GB of weights
     assert any("llama3.1-70b at tp=1" in n for n in notes)
-    assert all(json.dumps(p) for p in profiles.values()) and len(profiles) == len(src) - 1
+    assert len(profiles) == len(src)  # every candidate's profile is written to DIR/profiles/
+    h100 = next(p for path, p in profiles.items() if path.endswith("H100-llama3.1-8b-tp1.json"))
+    assert h100["step_time"] == load_profile("llama3.1-8b-h100").raw["step_time"]  # the bundled default's prices
 
 
 def test_a_replica_whose_gpus_talk_over_pcie_carries_a_caveat(tmp_path):

@@ -122,8 +122,10 @@ def test_bundled_h100_profile_on_the_shared_h100_probes(capsys):
                          "decode B=65-256", "all"}
     ref = pc.probe_reference(load_profile("llama3.1-8b-h100"), H100)
     by = {s["kind"]: s for s in ref["summary"]}
-    assert by["all"]["points"] == 44 and by["all"]["mape_pct"] < 3  # fitted on these (on min_s)
-    assert all(by[k]["mape_pct"] < 2 for k in by if k.startswith("decode"))
+    # fitted on vLLM's kernels, not these torch probes: decodes agree, eager torch prefills are dearer
+    assert by["all"]["points"] == 44 and by["all"]["mape_pct"] < 10
+    assert all(by[k]["mape_pct"] < 5 for k in by if k.startswith("decode"))
+    assert by["fresh prefill"]["mean_error_pct"] < 0 and by["cached prefill"]["mean_error_pct"] < 0
 
 
 def test_probe_file_of_another_gpu_is_one_line(capsys):

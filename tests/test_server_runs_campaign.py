@@ -189,25 +189,14 @@ def test_every_campaign_run_but_mixtrals_is_priced_from_measured_kernels_of_its_
         assert all(v["mape_pct"] <= 10 for v in fit["heldout"].values()), r["id"]
 
 
-def test_an_h100_tp1_llama31_8b_run_is_also_judged_on_the_bundled_profile(tmp_path):
+def test_an_h100_tp1_stage_is_judged_on_the_table_profile_once_per_metric(tmp_path):
     d, runs, _ = _data()
     run = next(r for r in runs if (r["gpu"], r["tp"], r["model"]) == ("H100", 1, "llama3.1-8b") and r["engine"]["max_num_batched_tokens"] == 1024)
-    table, which, _ = srt.build_profile(d, run, "client", tmp_path)
-    path = srt.bundled_profile(run, table, tmp_path)
-    b, t = json.loads(Path(path).read_text()), json.loads(Path(table).read_text())
-    shipped = json.loads(srt.BUNDLED[("H100", "llama3.1-8b", 1)].read_text())
-    assert b["step_time"] == shipped["step_time"] != t["step_time"] and which == "measured"
-    assert b["engine"]["max_num_batched_tokens"] == 1024 and b["engine"]["num_gpu_blocks"] == t["engine"]["num_gpu_blocks"]
-    assert b["host"] == t["host"] and b["server"] == t["server"]
-    other = next(r for r in runs if r["tp"] == 2 and r["model"] == "llama3.1-8b")
-    assert srt.bundled_profile(other, table, tmp_path) is None
     rows = srt.stage_rows(d, {**run, "measured": {"stages": run["measured"]["stages"][:1]}}, True, tmp_path)
-    assert {r["profile"] for r in rows} == {"measured", "bundled"} and len(rows) == 2 * len(srt.STAGE_METRICS)
-    sims = {r["profile"]: r["sim_ms"] for r in rows if (r["metric"], r["stat"]) == ("e2el", "mean")}
-    assert sims["measured"] != sims["bundled"]
+    assert {r["profile"] for r in rows} == {"measured"} and len(rows) == len(srt.STAGE_METRICS)
     whole = srt.whole_run(rows, [run])[run["id"]][0]["e2el"]  # the peers' comparison uses the table's profile
-    assert whole == next(r["error_pct"] for r in rows if (r["metric"], r["stat"], r["profile"]) == ("e2el", "mean", "measured"))
-    assert "bundled profile (1 runs)" in srt.stages_summary(rows)
+    assert whole == next(r["error_pct"] for r in rows if (r["metric"], r["stat"]) == ("e2el", "mean"))
+    assert srt.stages_summary(rows).startswith("H100 x1 inference-perf stages (1 runs): mean |error| ttft mean")
 
 
 def test_runs_in_two_processes_give_the_same_rows_and_a_bad_job_count_is_refused(tmp_path):

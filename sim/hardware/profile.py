@@ -99,7 +99,7 @@ from sim.hardware.engine_config import EngineConfig
 from traces.validation import JSONBool, JSONFloat, JSONInt, Model, validated
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
-DEFAULT_PROFILE = "llama3.1-8b-h100"  # measured (torch kernels); the A100 roofline stays as llama3.1-8b-a100-80gb
+DEFAULT_PROFILE = "llama3.1-8b-h100"  # vLLM's measured kernels (`sim profile roofline --gpu H100 --model llama3.1-8b`)
 SAMPLING_MODES = ("greedy", "random", "top-p")  # how a run's calls sample (top-p: with or without top-k)
 
 

@@ -3,8 +3,8 @@
 A candidate is a combination (GPU, model, tensor-parallel size, policy, offload, router);
 a configuration is a candidate and a replica count; its cost is replicas x tp x the
 GPU's price per hour (sim/hardware/specs/prices.json, list on-demand prices, or --prices FILE).
-Profiles come from the zoo: the bundled measured profile where one exists for that
-(GPU, model, tp) (MEASURED), else a roofline estimate from sim/hardware/specs (sim/hardware/roofline.py),
+Profiles come from the zoo (sim/hardware/roofline.py): step times from measured kernels where the
+shipped data covers the (GPU, model, tp), else a roofline estimate from sim/hardware/specs,
 written to DIR/profiles/ and labelled in the table.
 
 Search. The SLO metric is assumed to fall (weakly) as replicas are added, so each
@@ -55,8 +55,6 @@ PRICES_FILE = roofline.SPEC_DIR / "prices.json"
 # Lower is better for all of them; names as in the run summary (sim/run/metrics.py).
 SLO_METRICS = ("mean_jct", "p50_jct", "p90_jct", "p95_jct", "p99_jct", "max_jct", "mean_queue_delay",
                "mean_turn_latency", "p99_turn_latency")
-# (GPU, model, tp) -> bundled profile measured on that hardware (docs/profiles.md).
-MEASURED = {("H100", "llama3.1-8b", 1): "llama3.1-8b-h100"}
 STATUS_ORDER = {"met": 0, "cut": 1, "pruned": 2, "infeasible": 3, "failed": 4}
 
 
@@ -115,7 +113,7 @@ class Candidate:
     offload: str | None
     router: str | None
     profile: str        # bundled name or path: the sweep's `profile` axis
-    source: str         # measured | roofline
+    source: str         # measured kernels | roofline
     price: float        # USD per GPU-hour
 
     @property
@@ -187,18 +185,16 @@ def candidates(gpus, models, tps, policies, offloads, routers, prices: dict[str,
 
     notes, hardware, to_write = [], [], {}
     for g, m, tp in itertools.product(gpu_names, model_names, tp_list):
-        if (g, m, tp) in MEASURED:
-            hardware.append((g, m, tp, MEASURED[(g, m, tp)], "measured"))
-            continue
         try:
-            prof, _ = roofline.roofline_profile(g, m, tp)
+            prof, _ = roofline.roofline_profile(g, m, tp, measured=True)
         except InputError as e:
             notes.append(f"left out {g} x {m} at tp={tp}: {e}")
             continue
         notes += [f"{g} x {m} at tp={tp}: {c}" for c in prof["provenance"].get("caveats", [])]
         path = str((Path(profile_dir) / f"{g}-{m}-tp{tp}.json").resolve())
         to_write[path] = prof
-        hardware.append((g, m, tp, path, "roofline"))
+        measured = prof["provenance"]["source"].startswith("measured-kernels")
+        hardware.append((g, m, tp, path, "measured kernels" if measured else "roofline"))
     out = [Candidate(g, m, tp, pol, off, rout, prof, src, prices[g])
            for (g, m, tp, prof, src), pol, off, rout in itertools.product(hardware, pols, offs, routs)]
     if not out:
