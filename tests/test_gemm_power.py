@@ -30,3 +30,25 @@ def test_the_clock_summary_takes_medians_and_extremes():
     s.rows = [(1980.0, 400.0), (1755.0, 690.0), (1830.0, 700.0)]
     assert s.summary() == {"sm_clock_mhz_median": 1830.0, "sm_clock_mhz_min": 1755.0,
                            "power_w_median": 690.0, "power_w_max": 700.0, "samples": 3}
+
+
+def test_fp8_weights_are_a_per_tensor_checkpoint_and_the_layer_computes_x_w_t():
+    # on the CPU (torch._scaled_mm runs there too): the codes of a trained layer span e4m3's range,
+    # and the FP8 layer gives x w^T within FP8's rounding
+    torch.manual_seed(0)
+    (w, scale), = gp.weights("randn_x0.02", 256, 64, "fp8", "cpu")[:1]
+    assert w.dtype == gp.FP8 and w.shape == (64, 256)
+    assert w.float().abs().max().item() == gp.FP8_MAX and 0.02 * 3 < scale.item() * gp.FP8_MAX < 0.02 * 8
+    x = gp.activations(32, 256, "fp8", "cpu")
+    want = x.float() @ (w.float() * scale).t()
+    got = gp.linear(x, (w, scale)).float()
+    assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
+    zeros = gp.weights("zeros", 256, 64, "fp8", "cpu")
+    assert len(zeros) == gp.LAYERS and all(z.dtype == gp.FP8 and not z.float().any() and s.item() == 1 for z, s in zeros)
+    bf = gp.weights("randn", 256, 64, "bf16", "cpu")[0]
+    assert bf[0].dtype == torch.bfloat16 and torch.equal(gp.linear(x.float().bfloat16(), bf), torch.nn.functional.linear(x.float().bfloat16(), bf[0]))
+
+
+def test_an_unknown_dtype_is_refused_with_one_line(capsys):
+    assert gp.main(["--dtype", "int4"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --dtype int4: choose from bf16,fp8"

@@ -32,6 +32,17 @@ def test_ratios_are_against_empty_weights_in_short_replays_for_compute_bound_row
     assert "| qkv 4096->6144 | 1,024 | randn | 0 (x1.20) |" in text and "randn x1.10-1.20" in text
 
 
+def test_fp8_rows_are_judged_against_fp8_empty_weights_and_named_by_dtype():
+    fp8 = lambda *a: {**_case(*a), "dtype": "fp8"}  # noqa: E731
+    rec = {"device": "G", "torch": "t", "seconds": 1, "rows": [
+        _case(1024, "empty", 2.0, 2.0, 2.0), _case(1024, "randn_x0.02", 2.4, 2.4, 2.4),
+        fp8(1024, "empty", 1.0, 1.0, 1.0), fp8(1024, "randn_x0.02", 1.5, 1.5, 1.5)]}
+    q = gt.ratios(rec)
+    assert q["collector", "randn_x0.02"] == pytest.approx((1.2, 1.2))
+    assert q["collector", "fp8 randn_x0.02"] == pytest.approx((1.5, 1.5)) and q["collector", "fp8 empty"] == (1.0, 1.0)
+    assert "| qkv 4096->6144 | 1,024 | fp8 randn_x0.02 | 1 (x1.50) |" in gt.table(rec, "cmd")
+
+
 def test_the_recorded_h200_run_shows_real_weights_dearer():
     q = gt.ratios(json.loads(RECORD.read_text()))
     lo, hi = q["collector", "randn_x0.02"]

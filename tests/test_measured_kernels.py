@@ -473,3 +473,17 @@ def test_trained_weights_price_aiconfigurators_bf16_gemms_on_the_measured_chip()
         assert raw["step_time"]["c1"] == pytest.approx(want, rel=1e-4), (gpu, model, tp)
         assert ("gemm_values" in raw["provenance"]) == priced
         assert priced or tp == 1 or raw["step_time"]["c1"] == fit
+
+
+def test_the_gemm_values_factor_reads_the_bf16_rows_only(tmp_path, monkeypatch):
+    row = lambda fill, s, dtype=None: {"gemm": "qkv", "m": 1024, "fill": fill, "collector": {"s": s},  # noqa: E731
+                                       **({"dtype": dtype} if dtype else {})}
+    rec = tmp_path / "gemm-power.json"
+    rec.write_text(json.dumps({"rows": [row("empty", 1.0), row("randn_x0.02", 1.2),
+                                        row("empty", 1.0, "fp8"), row("randn_x0.02", 2.0, "fp8")]}))
+    monkeypatch.setattr(mk, "GEMM_POWER_FILE", rec)
+    mk.gemm_values_factor.cache_clear()
+    try:
+        assert mk.gemm_values_factor() == pytest.approx(1.2)  # an FP8 case never prices bf16 GEMMs
+    finally:
+        mk.gemm_values_factor.cache_clear()

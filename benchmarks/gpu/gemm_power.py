@@ -1,6 +1,6 @@
 """Does a compute-bound GEMM's time on this GPU depend on the values it multiplies and on how long it runs?
 
-    python benchmarks/gpu/gemm_power.py [--seconds 2] > gemm_power.json     (on the GPU machine; about 2.5 min)
+    python benchmarks/gpu/gemm_power.py [--seconds 2] [--dtype bf16|fp8] > gemm_power.json   (on the GPU; about 2.5 min)
 
 Why: aiconfigurator's vLLM GEMM table (its collector builds RowParallelLinear layers and times them,
 CUDA graph of 6 layers, 3 warm-up and 6 timed replays) prices Llama-shaped prefill GEMMs at
@@ -18,6 +18,9 @@ For Llama-3.1-8B's GEMMs (qkv 4096->6144 and gate-up 4096->28672 by default; o 4
 down 14336->4096 with --gemms) at m = 1024 and 8192 tokens, and at m = 16 (memory-bound: values
 should not matter), activations randn; "empty" also reports the share of its weights that were zero. Reports per case the seconds per GEMM, TFLOPS, and the SM clock and
 power nvidia-smi sampled while it ran (every 50 ms; null if nvidia-smi is missing).
+--dtype fp8 times the same GEMMs as vLLM's per-tensor FP8 linear layers run them (torch._scaled_mm,
+FP8 e4m3 weights and activations, bf16 out): "empty" and "zeros" as above, "randn_x0.02" a trained
+layer quantized with its per-tensor scale, so its codes span e4m3's range as a checkpoint's do.
 Needs torch with CUDA only.
 """
 from __future__ import annotations
@@ -33,7 +36,9 @@ import torch
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 MS = (16, 1024, 8192)
-FILLS = ("empty", "zeros", "randn", "randn_x0.02")
+FILLS = {"bf16": ("empty", "zeros", "randn", "randn_x0.02"), "fp8": ("empty", "zeros", "randn_x0.02")}
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # e4m3's largest finite value: a per-tensor scale maps a tensor's amax to it
 LAYERS = 6  # the collector's layers per graph (outside_loop_count)
 
 
@@ -75,33 +80,50 @@ class Sampler:
                 "power_w_median": pw[len(pw) // 2], "power_w_max": pw[-1], "samples": len(self.rows)}
 
 
-def weights(fill: str, k: int, n: int) -> list[torch.Tensor]:
+def weights(fill: str, k: int, n: int, dtype: str = "bf16", device: str = "cuda") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """LAYERS (weight, per-tensor scale) pairs of shape (n, k); the scale is 1 for bf16 and unfilled weights."""
     out = []
+    one = torch.ones((), dtype=torch.float32, device=device)
     for _ in range(LAYERS):
-        if fill == "empty":
-            w = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
-        elif fill == "zeros":
-            w = torch.zeros(n, k, dtype=torch.bfloat16, device="cuda")
+        if fill == "randn_x0.02":
+            w, scale = torch.randn(n, k, device=device) * 0.02, one
+            if dtype == "fp8":
+                scale = w.abs().max() / FP8_MAX
+                w = w / scale
+            out.append((w.to(FP8 if dtype == "fp8" else torch.bfloat16), scale))
         elif fill == "randn":
-            w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+            out.append((torch.randn(n, k, dtype=torch.bfloat16, device=device), one))
         else:
-            w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-        out.append(w)
+            make = torch.empty if fill == "empty" else torch.zeros
+            out.append((make(n, k, dtype=FP8 if dtype == "fp8" else torch.bfloat16, device=device), one))
     return out
 
 
-def graph_of(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.cuda.CUDAGraph:
+def activations(m: int, k: int, dtype: str = "bf16", device: str = "cuda") -> torch.Tensor:
+    """randn rows; for fp8 cast with scale 1 (randn lies well within e4m3's range)."""
+    return torch.randn(m, k, device=device).to(FP8 if dtype == "fp8" else torch.bfloat16)
+
+
+def linear(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """y = x w^T as the layer runs it: bf16 F.linear, or FP8 x FP8 -> bf16 with per-tensor scales."""
+    if x.dtype != FP8:
+        return torch.nn.functional.linear(x, w[0])
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    return torch._scaled_mm(x, w[0].t(), scale_a=one, scale_b=w[1], out_dtype=torch.bfloat16)
+
+
+def graph_of(x: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.cuda.CUDAGraph:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):  # the collector's warm-ups, before capture
             for w in ws:
-                torch.nn.functional.linear(x, w)
+                linear(x, w)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for w in ws:
-            torch.nn.functional.linear(x, w)
+            linear(x, w)
     return g
 
 
@@ -116,15 +138,15 @@ def replays(g: torch.cuda.CUDAGraph, count: int) -> float:
     return s.elapsed_time(e) / 1e3 / count
 
 
-def case(name: str, m: int, fill: str, seconds: float) -> dict:
+def case(name: str, m: int, fill: str, seconds: float, dtype: str = "bf16") -> dict:
     k, n = SHAPES[name]
-    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    ws = weights(fill, k, n)
+    x = activations(m, k, dtype)
+    ws = weights(fill, k, n, dtype)
     g = graph_of(x, ws)
     flops = 2 * m * n * k
-    row = {"gemm": name, "m": m, "n": n, "k": k, "fill": fill}
+    row = {"gemm": name, "m": m, "n": n, "k": k, "fill": fill, "dtype": dtype}
     if fill == "empty":
-        row["empty_zero_fraction"] = float(sum((w == 0).sum().item() for w in ws) / (LAYERS * n * k))
+        row["empty_zero_fraction"] = float(sum((w.float() == 0).sum().item() for w, _ in ws) / (LAYERS * n * k))
     for _ in range(3):
         g.replay()
     with Sampler() as smp:
@@ -157,10 +179,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="length of the sustained and the burst runs per case")
     ap.add_argument("--gemms", default="qkv,gate_up", help="which of qkv,o,gate_up,down")
+    ap.add_argument("--dtype", default="bf16", help="bf16 (F.linear) or fp8 (per-tensor scaled FP8, torch._scaled_mm)")
     a = ap.parse_args(argv)
     names = a.gemms.split(",")
     if bad := [x for x in names if x not in SHAPES]:
         print(f"error: --gemms {','.join(bad)}: choose from {','.join(SHAPES)}", file=sys.stderr)
+        return 2
+    if a.dtype not in FILLS:
+        print(f"error: --dtype {a.dtype}: choose from {','.join(FILLS)}", file=sys.stderr)
         return 2
     if not a.seconds > 0:
         print(f"error: --seconds {a.seconds}: give a positive number of seconds", file=sys.stderr)
@@ -172,10 +198,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     for name in names:
         for m in MS:
-            for fill in FILLS:
-                r = case(name, m, fill, a.seconds if m > 16 else a.seconds / 4)
+            for fill in FILLS[a.dtype]:
+                r = case(name, m, fill, a.seconds if m > 16 else a.seconds / 4, a.dtype)
                 rows.append(r)
-                print(f"{name} m={m} {fill}: " + ", ".join(f"{mode} {r[mode]['tflops']:.0f} TFLOPS"
+                print(f"{name} m={m} {a.dtype} {fill}: " + ", ".join(f"{mode} {r[mode]['tflops']:.0f} TFLOPS"
                                                           for mode in ("collector", "sustained", "bursts_50pct")),
                       file=sys.stderr)
     json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": a.seconds,

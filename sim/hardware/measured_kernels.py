@@ -159,9 +159,9 @@ COMPUTE_BOUND_ROWS = 1024
 
 @lru_cache(maxsize=1)
 def gemm_values_factor() -> float:
-    """The median, over the record's compute-bound GEMMs (m >= 1,024), of their time on trained-scale random
+    """The median, over the record's compute-bound bf16 GEMMs (m >= 1,024), of their time on trained-scale random
     weights over their time on empty (zero) weights, both in the collector's short graph replays."""
-    rows = json.loads(GEMM_POWER_FILE.read_text())["rows"]
+    rows = [r for r in json.loads(GEMM_POWER_FILE.read_text())["rows"] if r.get("dtype", "bf16") == "bf16"]
     empty = {(r["gemm"], r["m"]): r["collector"]["s"] for r in rows if r["fill"] == "empty"}
     return statistics.median(r["collector"]["s"] / empty[r["gemm"], r["m"]] for r in rows
                              if r["fill"] == TRAINED_FILL and r["m"] >= COMPUTE_BOUND_ROWS)
