@@ -51,11 +51,15 @@ def test_the_bundled_default_is_what_sim_profile_roofline_writes(tmp_path):
     assert load_profile("llama3.1-8b-h100").raw["provenance"]["source"].startswith("measured-kernels")
 
 
-def test_a_profile_from_the_torch_probes_loads_with_gpu_terms_and_measured_pcie(tmp_path, capsys):
+def test_the_bundled_torch_profile_is_what_calibrate_from_probes_writes(tmp_path, capsys):
     out = tmp_path / "h100-torch.json"
     assert main(["calibrate", "--from-probes", str(PROBES), "--out", str(out)]) == 0
     assert "held-out MAPE" in capsys.readouterr().out
-    prof = load_profile(str(out))
+    _same(json.loads((BUNDLED_DIR / "llama3.1-8b-h100-torch.json").read_text()), json.loads(out.read_text()))
+
+
+def test_the_torch_profile_loads_with_gpu_terms_and_measured_pcie():
+    prof = load_profile("llama3.1-8b-h100-torch")
     assert prof.step.w > 0 and prof.step.launch > 0 and 1 <= prof.step.p < 64
     assert prof.pcie_bandwidth and prof.raw["pcie"]["measured"] is True
     assert "not vLLM" in prof.raw["provenance"]["source"] and "computed" in prof.raw["engine"]["computed"]
