@@ -28,15 +28,17 @@ def test_the_quick_table_on_the_page_is_what_the_script_gives(tmp_path, capsys):
 
 
 def _check_winners(body: str) -> int:
-    """Every main-table row's winners are its least mean and p95; returns the rows seen."""
+    """Every main-table row's winners are its least mean and p95 (as shown: of those tied there, one);
+    returns the rows seen."""
     labels = [*rs.POLICIES, "tuned"]
     rows = 0
     for table in re.findall(r"^\| KV blocks \| JPS \| vllm .*?(?=\n\n|\Z)", body, re.S | re.M):
         for line in table.split("\n")[2:]:
             cells = [c.strip() for c in line.strip("|").split("|")]
             pairs = [tuple(map(float, c.split(" / "))) for c in cells[2:2 + len(labels)]]
-            assert cells[-2] == labels[min(range(len(labels)), key=lambda i: pairs[i][0])]
-            assert cells[-1] == labels[min(range(len(labels)), key=lambda i: pairs[i][1])]
+            for col, k in ((-2, 0), (-1, 1)):  # the winner has the least value as shown (ties at 0.1 s: any of them)
+                least = min(p[k] for p in pairs)
+                assert cells[col] in {lab for lab, p in zip(labels, pairs) if p[k] == least}, line
             rows += 1
     return rows
 
