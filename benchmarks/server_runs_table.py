@@ -313,9 +313,8 @@ STAGE_METRICS = (("ttft", "mean"), ("ttft", "p99"), ("tpot", "mean"), ("e2el", "
 def stage_rows(data: dict, run: dict, quick: bool, tmp: Path) -> list[dict]:
     """A `stages` run's rows: per stage, the client view simulated on its synthesized requests
     (stage_trace; --quick: a quarter of them), each of STAGE_METRICS sim against real, on the table's
-    profile. TPOT on
-    both sides is (mean E2E - mean TTFT) / (output_len - 1): inference-perf's own TPOT counts
-    streamed messages, not tokens (stored, not judged)."""
+    profile. TPOT on both sides is (mean E2E - mean TTFT) / (output_len - 1): inference-perf's own
+    TPOT counts streamed messages, not tokens (stored, not judged)."""
     w = run["workload"]
     path, which, unknown = build_profile(data, run, "client", tmp)
     out = []
@@ -498,7 +497,8 @@ STAGES_NOTE = ("Constant-rate stages (workload kind stages: real vLLM 0.15.1 ser
                "0.12.0 lists no Mixtral). vLLM's sampler: the requests set no sampling "
                "parameters, so each model's generation_config.json applies (benchmarks/data/server_runs.json `sampling`: top-p "
                "for Llama-3.1-8B-Instruct, Llama-2-7b-hf and Qwen3-14B, whose top-p vLLM 0.15.1 sorts the whole vocabulary "
-               "for); priced on the H100 from the H200's sampler timings (sim/hardware/measured_sampler.py); not priced for the other models (their generation_config not checked) or GPUs (not measured). "
+               "for); priced on the H100 from the H200's sampler timings (sim/hardware/measured_sampler.py); not priced "
+               "for the other models (their generation_config not checked) or GPUs (not measured). "
                "TPOT (derived) = "
                "(mean E2E - mean TTFT) / (output_len - 1) on both sides:")
 TRACE_PEERS_NOTE = ("Beside the simulator that published the run, on its own run (its signed errors as its validation "
