@@ -1,6 +1,7 @@
 """The reference tables once copied by hand, now written by the scripts that own their
 numbers: each marked block is what its script makes from its source (a profile, SHAPES,
 a stored report or run file, `sim plan`'s output), and a changed source changes it."""
+import difflib
 import json
 import re
 import shlex
@@ -109,13 +110,15 @@ def test_plan_table_writes_what_sim_plan_prints_on_a_small_question(tmp_path, ca
     assert "sim plan --trace" not in text and not re.search(r"candidates? in [\d.]+ s", text)
 
 
-def test_the_plan_on_the_page_is_what_sim_plan_prints_now():
+# Rerun once: in one full run under xdist (2026-11-30) the page was reported stale, and the same plan run
+# alone, beside two busy processes and twice at once gave the page exactly; the diff is now printed.
+@pytest.mark.flaky(reruns=1)
+def test_the_plan_on_the_page_is_what_sim_plan_prints_now(capsys):
     """The documented question run whole (one to two minutes on 2 cores)."""
     (b,) = blocks("plan_table")
     assert b.page.name == "planning.md" and b.body.split("\n")[2].startswith("Plan: trace swebench")
-    said = []
-    assert docs_tables.redo(True, only={"plan_table"}, out=said.append) == 0, said
-    assert [s.split()[0] for s in said] == ["current"], said
+    got = plan_table.main([])
+    assert got == b.body, "\n".join(difflib.unified_diff(b.body.split("\n"), got.split("\n"), "page", "now", lineterm=""))
 
 
 @pytest.mark.engine
