@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from agentsim.errors import InputError  # noqa: E402
 from agentsim.files import read_json  # noqa: E402
 from benchmarks.docs_tables import DOCS, write_block  # noqa: E402
+from sim.hardware import measured_kernels as mk  # noqa: E402
 
 PAGE = DOCS / "reference" / "validation.md"
 MODES = (("collector", "short replays"), ("sustained", "sustained"), ("bursts_50pct", "50% duty bursts"))
@@ -39,34 +40,22 @@ def _clock(c: dict | None) -> str:
     return "" if not c else f" ({c['sm_clock_mhz_median']:.0f} MHz, {c['power_w_median']:.0f} W)"
 
 
-def weights_of(r: dict) -> str:
-    """A row's weights: its fill, with its dtype where that is not bf16 (records before --dtype are bf16)."""
-    return r["fill"] if r.get("dtype", "bf16") == "bf16" else f"{r['dtype']} {r['fill']}"
+def label(dtype: str, fill: str) -> str:
+    """A row's weights: its fill, with its dtype where that is not bf16."""
+    return fill if dtype == "bf16" else f"{dtype} {fill}"
 
 
-def empty_base(rec: dict) -> dict:
-    """(dtype, GEMM, m) -> the collector's time with empty weights: what each row is measured against."""
-    return {(r.get("dtype", "bf16"), r["gemm"], r["m"]): r["collector"]["s"] for r in rec["rows"] if r["fill"] == "empty"}
-
-
-def ratios(rec: dict, m_min: int = 1024) -> dict:
-    """Per regime and weights, the (min, max) over compute-bound cases (m >= m_min) of time / the collector's
-    time with empty weights of the same dtype for the same GEMM and m."""
-    base, out = empty_base(rec), {}
-    for r in rec["rows"]:
-        key = (r.get("dtype", "bf16"), r["gemm"], r["m"])
-        if r["m"] < m_min or key not in base:
-            continue
-        for mode, _ in MODES:
-            x = r[mode]["s"] / base[key]
-            lo, hi = out.get((mode, weights_of(r)), (x, x))
-            out[mode, weights_of(r)] = (min(lo, x), max(hi, x))
-    return out
+def ratios(rec: dict) -> dict:
+    """Per regime and weights, the (min, max) over compute-bound cases of time / the collector's time with
+    empty weights of the same dtype for the same GEMM and m (measured_kernels.gemm_value_ratios: the ratios
+    the profiles' factor is the median of)."""
+    return {(mode, label(*k)): (min(v), max(v)) for mode, _ in MODES for k, v in mk.gemm_value_ratios(rec["rows"], mode).items()}
 
 
 def table(rec: dict, cmd: str) -> str:
     q = ratios(rec)
-    fills, base = list(dict.fromkeys(weights_of(r) for r in rec["rows"])), empty_base(rec)
+    base = mk.gemm_empty_base(rec["rows"])
+    fills = list(dict.fromkeys(label(r.get("dtype", "bf16"), r["fill"]) for r in rec["rows"]))
     lines = [f"Made by `{cmd}` ({rec['device']}, torch {rec['torch']}, {rec['seconds']:g} s a sustained or burst run; "
              "`python benchmarks/gpu/gemm_power.py` on the GPU wrote the record): Llama-3.1-8B's GEMMs, six layers per CUDA "
              "graph as aiconfigurator's collector builds them, activations randn; TFLOPS per regime with the median SM clock "
@@ -77,7 +66,8 @@ def table(rec: dict, cmd: str) -> str:
     for r in rec["rows"]:
         b = base[r.get("dtype", "bf16"), r["gemm"], r["m"]]
         cells = [f"{r[mode]['tflops']:.0f}{_clock(r[mode].get('clocks'))} (x{r[mode]['s'] / b:.2f})" for mode, _ in MODES]
-        lines.append(f"| {r['gemm']} {r['k']}->{r['n']} | {r['m']:,} | {weights_of(r)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['gemm']} {r['k']}->{r['n']} | {r['m']:,} | {label(r.get('dtype', 'bf16'), r['fill'])} | "
+                     + " | ".join(cells) + " |")
     lines += ["", "Compute-bound cases (rows >= 1,024), time against the collector's setting, range over the GEMMs and rows: "
               + "; ".join(f"{name}: " + ", ".join(f"{f} x{q[mode, f][0]:.2f}-{q[mode, f][1]:.2f}" for f in fills if (mode, f) in q)
                           for mode, name in MODES) + "."]

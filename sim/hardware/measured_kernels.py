@@ -157,14 +157,28 @@ TRAINED_FILL = "randn_x0.02"  # random weights at a trained layer's scale
 COMPUTE_BOUND_ROWS = 1024
 
 
+def gemm_empty_base(rows: list[dict]) -> dict[tuple[str, str, int], float]:
+    """(dtype, GEMM, m) -> the collector's time on empty weights, what a gemm_power.py row is measured against
+    (records before its --dtype are bf16)."""
+    return {(r.get("dtype", "bf16"), r["gemm"], r["m"]): r["collector"]["s"] for r in rows if r["fill"] == "empty"}
+
+
+def gemm_value_ratios(rows: list[dict], mode: str = "collector") -> dict[tuple[str, str], list[float]]:
+    """(dtype, fill) -> each compute-bound row's (m >= 1,024) time in regime `mode` over the collector's time on
+    empty weights of the same dtype, GEMM and m."""
+    base, out = gemm_empty_base(rows), {}
+    for r in rows:
+        key = (r.get("dtype", "bf16"), r["gemm"], r["m"])
+        if r["m"] >= COMPUTE_BOUND_ROWS and key in base:
+            out.setdefault((key[0], r["fill"]), []).append(r[mode]["s"] / base[key])
+    return out
+
+
 @lru_cache(maxsize=1)
 def gemm_values_factor() -> float:
-    """The median, over the record's compute-bound bf16 GEMMs (m >= 1,024), of their time on trained-scale random
-    weights over their time on empty (zero) weights, both in the collector's short graph replays."""
-    rows = [r for r in json.loads(GEMM_POWER_FILE.read_text())["rows"] if r.get("dtype", "bf16") == "bf16"]
-    empty = {(r["gemm"], r["m"]): r["collector"]["s"] for r in rows if r["fill"] == "empty"}
-    return statistics.median(r["collector"]["s"] / empty[r["gemm"], r["m"]] for r in rows
-                             if r["fill"] == TRAINED_FILL and r["m"] >= COMPUTE_BOUND_ROWS)
+    """The median, over the record's compute-bound bf16 GEMMs, of their time on trained-scale random weights over
+    their time on empty (zero) weights, both in the collector's short graph replays."""
+    return statistics.median(gemm_value_ratios(json.loads(GEMM_POWER_FILE.read_text())["rows"])["bf16", TRAINED_FILL])
 
 
 def gemm_values(c: dict, gpu: str, entry: dict, shape: dict, n: int) -> str | None:
