@@ -462,6 +462,37 @@ def warmup_note(runs: list[dict]) -> str:
             "sees), which the simulator (each stage from an empty, warm engine) does not price.")
 
 
+TAIL_SEQS = 1024  # vLLM's default max_num_seqs for an API server on a GPU of 70 GB or more
+
+
+def tail_note(data: dict, runs: list[dict], rows: list[dict], tmp: Path) -> str:
+    """Where a stage's simulated TTFT has a queue's tail (p99 over twice the mean): the same stage simulated on two
+    other draws of its arrivals and prompts, and with its cap on running sequences lifted (max_num_seqs TAIL_SEQS), beside
+    the real p99. A diagnostic: the tail a stage's cap makes hangs on how often the arrivals outrun it."""
+    sim = {(r["run"], r["stage"], r["stat"]): r for r in rows if r.get("kind") == "stages" and r["metric"] == "ttft"}
+    cells = []
+    for run in runs:
+        for stage in range(len(run["workload"]["stages"])):
+            p99, mean = sim.get((run["id"], stage, "p99")), sim.get((run["id"], stage, "mean"))
+            if p99 is None or p99["sim_ms"] <= 2 * mean["sim_ms"]:
+                continue
+            seed = int(run["workload"].get("seed", 0))
+            draws = []
+            for alt in ({"seed": seed + 1}, {"seed": seed + 2}, {"max_num_seqs": TAIL_SEQS}):
+                r = json.loads(json.dumps(run))
+                r["workload"]["seed"] = alt.get("seed", seed)
+                r["engine"]["max_num_seqs"] = alt.get("max_num_seqs", r["engine"].get("max_num_seqs"))
+                path, _, _ = build_profile(data, r, "client", tmp)
+                draws.append(simulate(r, path, "client", stage_trace(r, stage))["p99_ttft_ms"])
+            cells.append(f"{run['id']} stage {stage} (max_num_seqs {run['engine'].get('max_num_seqs')}): real {p99['real_ms']:.0f}, "
+                         f"sim {p99['sim_ms']:.0f} (other draws {draws[0]:.0f}, {draws[1]:.0f}; cap lifted {draws[2]:.0f})")
+    if not cells:
+        return ""
+    return ("Where a stage's simulated TTFT has a queue's tail (p99 over twice the mean), its p99 TTFT in ms on two other draws "
+            f"of the stage's arrivals and prompts and with the cap on running sequences lifted (max_num_seqs {TAIL_SEQS}): "
+            + "; ".join(cells) + ".")
+
+
 def whole_run(rows: list[dict], runs: list[dict]) -> dict:
     """{run id: {stage -> (E2E error, TTFT error)}} with stage -1 the whole run: stage means weighted by
     the real run's successful requests on both sides (the whole run's mean over its requests)."""
@@ -945,6 +976,8 @@ def main(argv=None) -> int:
                 parts += got_parts
             traced_runs = [r for r in runs if r["workload"]["kind"] == "trace"]
             gap = what_if(data, traced_runs, parts, Path(tmp)) if parts and not (args.quick or args.no_explain) else ""
+            staged_runs = [r for r in runs if r["workload"]["kind"] == "stages"]
+            tails = "" if args.quick or args.no_explain else tail_note(data, staged_runs, rows, Path(tmp))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -954,11 +987,10 @@ def main(argv=None) -> int:
     table = render(closed_rows) if closed_rows else ""
     traced = render_trace(rows) if any(r.get("kind") == "trace" for r in rows) else ""
     trace_peered = render_trace_peers(rows, runs)
-    staged_runs = [r for r in runs if r["workload"]["kind"] == "stages"]
     staged = render_stages(rows) if staged_runs else ""
     peered = render_peers(rows, staged_runs) if staged_runs else ""
     kv = kv_note(rows) if staged_runs else ""
-    rep = " ".join(x for x in (repeats_note(rows, staged_runs), warmup_note(staged_runs)) if x)
+    rep = " ".join(x for x in (repeats_note(rows, staged_runs), warmup_note(staged_runs), tails) if x)
     unknown = sorted({u for r in rows for u in r["unknown"]})
     notes = (f"Settings not stated by the source (vLLM's defaults used, KV pool derived): {', '.join(unknown) or 'none'}. "
              "Requests and lengths as the source's client drew them (benchmarks/data/server_runs.json).")

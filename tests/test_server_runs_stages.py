@@ -225,3 +225,40 @@ def test_the_first_stages_tail_is_counted_against_the_seconds():
     one = json.loads(json.dumps(pairs[0]))
     one["measured"]["stages"][0]["client"]["ttft_ms"]["p99"] = one["measured"]["stages"][1]["client"]["ttft_ms"]["p99"] + 1
     assert "in 1 of 1 runs" in srt.warmup_note([one]) and srt.warmup_note([]) == ""
+
+
+def test_a_stage_whose_simulated_ttft_has_a_tail_is_rerun_on_other_draws_and_with_the_cap_lifted(monkeypatch, tmp_path):
+    """tail_note picks the stages whose simulated p99 TTFT is over twice the mean, and simulates each again on two
+    other arrival draws and with max_num_seqs lifted, the real p99 beside them."""
+    d, runs = _staged()
+    run = next(r for r in runs if r["id"] == "ip-h100-tp2-mixtral-8x7b-general")
+    rows = [{"kind": "stages", "run": run["id"], "stage": i, "metric": "ttft", "stat": st, "sim_ms": v, "real_ms": 100.0 + i}
+            for i, (mean, p99) in enumerate(((60.0, 110.0), (70.0, 300.0))) for st, v in (("mean", mean), ("p99", p99))]
+    seen = []
+
+    def fake_simulate(r, path, view, trace):
+        seen.append((r["workload"]["seed"], r["engine"]["max_num_seqs"], len(trace)))
+        return {"p99_ttft_ms": 10.0 * len(seen)}
+
+    monkeypatch.setattr(srt, "simulate", fake_simulate)
+    note = srt.tail_note(d, [run], rows, tmp_path)
+    seed, stage1 = run["workload"]["seed"], len(srt.stage_trace(run, 1))
+    assert seen == [(seed + 1, 128, stage1), (seed + 2, 128, stage1), (seed, srt.TAIL_SEQS, stage1)]  # stage 0 is no tail
+    assert f"{run['id']} stage 1 (max_num_seqs 128): real 101, sim 300 (other draws 10, 20; cap lifted 30)" in note
+    assert "stage 0" not in note and run["workload"]["seed"] == seed and run["engine"]["max_num_seqs"] == 128  # run untouched
+
+
+def test_mixtrals_simulated_ttft_tail_at_twenty_requests_a_second_is_its_cap_on_sequences(tmp_path):
+    """The Mixtral TP2 second stage (20 req/s, max_num_seqs 128): the simulated p99 TTFT is several times its mean with
+    the cap, and close to the mean with it lifted, where three of the five real repeats lie (75-78 ms)."""
+    d, runs = _staged()
+    run = next(r for r in runs if r["id"] == "ip-h100-tp2-mixtral-8x7b-general")
+    trace = srt.stage_trace(run, 1)
+    got = {}
+    for seqs in (128, srt.TAIL_SEQS):
+        r = json.loads(json.dumps(run))
+        r["engine"]["max_num_seqs"] = seqs
+        got[seqs] = srt.simulate(r, srt.build_profile(d, r, "client", tmp_path)[0], "client", trace)
+    assert got[128]["p99_ttft_ms"] > 3 * got[128]["mean_ttft_ms"]
+    assert got[srt.TAIL_SEQS]["p99_ttft_ms"] < 1.5 * got[srt.TAIL_SEQS]["mean_ttft_ms"]
+    assert got[srt.TAIL_SEQS]["p99_ttft_ms"] == pytest.approx(77, rel=0.1)
