@@ -470,6 +470,8 @@ def tail_note(data: dict, runs: list[dict], rows: list[dict], tmp: Path) -> str:
     other draws of its arrivals and prompts, and with its cap on running sequences lifted (max_num_seqs TAIL_SEQS), beside
     the real p99. A diagnostic: the tail a stage's cap makes hangs on how often the arrivals outrun it."""
     sim = {(r["run"], r["stage"], r["stat"]): r for r in rows if r.get("kind") == "stages" and r["metric"] == "ttft"}
+    sub = tmp / "tail"  # apart from the table's own profiles
+    sub.mkdir(exist_ok=True)
     cells = []
     for run in runs:
         for stage in range(len(run["workload"]["stages"])):
@@ -482,7 +484,7 @@ def tail_note(data: dict, runs: list[dict], rows: list[dict], tmp: Path) -> str:
                 r = json.loads(json.dumps(run))
                 r["workload"]["seed"] = alt.get("seed", seed)
                 r["engine"]["max_num_seqs"] = alt.get("max_num_seqs", r["engine"].get("max_num_seqs"))
-                path, _, _ = build_profile(data, r, "client", tmp)
+                path, _, _ = build_profile(data, r, "client", sub)
                 draws.append(simulate(r, path, "client", stage_trace(r, stage))["p99_ttft_ms"])
             cells.append(f"{run['id']} stage {stage} (max_num_seqs {run['engine'].get('max_num_seqs')}): real {p99['real_ms']:.0f}, "
                          f"sim {p99['sim_ms']:.0f} (other draws {draws[0]:.0f}, {draws[1]:.0f}; cap lifted {draws[2]:.0f})")
