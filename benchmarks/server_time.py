@@ -230,15 +230,9 @@ def _server_cpu_per_step(pid: int, n: int, events: list[list[int]], seconds: flo
 
 
 def measure_ahead(concurrency: list[int], repeats: int, window_s: float = 15.0) -> dict:
-    """A probe request's front gap (client TTFT - the server's TTFT, one request's metrics) while
-    N other requests stream: the server stamps a step's outputs when they reach the API server
-    (IterationStats at the output handler), which then detokenizes and streams the running
-    requests' tokens before the probe's (scheduler order). Fitted: gap = a + gap_per_stream_s * N.
-    Beside it, per N > 0, the API server's own CPU time per step over window_s (_server_cpu_per_step),
-    fitted: cpu = b + per_output_ahead_s * N, its work per stream and step. The gap's slope also holds
-    the client's reading of the N streams and any wait for a core (client, API server and engine core
-    share this machine's cores), which a serving host, its API server on a core of its own and the
-    client elsewhere, does not have."""
+    """Per N: a probe request's front gap (client TTFT - the server's TTFT, one request's metrics) beside N
+    streaming requests, and for N > 0 the API server's own CPU time per step over window_s; each fitted as a line
+    in N (the module docstring: per_output_ahead_s is the CPU line's slope)."""
     rng = np.random.default_rng(1)
     words = lambda L: " ".join(f"t{x}" for x in rng.integers(3, 32000, L))  # noqa: E731
     rows, cpu_rows = [], []
