@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from sim.hardware import measured_kernels as mk
 from sim.hardware.profile import load_profile
-
 from sim.study import plan as P
 from sim.study.sweep import RESULTS, point_key, sweep
 from agentsim.errors import InputError
@@ -174,8 +174,21 @@ def test_a_replica_whose_gpus_talk_over_pcie_carries_a_caveat(tmp_path):
     prices = {**P.load_prices(), "L40S": 1.0, "RTX-5090": 0.5}
     _, notes, _ = P.candidates(["RTX-5090", "L40S", "H100"], ["llama3.1-8b"], [1, 2], ["vllm"], ["none"], ["round_robin"],
                                prices, tmp_path)
-    assert [n.split(":")[0] for n in notes] == ["RTX-5090 x llama3.1-8b at tp=2"]
-    assert "no NVLink" in notes[0] and "about 7x slower" in notes[0]
+    pcie = [n for n in notes if "NVLink" in n]
+    assert [n.split(":")[0] for n in pcie] == ["RTX-5090 x llama3.1-8b at tp=2"]
+    assert "no NVLink" in pcie[0] and "about 7x slower" in pcie[0]
+
+
+def test_a_candidate_whose_gemms_keep_zero_weight_prices_says_so(tmp_path):
+    """The L40S's measured kernels time GEMMs on zero weights, which the H100's profile prices for trained weights
+    and the L40S's cannot (not measured on that chip): each of its candidates carries the caveat, the H100's and the
+    roofline RTX 5090's none."""
+    prices = {**P.load_prices(), "L40S": 1.0, "RTX-5090": 0.5}
+    _, notes, _ = P.candidates(["RTX-5090", "L40S", "H100"], ["llama3.1-8b"], [1, 2], ["vllm"], ["none"], ["round_robin"],
+                               prices, tmp_path)
+    gemms = [n for n in notes if "on unloaded (zero) weights" in n]
+    assert [n.split(":")[0] for n in gemms] == ["L40S x llama3.1-8b at tp=1", "L40S x llama3.1-8b at tp=2"]
+    assert all("not measured on this GPU" in n and f"{mk.gemm_values_factor():.3f}x" in n for n in gemms)
 
 
 def _cli(args):

@@ -204,6 +204,17 @@ def gemm_values(c: dict, gpu: str, entry: dict, shape: dict, n: int) -> str | No
             "at the power limit they take longer again, in short bursts less (not modelled: a profile does not know the load)")
 
 
+def gemm_values_unpriced(gpu: str, shape: dict) -> str:
+    """Why a profile of aiconfigurator's kernels keeps their GEMMs' zero-weight prices (gemm_values priced nothing),
+    said as a caveat: a user comparing it with a GH100 bf16 profile, whose GEMMs are priced for trained weights, sees it."""
+    why = ("not measured on this GPU" if gpu not in GEMM_VALUES_GPUS
+           else "FP8 GEMMs' values are not measured (benchmarks/gpu/gemm_power.py --dtype fp8)" if shape.get("dtype_bytes") != 2
+           else "the all-reduce inside the composed steps is not measured, so their GEMMs' part is not known")
+    return (f"GEMMs as aiconfigurator timed them, on unloaded (zero) weights: {why}. Compute-bound bf16 GEMMs on trained-"
+            f"scale weights take {gemm_values_factor():.3f}x as long on the GH100 chip, which the H100 and H200 bf16 "
+            "profiles price; this profile's compute-bound steps may be cheap by as much")
+
+
 def gpu_name(gpu: dict) -> str | None:
     """The canonical name (sim/hardware/specs/gpus.json) of a GPU spec that has measured data."""
     for g, d in load()["gpus"].items():
@@ -261,6 +272,9 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     # the roofline's caveats are about its own step prices
     caveats = prov.pop("caveats", [])
     notes = [x for x in notes if x not in caveats]
+    if not values and "source" not in entry:  # aiconfigurator's zero-weight GEMMs, not priced for trained weights
+        prov["caveats"] = [gemm_values_unpriced(gpu, shape or {})]
+        notes = notes + prov["caveats"]
     if notes:
         prov["notes"] = notes
     else:
