@@ -51,6 +51,15 @@ def test_the_bundled_default_is_what_sim_profile_roofline_writes(tmp_path):
     assert load_profile("llama3.1-8b-h100").raw["provenance"]["source"].startswith("measured-kernels")
 
 
+def test_the_bundled_a100_profile_is_what_sim_profile_roofline_writes(tmp_path):
+    # the A100 one is the roofline the offload and Fig. 8 results run on (measured kernels exist for it: --roofline),
+    # its KV pool sized by today's start-up rules (sim/hardware/kv_pool.py)
+    out = tmp_path / "a100.json"
+    assert main(["profile", "roofline", "--gpu", "A100-80GB", "--model", "llama3.1-8b", "--roofline", "--out", str(out)]) == 0
+    _same(json.loads((BUNDLED_DIR / "llama3.1-8b-a100-80gb.json").read_text()), json.loads(out.read_text()))
+    assert load_profile("llama3.1-8b-a100-80gb").raw["provenance"]["source"] == "roofline"
+
+
 def test_the_bundled_torch_profile_is_what_calibrate_from_probes_writes(tmp_path, capsys):
     out = tmp_path / "h100-torch.json"
     assert main(["calibrate", "--from-probes", str(PROBES), "--out", str(out)]) == 0
