@@ -110,9 +110,6 @@ def test_plan_table_writes_what_sim_plan_prints_on_a_small_question(tmp_path, ca
     assert "sim plan --trace" not in text and not re.search(r"candidates? in [\d.]+ s", text)
 
 
-# Rerun once: in one full run under xdist (2026-11-30) the page was reported stale, and the same plan run
-# alone, beside two busy processes and twice at once gave the page exactly; the diff is now printed.
-@pytest.mark.flaky(reruns=1)
 def test_the_plan_on_the_page_is_what_sim_plan_prints_now(capsys):
     """The documented question run whole (one to two minutes on 2 cores)."""
     (b,) = blocks("plan_table")

@@ -5,12 +5,14 @@ import json
 import math
 import shutil
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from sim.hardware import measured_kernels as mk
 from sim.hardware.profile import load_profile
 from sim.study import plan as P
-from sim.study.sweep import RESULTS, point_key, sweep
+from sim.study.sweep import RESULTS, SweepReport, point_key, sweep
 from agentsim.errors import InputError
 
 # A tiny case: 12 SWE-bench programs on a cut KV pool, two GPUs (measured H100, roofline
@@ -99,6 +101,51 @@ def test_pruning_skips_points(tiny):
     assert set(pruned.table["status"]) & {"cut", "pruned"}
     assert pruned.ran == n_pruned and full.ran == 0  # the first plan ran everything it tried
     assert len(pruned.probes) == n_pruned  # one seed: one point per probe
+
+
+def test_the_plan_does_not_depend_on_the_order_its_points_finish(tiny, monkeypatch):
+    """Two workers finish points in whatever order the machine's load gives: the search takes their results in the
+    order it sent the points out, so the same points run and the same table comes out. Here a stand-in sweep finishes
+    the points in flight in a random order (the grid's real results), five orders, two workers."""
+    grid = pd.read_parquet(tiny["root"] / "grid" / RESULTS).drop_duplicates("key", keep="last").set_index("key")
+
+    def finishing_in(seed):
+        def fake_sweep(points, out, more=None, **_):
+            rng, flying, done, asked = np.random.default_rng(seed), [], [], 0
+
+            def add(pts):
+                nonlocal asked
+                asked += len(pts)
+                for k in dict.fromkeys(point_key(p) for p in pts):
+                    if k in done:  # settled already: settled again at once, as the sweep does
+                        add(more(k, grid.loc[done].reset_index(), None))
+                    elif k not in flying:
+                        flying.append(k)
+            add(points)
+            while flying:
+                k = flying.pop(int(rng.integers(len(flying))))
+                done.append(k)
+                add(more(k, grid.loc[done].reset_index(), None))
+            return SweepReport(points=asked, skipped=0, ran=len(done), table=grid.loc[done].reset_index())
+        return fake_sweep
+
+    class NoPool:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(P, "Workers", NoPool)
+    seen = []
+    for seed in range(5):
+        monkeypatch.setattr(P, "sweep", finishing_in(seed))
+        res = P.search(tiny["q"], tiny["cands"], tiny["root"] / "order", workers=2)
+        seen.append((res.table.to_json(), res.probes.to_json(), res.ran))
+    assert all(x == seen[0] for x in seen), "the plan changed with the order its points finished"
 
 
 def test_rerun_resumes_without_running(tiny):

@@ -27,6 +27,7 @@ fed point by point as points finish (search).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -245,9 +246,10 @@ def search(q: Question, cands: list[Candidate], out: str | Path, workers: int = 
 
     One sweep fed as it goes: up to `workers` candidates have a point in flight; when one
     settles, its candidate's search moves on and the free worker gets the best-first next
-    point at once (no round waits for its slowest point). With one worker the order is the
-    same on every run; with more, which points run (not the answer: the search is
-    exhaustive-equivalent) can depend on which finishes first."""
+    point (no round waits for its slowest point). Results are taken in the order their points
+    were sent out, not as they finish (a point that finishes before an earlier one waits for
+    it), so a plan with the same inputs and `workers` runs the same points and prints the same
+    table on every run, however the machine's load orders the finishes."""
     states = [_Search() for _ in cands]
     width = max(1, workers)
     best_cost = math.inf
@@ -255,6 +257,10 @@ def search(q: Question, cands: list[Candidate], out: str | Path, workers: int = 
     bound = q.bound()
     flight: dict[int, tuple[int, set[str]]] = {}  # candidate -> (replicas, keys of its points not yet settled)
     lost: dict[str, str] = {}
+    # point keys in the order they were sent out, each once while it waits: candidates can share a point (one
+    # replica, two routers), which the sweep runs and settles once
+    sent: collections.deque[str] = collections.deque()
+    finished: dict[str, str | None] = {}  # finished, not yet taken: key -> the reason, where lost
 
     def cap_for(c: Candidate) -> tuple[int, bool]:
         if not prune or math.isinf(best_cost):
@@ -277,10 +283,21 @@ def search(q: Question, cands: list[Candidate], out: str | Path, workers: int = 
                 continue
             mine = q.points(cands[i], r)
             flight[i] = (r, {point_key(p) for p in mine})
+            sent.extend(k for k in dict.fromkeys(point_key(p) for p in mine) if k not in sent)
             pts += mine
         return pts
 
     def settled(key: str, table: pd.DataFrame, why: str | None) -> list[dict]:
+        """A point finished: take every finish now next in sending order, each followed by fill()."""
+        finished[key] = why
+        pts = []
+        while sent and sent[0] in finished:
+            k = sent.popleft()
+            take(k, table, finished.pop(k))
+            pts += fill()
+        return pts
+
+    def take(key: str, table: pd.DataFrame, why: str | None) -> None:
         nonlocal best_cost
         if why is not None:
             lost[key] = why
@@ -312,11 +329,12 @@ def search(q: Question, cands: list[Candidate], out: str | Path, workers: int = 
             else:
                 s.lo = r
             bar.set_postfix_str(f"best ${best_cost:.2f}/h" if math.isfinite(best_cost) else "no passing config yet")
-        return fill()
 
     with tqdm(total=len(cands), desc="plan", unit="cand", disable=not progress, leave=False) as bar, \
             Workers(workers, dask) as pool:  # warm: each worker imports and reads the trace once for the whole plan
         rep = sweep(fill(), out, workers=workers, dask=dask, progress=False, bound=bound, pool=pool, more=settled)
+        if sent:  # every point sent out is settled by the sweep, so taken in order
+            raise RuntimeError(f"sim plan: {len(sent)} points were sent out and never taken (first {sent[0]})")
         fill()  # nothing in flight: every open candidate gets its final status
 
     table = _table(q, cands, states)
