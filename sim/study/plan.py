@@ -23,7 +23,8 @@ candidate's search with status "failed" and the message; the others go on.
 Speed. Every point runs with the SLO as a bound (sim/run/bound.py): it stops as soon as the
 SLO is known to fail, and counts as failing with its metric's lower bound; a point not
 stopped is exact, so the answer is. One pool of warm workers serves the whole search,
-fed point by point as points finish (search).
+fed point by point as points finish, their results taken in the order the points were sent
+out, so the same inputs give the same plan however the finishes fall (search).
 """
 from __future__ import annotations
 
