@@ -462,7 +462,7 @@ def warmup_note(runs: list[dict]) -> str:
             "sees), which the simulator (each stage from an empty, warm engine) does not price.")
 
 
-TAIL_SEQS = 1024  # vLLM's default max_num_seqs for an API server on a GPU of 70 GB or more
+TAIL_SEQS = 1024  # the cap lifted: vLLM's default max_num_seqs for an API server on a GPU of 70 GB or more, A100s aside
 
 
 def tail_note(data: dict, runs: list[dict], rows: list[dict], tmp: Path) -> str:
