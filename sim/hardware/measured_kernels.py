@@ -181,38 +181,34 @@ def gemm_values_factor() -> float:
     return statistics.median(gemm_value_ratios(json.loads(GEMM_POWER_FILE.read_text())["rows"])["bf16", TRAINED_FILL])
 
 
-def gemm_values(c: dict, gpu: str, entry: dict, shape: dict, n: int) -> str | None:
+def gemm_values(c: dict, gpu: str, entry: dict, shape: dict, n: int) -> tuple[str, bool]:
     """Price the compute-bound slope c1 of aiconfigurator's composed steps (its bf16 GEMMs timed on zero weights) for
     trained weights, in place: its part beside the composed all-reduce (tp > 1: two a layer of a token's hidden
-    state, at the measured rate the steps hold) times gemm_values_factor. Returns the provenance text, or None
-    where nothing is measured (another chip, FP8 weights, an all-reduce not measured)."""
-    if gpu not in GEMM_VALUES_GPUS or shape.get("dtype_bytes") != 2:
-        return None
+    state, at the measured rate the steps hold) times gemm_values_factor. Returns (text, priced): the provenance of
+    the pricing, or, where nothing is measured, a caveat saying why c1 keeps the zero-weight price (a user comparing
+    the profile with a GH100 bf16 one, whose GEMMs are priced, sees it)."""
+    f = gemm_values_factor()
+    why = ("not measured on this GPU" if gpu not in GEMM_VALUES_GPUS
+           else "FP8 GEMMs' values are not measured (benchmarks/gpu/gemm_power.py --dtype fp8)" if shape.get("dtype_bytes") != 2
+           else None)
     ar = 0.0
-    if n > 1:
+    if why is None and n > 1:
         held = collective(gpu, "all_reduce", n, entry["vllm"])
         if held is None:
-            return None
-        ar = 2 * shape["num_layers"] * shape["hidden_size"] * ACT_BYTES / (held["GBps"] * 1e9)
-    f, gemm = gemm_values_factor(), max(0.0, c["c1"] - ar)
-    c["c1"] = float(f"{c['c1'] + (f - 1) * gemm:.5g}")
+            why = "the all-reduce inside the composed steps is not measured, so their GEMMs' part is not known"
+        else:
+            ar = 2 * shape["num_layers"] * shape["hidden_size"] * ACT_BYTES / (held["GBps"] * 1e9)
+    if why is not None:
+        return (f"GEMMs as aiconfigurator timed them, on unloaded (zero) weights: {why}. Compute-bound bf16 GEMMs on "
+                f"trained-scale weights take {f:.3f}x as long on the GH100 chip, which the H100 and H200 bf16 profiles "
+                "price; this profile's compute-bound steps may be cheap by as much"), False
+    c["c1"] = float(f"{c['c1'] + (f - 1) * max(0.0, c['c1'] - ar):.5g}")
     part = "c1" if n == 1 else f"c1 less the composed all-reduce's {ar * 1e6:.3f} us a token"
     return (f"{part} x {f:.3f}: aiconfigurator "
             f"times its GEMMs on unloaded (zero) weights; compute-bound bf16 GEMMs on trained-scale random weights take "
             f"{f:.3f}x as long in its collector's short replays (median over m >= {COMPUTE_BOUND_ROWS:,}, "
             f"{GEMM_VALUES_GPUS[gpu]}: {GEMM_POWER_FILE.relative_to(GEMM_POWER_FILE.parents[4]).as_posix()}); sustained "
-            "at the power limit they take longer again, in short bursts less (not modelled: a profile does not know the load)")
-
-
-def gemm_values_unpriced(gpu: str, shape: dict) -> str:
-    """Why a profile of aiconfigurator's kernels keeps their GEMMs' zero-weight prices (gemm_values priced nothing),
-    said as a caveat: a user comparing it with a GH100 bf16 profile, whose GEMMs are priced for trained weights, sees it."""
-    why = ("not measured on this GPU" if gpu not in GEMM_VALUES_GPUS
-           else "FP8 GEMMs' values are not measured (benchmarks/gpu/gemm_power.py --dtype fp8)" if shape.get("dtype_bytes") != 2
-           else "the all-reduce inside the composed steps is not measured, so their GEMMs' part is not known")
-    return (f"GEMMs as aiconfigurator timed them, on unloaded (zero) weights: {why}. Compute-bound bf16 GEMMs on trained-"
-            f"scale weights take {gemm_values_factor():.3f}x as long on the GH100 chip, which the H100 and H200 bf16 "
-            "profiles price; this profile's compute-bound steps may be cheap by as much")
+            "at the power limit they take longer again, in short bursts less (not modelled: a profile does not know the load)"), True
 
 
 def gpu_name(gpu: dict) -> str | None:
@@ -248,7 +244,7 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     shift = collective_shift(gpu, shape, n, vllm_version, entry) if shape is not None and n > 1 else None
     if shift:  # outside the fitted overlaps: the all-reduce runs between the layers' kernels
         c["collective_shift"], c["collective_shift_token"] = (float(f"{dv:.5g}") for dv in shift[:2])
-    values = gemm_values(c, gpu, entry, shape or {}, n) if "source" not in entry else None
+    values, priced = gemm_values(c, gpu, entry, shape or {}, n) if "source" not in entry else (None, False)
     src = source_text(gpu, entry)
     prov["source"] = src
     prov["method"] = (f"STEP TIMES FROM MEASURED KERNELS: sim/hardware/profile.py's GPU step model fitted per GPU, model and tp on "
@@ -264,7 +260,7 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
                             if n > 1 and "source" not in g else ""))
     if shift:
         prov["collectives"] = shift[2]
-    if values:
+    if priced:
         prov["gemm_values"] = values
     if "c6" in fit and "source" in fit["c6"]:  # the mixed decodes' price from another source than the rest
         notes = notes + [f"{fit['c6']['how']}, from the {fit['c6']['source']}; held-out MAPE of that excess "
@@ -272,8 +268,8 @@ def use_measured(profile: dict, gpu: str, model: str, layout: str, n: int, notes
     # the roofline's caveats are about its own step prices
     caveats = prov.pop("caveats", [])
     notes = [x for x in notes if x not in caveats]
-    if not values and "source" not in entry:  # aiconfigurator's zero-weight GEMMs, not priced for trained weights
-        prov["caveats"] = [gemm_values_unpriced(gpu, shape or {})]
+    if values and not priced:  # aiconfigurator's zero-weight GEMMs, not priced for trained weights: why
+        prov["caveats"] = [values]
         notes = notes + prov["caveats"]
     if notes:
         prov["notes"] = notes
