@@ -3,7 +3,7 @@ and a sweep over GPU memory size: where does offload without pinning overtake pi
 
     python benchmarks/offload_table.py [--programs 300] [--traces swebench,bfcl] [--jps 0.25,0.12]
         [--num-gpu-blocks 6000] [--offload cpu:100GB] [--policies vllm,autellix,infercept,continuum,...]
-        [--sweep-trace swebench] [--sweep-blocks 2000,3000,4000,6000,9000,12000,18000,28297]
+        [--sweep-trace swebench] [--sweep-blocks 2000,3000,4000,6000,9000,12000,18000,28303]
         [--profile NAME] [--seeds 0,1,2] [--workers 2] [--write-docs [PAGE]]
 
 --traces are bundled names or trace parquet paths; --jps is one rate per trace (BFCL's
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--traces", default="swebench,bfcl")
     ap.add_argument("--policies", default="vllm,autellix,infercept,continuum,continuum-offload,thunderagent")
     ap.add_argument("--sweep-trace", default="swebench")
-    ap.add_argument("--sweep-blocks", default="2000,3000,4000,6000,9000,12000,18000,28297")
+    ap.add_argument("--sweep-blocks", default="2000,3000,4000,6000,9000,12000,18000,28303")
     ap.add_argument("--seed", type=int, default=0, help="one arrival seed (default 0)")
     ap.add_argument("--seeds", default=None, help="arrival seeds, comma-separated; cells are means over them")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"bundled name or JSON (default {DEFAULT_PROFILE})")

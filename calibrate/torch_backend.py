@@ -330,7 +330,8 @@ def engine_limits(model: dict, device: str, gpu_memory_utilization: float, limit
 
     from sim.hardware.limits import gpu_engine_limits
 
-    eng = gpu_engine_limits(model, torch.cuda.get_device_properties(0).total_memory,
+    props = torch.cuda.get_device_properties(0)
+    eng = gpu_engine_limits(model, props.total_memory, num_sms=props.multi_processor_count,
                             gpu_memory_utilization=gpu_memory_utilization, block_size=limits.get("block_size") or 16,
                             max_model_len=limits.get("max_model_len"), gpu_name=torch.cuda.get_device_name(0),
                             max_num_batched_tokens=limits.get("max_num_batched_tokens"),

@@ -460,3 +460,30 @@ def test_an_fp8_kv_cache_halves_the_page_in_0_10_2_too():
     bf16, fp8 = kv_pool(H100, m, **kw), kv_pool(H100, m, kv_dtype_bytes=1, **kw)
     assert fp8.available_bytes == bf16.available_bytes and fp8.block_bytes * 2 == bf16.block_bytes
     assert abs(fp8.blocks - 2 * bf16.blocks) <= 1
+
+
+def test_the_triton_sampler_buffer_takes_each_gpus_own_sm_count():
+    """min(SMs, rows) x vocab x 4 B: an A100 (108 SMs) keeps 24 rows fewer than an H100 (132), so
+    the same memory gives it exactly those bytes more KV; a B200 (148) 16 rows more."""
+    row = LLAMA["vocab_size"] * 4
+    base = pool(gpu="H100")
+    assert base.inputs["num_sms"] == 132 and "gpus.json H100" in base.inputs["num_sms_from"]
+    for gpu, sms in (("A100-80GB", 108), ("B200", 148), ("rtx4090", 128)):
+        p = pool(gpu=gpu)  # the same memory: only the buffer differs (no graph-ceiling change below 512 sizes)
+        assert p.inputs["num_sms"] == sms, gpu
+        assert p.kept_bytes - base.kept_bytes == (sms - 132) * row, gpu
+        assert p.available_bytes - base.available_bytes == (132 - sms) * row, gpu
+    # fewer rows than SMs: the rows bound it, whatever the GPU
+    assert pool(gpu="A100-80GB", max_num_seqs=64).kept_bytes == pool(gpu="B200", max_num_seqs=64).kept_bytes == 64 * row
+    # named as CUDA names it (profiles from measurements carry torch's device name)
+    assert pool(gpu="NVIDIA A100-SXM4-80GB").inputs["num_sms"] == 108 and pool(gpu="NVIDIA B200").inputs["num_sms"] == 148
+    # a device's own count wins over its name; an unknown name gets an H100's and says so
+    assert pool(gpu="H100", num_sms=100).inputs["num_sms"] == 100
+    unknown = pool(gpu="NVIDIA Tesla T4")
+    assert unknown.inputs["num_sms"] == 132 and "not in sim/hardware/specs/gpus.json" in unknown.inputs["num_sms_from"]
+
+
+def test_every_gpu_spec_names_its_sm_count_and_source():
+    for name, spec in roofline.spec_table("gpus.json")["gpus"].items():
+        assert isinstance(spec["sms"], int) and 60 < spec["sms"] < 200, name
+        assert "SM" in spec["sources"]["sms"], name

@@ -87,6 +87,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from agentsim.errors import InputError
+from sim.hardware.spec_tables import find_gpu
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -137,9 +138,8 @@ SAMPLER_BYTES = {"triton": 2 + 4 + 4 + 4, "flashinfer": 2 + 4 + 4 + 4, "sort": 2
 SAMPLER_BYTES_PER_LOGIT = SAMPLER_BYTES["triton"]
 TRITON_TOPK_MIN_ROWS = 8  # apply_top_k_top_p: the Triton kernel from 8 rows, the sort below
 # v1/sample/ops/topk_topp_triton.py keeps a buffer of min(SMs, rows) x vocab fp32 per
-# device (cached, so it stays); SMs per GPU from NVIDIA's specifications.
-SMS = {"H100": 132, "H200": 132, "B200": 148, "A100-40GB": 108, "A100-80GB": 108, "L40S": 142,
-       "RTX-6000-Ada": 142, "RTX-5090": 170, "RTX 4090": 128, "RTX 3090": 82}
+# device (cached, so it stays). SMs per GPU: sim/hardware/specs/gpus.json `sms`, with
+# sources; a GPU not in it is charged an H100's.
 DEFAULT_SMS = 132
 # vLLM version from which the CUDA-graph estimate is subtracted before sizing the pool.
 CUDAGRAPH_COUNTED_FROM = (0, 21, 0)
@@ -538,6 +538,18 @@ def sampler_peak(model: dict, tokens: int, rows: int, path: str = "triton") -> f
     return rows * model["vocab_size"] * SAMPLER_BYTES[path] + tokens * model["hidden_size"] * ACT_BYTES
 
 
+def sms_of(gpu: str | None) -> tuple[int, str]:
+    """(SMs, where the figure comes from) of a GPU named as sim/hardware/specs/gpus.json names it
+    (or an alias); an unknown or unnamed GPU gets DEFAULT_SMS, and says so."""
+    if gpu:
+        try:
+            name, spec = find_gpu(gpu)
+            return int(spec["sms"]), f"sim/hardware/specs/gpus.json {name}"
+        except InputError:
+            pass
+    return DEFAULT_SMS, f"default (an H100's): GPU {gpu!r} is not in sim/hardware/specs/gpus.json"
+
+
 def kv_bytes_per_token(model: dict, tp: int = 1, kv_dtype_bytes: int | None = None, ep: int = 1) -> float:
     """KV bytes of one token on one GPU, over all layers (sliding-window layers charged as
     sim/hardware/roofline.py charges them)."""
@@ -551,9 +563,10 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
             max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, enforce_eager: bool = False,
             block_size: int = 16, kv_dtype_bytes: int | None = None, vllm_version: str = "0.32",
             non_torch_bytes: float | None = None, cudagraph_bytes: float | None = None,
-            num_sms: int = DEFAULT_SMS, p2p: bool = True, sampler: str | None = None, gpu: str | None = None) -> KVPool:
+            num_sms: int | None = None, p2p: bool = True, sampler: str | None = None, gpu: str | None = None) -> KVPool:
     """Blocks per GPU as vLLM sizes them; InputError (one line, naming the flag) when the
-    inputs are out of range or nothing is left for the KV cache."""
+    inputs are out of range or nothing is left for the KV cache. `num_sms` None: the SMs of
+    `gpu` (a gpus.json name or alias; sms_of)."""
     if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
     for flag, v in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs),
@@ -578,6 +591,10 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
     smp = sampler_peak(model, max_num_batched_tokens, rows, path)
     # the Triton kernel's buffer exists only where that kernel runs (not FlashInfer's, not the sort)
     triton = acc.topk_topp_buffer and path == "triton" and rows >= TRITON_TOPK_MIN_ROWS
+    if num_sms is None:
+        num_sms, sms_from = sms_of(gpu)
+    else:
+        sms_from = "given"
     topk = min(num_sms, rows) * model["vocab_size"] * 4 if triton else 0
     kept = moe_workspace(model, max_num_batched_tokens, t) + topk
     act = kept + max(fwd, smp)
@@ -609,5 +626,6 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
                 "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
                 "enforce_eager": enforce_eager, "block_size": block_size, "vllm_version": vllm_version,
                 "kv_dtype_bytes": kv_dtype_bytes or model.get("kv_dtype_bytes", model["dtype_bytes"]), "num_sms": num_sms,
+                "num_sms_from": sms_from,
                 "p2p": p2p, "sampler": path, "cudagraphs": capture, "accounting": asdict(acc)},
         sources=dict(SOURCES))

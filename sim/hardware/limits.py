@@ -41,8 +41,9 @@ def batch_defaults(gpu_mem_bytes: float, gpu_name: str = "", usage_context: str 
 def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_memory_utilization: float = 0.9,
                       block_size: int = 16, max_model_len: int | None = None,
                       max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
-                      gpu_name: str = "", usage_context: str = "llm") -> dict:
-    """The engine section of a profile as vLLM 0.32 would set it up on this GPU (per replica of tp GPUs)."""
+                      gpu_name: str = "", usage_context: str = "llm", num_sms: int | None = None) -> dict:
+    """The engine section of a profile as vLLM 0.32 would set it up on this GPU (per replica of tp GPUs).
+    num_sms: the device's own count where known (else gpu_name's in gpus.json; kv_pool)."""
     missing = [k for k in REQUIRED if k not in model]
     if missing:
         raise InputError(f"model shape is missing {', '.join(missing)}; give every one of {', '.join(REQUIRED)}")
@@ -58,7 +59,8 @@ def gpu_engine_limits(model: dict, gpu_mem_bytes: float, *, tp: int = 1, gpu_mem
         raise InputError("max_model_len unknown: give max_model_len or the model's max_position_embeddings")
     from sim.hardware.kv_pool import kv_pool  # the one arithmetic: sim/hardware/kv_pool.py (every term and its source)
     pool = kv_pool(gpu_mem_bytes, model, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
-                   max_num_batched_tokens=budget, max_num_seqs=seqs, block_size=block_size, gpu=gpu_name)
+                   max_num_batched_tokens=budget, max_num_seqs=seqs, block_size=block_size, gpu=gpu_name,
+                   num_sms=num_sms)
     weights, act, kv_mem, blocks = pool.weights_bytes, pool.activation_bytes, pool.available_bytes, pool.blocks
     if blocks * block_size < max_len:
         raise InputError(f"the model does not fit: {gpu_mem_bytes / GiB:.1f} GiB x {gpu_memory_utilization} per GPU "

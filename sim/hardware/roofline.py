@@ -43,7 +43,7 @@ import numpy as np
 
 from agentsim.errors import InputError
 from sim.hardware import measured_sampler
-from sim.hardware.spec_tables import SPEC_DIR, spec_key, spec_table
+from sim.hardware.spec_tables import SPEC_DIR, find_gpu, find_model, spec_key, spec_table
 from sim.hardware.model_shape import (ACT_BYTES, KV_REFERENCE_TOKENS, attention_layers, kv_bytes_per_token,
                                       kv_bytes_per_token_charged, kv_dtype_bytes, kv_heads_per_gpu, kv_layers_charged,
                                       layer_params, lm_head_params, param_counts, per_gpu, weight_bytes_streamed,
@@ -58,24 +58,6 @@ KINDS = ("fresh_prefill", "cached_prefill", "decode")
 # The efficiencies fitted on the probes, with their bounds (efficiencies cannot exceed 1).
 EFF_NAMES = ("eff_mem", "eff_kv", "eff_gemm", "eff_attn", "step_overhead_s")
 EFF_LOW, EFF_HIGH = (0.05, 0.05, 0.05, 0.05, 0.0), (1.0, 1.0, 1.0, 1.0, 0.05)
-
-
-@lru_cache(maxsize=None)
-def _lookup(kind: str, name: str) -> tuple[str, dict]:
-    table = spec_table(f"{kind}s.json")[f"{kind}s"]
-    want = spec_key(name)
-    for canon, spec in table.items():
-        if want in {spec_key(canon), *(spec_key(a) for a in spec.get("aliases", ()))}:
-            return canon, spec
-    raise InputError(f"unknown {kind} {name!r}; known: {', '.join(table)}")
-
-
-def find_gpu(name: str) -> tuple[str, dict]:
-    return _lookup("gpu", name)
-
-
-def find_model(name: str) -> tuple[str, dict]:
-    return _lookup("model", name)
 
 
 def links() -> dict:
