@@ -256,3 +256,37 @@ def test_gpu_step_fit_recovers_known_coefficients_and_needs_one_step_rows():
     chunked = [dict(rows[0], features=dict(rows[0]["features"], steps=2.0))] + rows[1:]
     with pytest.raises(ValueError, match="one-step rows"):
         fit_gpu_step_model(chunked)
+
+
+def test_decode_probes_of_one_context_reuse_the_smaller_batches_own_prefixes(monkeypatch):
+    """Runner.decode_seconds: every sequence of a batch has its own prefix (distinct KV), and a larger
+    batch over the same length starts from the smaller one's prefixes, which the prefix cache may still
+    hold; the plan orders decode probes by context, then batch, so that it does."""
+    from types import SimpleNamespace
+
+    from calibrate import probes
+
+    sent = []
+
+    def fake_generate(llm, prompts, max_tokens):
+        sent.append([list(p) for p in prompts])
+        return [SimpleNamespace(metrics=SimpleNamespace(first_token_ts=1.0, last_token_ts=1.0 + 0.01 * max_tokens))
+                for _ in prompts]
+
+    monkeypatch.setattr(probes, "generate", fake_generate)
+    runner = probes.Runner(None, 32000, 4096, seed=0)
+    for batch in (1, 4, 16):
+        runner.decode_seconds(batch, 256, 8)
+    heads = [sent[i] for i in (0, 2, 4)]  # each probe: its prefixes, then prefix + suffix timed
+    assert [len(h) for h in heads] == [1, 4, 16] and all(len(p) == 256 for h in heads for p in h)
+    assert heads[1][:1] == heads[0] and heads[2][:4] == heads[1]
+    assert len({tuple(p) for p in heads[2]}) == 16  # distinct within a batch
+    for i in (1, 3, 5):  # the timed prompts: own prefix + 16 suffix tokens
+        assert [p[:256] for p in sent[i]] == heads[i // 2] and all(len(p) == 256 + probes.DECODE_SUFFIX for p in sent[i])
+    runner.decode_seconds(2, 512, 8)
+    assert not {tuple(p[:256]) for p in sent[-2]} & {tuple(p) for p in heads[2]}  # another length: new prefixes
+    # the plan: decode probes by context, then batch
+    eng = {"max_model_len": 8192, "max_num_batched_tokens": 4096, "block_size": 128, "enable_chunked_prefill": True,
+           "max_num_seqs": 256, "num_gpu_blocks": 1024}
+    grid = [(p.prefix, p.batch) for p in plan(eng, quick=True) if p.kind == "decode" and not p.heldout]
+    assert grid == sorted(grid) and [b for c, b in grid if c == grid[-1][0]] == [1, 4, 16]
