@@ -7,9 +7,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-# The environment this test run started with, before any test or import changed it:
-# tests that must measure a real engine as a user's shell would start it run their
-# subprocess in it (see tests/test_validate_engine.py).
+# The environment this test run started with, before any test or import changed it: every
+# real engine a test starts in a subprocess starts in it, as from a user's shell. An in-process
+# vLLM engine leaves its own settings in os.environ (LD_PRELOAD of torch's libgomp,
+# VLLM_ENABLE_V1_MULTIPROCESSING=0, ...). benchmarks/prefill_after.py, pinned to one core,
+# ran 131 s in a process started with them after such an engine and 65 s in this one; with this
+# one plus that LD_PRELOAD alone, 131 s (tests/test_validate_engine.py: the same on the replays).
 START_ENV = dict(os.environ)
 
 import numpy as np
@@ -169,7 +172,7 @@ def vllm_server(model, *args: str, start_s: int = 240):
 
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
            "--dtype", engine_dtype("cpu"), "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30), "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env={**START_ENV, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(start_s):
@@ -185,6 +188,18 @@ def vllm_server(model, *args: str, start_s: int = 240):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+@pytest.fixture
+def start_environ():
+    """os.environ as this test run started (START_ENV) while the test runs: for code under test that
+    starts an engine in a subprocess with os.environ (benchmarks/server_time.py's server)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(START_ENV)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture

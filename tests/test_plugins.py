@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import START_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
@@ -126,7 +128,7 @@ print(json.dumps({"policy": sched.policy.name, "pinned": len(sched.pins)}))
 @pytest.mark.engine
 def test_an_installed_policy_runs_inside_vllm(tmp_path):
     plug = _dist(tmp_path / "site", ENTRY_POINTS)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plug), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**START_ENV, "PYTHONPATH": os.pathsep.join([str(plug), str(ROOT), START_ENV.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", ENGINE_CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -3,7 +3,6 @@ CPU vLLM API server with the shipped tiny model (a word-level tokenizer added so
 the server tokenizes and the bench makes random prompts offline)."""
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 from agentsim.cli import main
 from calibrate.engine import default_model
 from calibrate.word_tokenizer import with_word_tokenizer
-from conftest import vllm_server
+from conftest import START_ENV, vllm_server
 
 MODEL = default_model("cpu")
 
@@ -38,7 +37,7 @@ def test_server_run_on_a_vllm_bench_serve_result(server, tmp_path, capsys):
                     "--random-output-len", "8", "--num-prompts", "16", "--request-rate", "4", "--seed", "0",
                     "--ignore-eos", "--save-result", "--save-detailed", "--result-dir", str(tmp_path),
                     "--result-filename", "bench.json"], check=True, timeout=300,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   env={**START_ENV, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result = json.loads((tmp_path / "bench.json").read_text())
     out = tmp_path / "cmp.json"
     assert main(["validate", "--server-run", str(tmp_path / "bench.json"), "--profile", f"cpu-{MODEL.name}",

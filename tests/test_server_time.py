@@ -47,7 +47,7 @@ def test_recorded_wait_per_stream_ahead_is_the_server_sections():
 
 
 @pytest.mark.engine
-def test_a_first_token_waits_behind_running_streams():
+def test_a_first_token_waits_behind_running_streams(start_environ):
     """On a real vLLM API server: a probe's first token reaches the client later the more requests stream
     beside it, and the API server's own CPU time per step grows with the streams it serves."""
     r = server_time.measure_ahead([0, 8, 24], 5, window_s=8.0)

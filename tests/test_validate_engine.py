@@ -39,7 +39,9 @@ MAX_JCT_ERROR = 0.15 if cpu_has_native_bf16() else 0.40
 # the test failed twice: distributed's Nanny had left OMP_NUM_THREADS=1 in the process
 # (tests/test_sweep.py now restores it), and with that removed the replay engine ran two
 # OpenMP threads on the one core it is pinned to (one_core), 4x slower (not understood;
-# CHANGELOG.md, "One thread in CI"): the engines' thread counts are now in the report and checked. Alone,
+# CHANGELOG.md, "One thread in CI"): the engines' thread counts are now in the report and checked.
+# An in-process engine also leaves LD_PRELOAD (torch's libgomp) in os.environ, which alone made a
+# pinned engine in a child process 2x slower (tests/conftest.py START_ENV). Alone,
 # and from a shell, the same matrix ran at the calibration's speed.
 @pytest.mark.flaky(reruns=2)
 def test_real_engine_and_simulator_rank_policies_alike(tmp_path, engine_log):
