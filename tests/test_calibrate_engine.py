@@ -1,6 +1,6 @@
 """Calibrate the shipped tiny model on a real vLLM (CPU) and check the fit predicts the engine.
 
-Runs with `pytest -m engine` (about 11 minutes on 2 cores). The held-out timings are
+Runs with `pytest -m engine` (about 10 minutes on 2 cores). The held-out timings are
 measured separately here, with sizes the calibration never probed; a prefill check takes
 the median of 3 runs like the calibration (`repeat_time`), a decode check the median of
 paired ratios (see PAIRS).
