@@ -539,8 +539,8 @@ def sampler_peak(model: dict, tokens: int, rows: int, path: str = "triton") -> f
 
 
 def sms_of(gpu: str | None) -> tuple[int, str]:
-    """(SMs, where the figure comes from) of a GPU named as sim/hardware/specs/gpus.json names it
-    (or an alias); an unknown or unnamed GPU gets DEFAULT_SMS, and says so."""
+    """(SMs, where the figure comes from) of a GPU in sim/hardware/specs/gpus.json, by its name, an
+    alias, its full name or CUDA's; an unknown or unnamed GPU gets DEFAULT_SMS, and says so."""
     if gpu:
         try:
             name, spec = find_gpu(gpu)
@@ -566,7 +566,7 @@ def kv_pool(gpu_memory_bytes: float, model: dict, *, tp: int = 1, ep: int = 1, g
             num_sms: int | None = None, p2p: bool = True, sampler: str | None = None, gpu: str | None = None) -> KVPool:
     """Blocks per GPU as vLLM sizes them; InputError (one line, naming the flag) when the
     inputs are out of range or nothing is left for the KV cache. `num_sms` None: the SMs of
-    `gpu` (a gpus.json name or alias; sms_of)."""
+    `gpu` (sms_of)."""
     if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization {gpu_memory_utilization} must be in (0, 1]")
     for flag, v in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs),
