@@ -191,15 +191,12 @@ def vllm_server(model, *args: str, start_s: int = 240):
 
 
 @pytest.fixture
-def start_environ():
+def start_environ(environ_kept):
     """os.environ as this test run started (START_ENV) while the test runs: for code under test that
     starts an engine in a subprocess with os.environ (benchmarks/server_time.py's server)."""
-    saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(START_ENV)
     yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 @pytest.fixture
