@@ -49,7 +49,7 @@ def ours(data: dict, case: dict):
     except InputError:
         return None, None
     pool = kv_pool(case["gpu_memory_bytes"], model_of(data, case["model"]), tp=case["tp"], ep=case.get("ep", 1),
-                   num_sms=case.get("gpu_sms", 132),
+                   num_sms=case["gpu_sms"],
                    gpu_memory_utilization=case["gpu_memory_utilization"],
                    max_num_batched_tokens=case["max_num_batched_tokens"], max_num_seqs=case["max_num_seqs"],
                    enforce_eager=case["enforce_eager"], block_size=case.get("block_size", 16),
